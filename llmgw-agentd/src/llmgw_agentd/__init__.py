@@ -1,0 +1,1 @@
+"""llmgw-agentd: the llmgw node agent."""

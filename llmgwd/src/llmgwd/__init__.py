@@ -1,0 +1,1 @@
+"""llmgwd: the llmgw control plane."""

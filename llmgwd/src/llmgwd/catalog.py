@@ -1,0 +1,228 @@
+"""Desired state kept in the store: the model catalog, API keys and join tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
+
+Role = Literal["user", "admin"]
+KEY_PREFIX = "sk-llmgw-"
+
+
+class Model(msgspec.Struct, kw_only=True):
+    """A model in the catalog and how many replicas of it are wanted."""
+
+    name: str
+    source: str  # file:/path/model.gguf
+    engine: Literal["llama.cpp"] = "llama.cpp"
+    args: list[str] = []
+    context: int = 0
+    replicas: int = 0
+    created_at: float = 0.0
+
+
+class ApiKey(msgspec.Struct, kw_only=True):
+    """An API key as stored: only its hash, never the key."""
+
+    id: str
+    name: str
+    hash: str  # sha256 hex of the whole key
+    prefix: str  # the first characters, so a person can tell keys apart
+    role: Role = "user"
+    created_at: float = 0.0
+    revoked: bool = False
+
+
+class JoinToken(msgspec.Struct, kw_only=True):
+    """A short-lived token a node joins with, stored by its hash."""
+
+    hash: str
+    expires_at: float
+
+
+def hash_secret(secret: str) -> str:
+    """The stored form of a key or token: keys are random, so a plain sha256 is enough."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def engine_key(cluster_secret: bytes, replica_id: str) -> str:
+    """The API key an engine is started with: only the router (holding the secret) knows it."""
+    return hmac.new(cluster_secret, b"engine:" + replica_id.encode(), hashlib.sha256).hexdigest()
+
+
+MODELS = "/models/"
+KEYS = "/keys/"
+TOKENS = "/tokens/"
+
+_model_dec = msgspec.json.Decoder(Model)
+_key_dec = msgspec.json.Decoder(ApiKey)
+_token_dec = msgspec.json.Decoder(JoinToken)
+_enc = msgspec.json.Encoder()
+
+
+class CatalogError(Exception):
+    """A catalog change that cannot be made (the message is safe to show the caller)."""
+
+
+class Catalog:
+    """Models, keys and tokens in the store, with an in-memory copy the router reads.
+
+    The copy is loaded at start and kept current by a watch on the store, so the request
+    path never waits on the store.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._models: dict[str, Model] = {}
+        self._keys_by_hash: dict[str, ApiKey] = {}
+        self._keys: dict[str, ApiKey] = {}
+        self._listeners: list[Callable[[], None]] = []
+
+    async def load(self) -> int:
+        """Read everything once; returns the revision to watch from."""
+        kvs, rev = await self._store.range(MODELS, prefix_end(MODELS))
+        self._models = {m.name: m for m in (_model_dec.decode(kv.value) for kv in kvs)}
+        kvs, rev2 = await self._store.range(KEYS, prefix_end(KEYS))
+        self._set_keys([_key_dec.decode(kv.value) for kv in kvs])
+        return max(rev, rev2)
+
+    async def follow(self, revision: int) -> None:
+        """Apply the store's changes from revision on, for ever (run as a task)."""
+        async for ev in self._store.watch("/", prefix_end("/"), start_revision=revision + 1):
+            key = ev.kv.key
+            if key.startswith(MODELS):
+                name = key[len(MODELS) :]
+                if ev.type == "put":
+                    self._models[name] = _model_dec.decode(ev.kv.value)
+                else:
+                    self._models.pop(name, None)
+            elif key.startswith(KEYS):
+                keys = dict(self._keys)
+                if ev.type == "put":
+                    k = _key_dec.decode(ev.kv.value)
+                    keys[k.id] = k
+                else:
+                    keys.pop(key[len(KEYS) :], None)
+                self._set_keys(list(keys.values()))
+            else:
+                continue
+            for listener in self._listeners:
+                listener()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call listener after every change of models or keys."""
+        self._listeners.append(listener)
+
+    def _set_keys(self, keys: list[ApiKey]) -> None:
+        self._keys = {k.id: k for k in keys}
+        self._keys_by_hash = {k.hash: k for k in keys if not k.revoked}
+
+    # The router's synchronous reads (from memory).
+
+    def get(self, name: str) -> Model | None:
+        """A model by name."""
+        return self._models.get(name)
+
+    def all(self) -> list[Model]:
+        """Every model, by name."""
+        return [self._models[n] for n in sorted(self._models)]
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        """The live key whose hash matches secret, or None."""
+        if not secret.startswith(KEY_PREFIX):
+            return None
+        key = self._keys_by_hash.get(hash_secret(secret))
+        if key is None:
+            return None
+        # Compare again in constant time: the dict lookup alone leaks nothing useful, but
+        # this keeps the rule in one obvious place.
+        return key if hmac.compare_digest(key.hash, hash_secret(secret)) else None
+
+    def keys(self) -> list[ApiKey]:
+        """Every key (revoked ones too), oldest first."""
+        return sorted(self._keys.values(), key=lambda k: k.created_at)
+
+    # Writes (through the store; the watch updates the copy).
+
+    async def add_model(self, model: Model) -> Model:
+        """Add a new model; an existing name is an error."""
+        model = msgspec.structs.replace(model, created_at=model.created_at or time.time())
+        res = await self._store.txn(
+            [Compare(MODELS + model.name, "version", "=", 0)],
+            [Put(MODELS + model.name, _enc.encode(model))],
+        )
+        if not res.succeeded:
+            raise CatalogError(f"model {model.name!r} already exists")
+        self._models[model.name] = model
+        return model
+
+    async def update_model(self, name: str, **changes: object) -> Model:
+        """Change fields of a model, with compare-and-set so concurrent changes are not lost."""
+        while True:
+            kv = await self._store.get(MODELS + name)
+            if kv is None:
+                raise CatalogError(f"no model named {name!r}")
+            model = msgspec.structs.replace(_model_dec.decode(kv.value), **changes)
+            res = await self._store.txn(
+                [Compare(kv.key, "mod", "=", kv.mod_revision)], [Put(kv.key, _enc.encode(model))]
+            )
+            if res.succeeded:
+                self._models[name] = model
+                return model
+
+    async def remove_model(self, name: str) -> None:
+        """Take a model out of the catalog."""
+        count, _ = await self._store.delete(MODELS + name)
+        if not count:
+            raise CatalogError(f"no model named {name!r}")
+        self._models.pop(name, None)
+
+    async def create_key(self, name: str, role: Role = "user") -> tuple[ApiKey, str]:
+        """A new key; returns the record and the key itself, which is never stored."""
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        key = ApiKey(
+            id=secrets.token_hex(6),
+            name=name,
+            hash=hash_secret(secret),
+            prefix=secret[: len(KEY_PREFIX) + 4],
+            role=role,
+            created_at=time.time(),
+        )
+        await self._store.put(KEYS + key.id, _enc.encode(key))
+        self._set_keys([*self._keys.values(), key])
+        return key, secret
+
+    async def revoke_key(self, ident: str) -> ApiKey:
+        """Revoke a key by id or name (a name must be unique)."""
+        matches = [k for k in self._keys.values() if ident in (k.id, k.name)]
+        if not matches:
+            raise CatalogError(f"no key {ident!r}")
+        if len(matches) > 1:
+            raise CatalogError(f"{len(matches)} keys are named {ident!r}: give the id")
+        key = msgspec.structs.replace(matches[0], revoked=True)
+        await self._store.put(KEYS + key.id, _enc.encode(key))
+        self._set_keys([key if k.id == key.id else k for k in self._keys.values()])
+        return key
+
+    async def add_token(self, token: str, ttl_s: float) -> None:
+        """Remember a join token (by its hash) until it expires."""
+        lease = await self._store.lease_grant(ttl_s)
+        rec = JoinToken(hash=hash_secret(token), expires_at=time.time() + ttl_s)
+        await self._store.put(TOKENS + rec.hash, _enc.encode(rec), lease=lease)
+
+    async def consume_token(self, token: str) -> bool:
+        """True once for a live token: it is deleted in the same transaction that checks it."""
+        key = TOKENS + hash_secret(token)
+        res = await self._store.txn([Compare(key, "version", ">", 0)], [Get(key), Delete(key)])
+        if not res.succeeded or not res.responses or not res.responses[0]:
+            return False
+        rec = _token_dec.decode(res.responses[0][0].value)
+        return rec.expires_at > time.time()

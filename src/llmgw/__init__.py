@@ -1,0 +1,1 @@
+"""llmgw: shared package of wire messages, config, PKI and the CLI."""

@@ -1,0 +1,156 @@
+"""The daemons' YAML config files: strict schemas, and errors that name the key and the line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import yaml
+
+SERVER_CONFIG = Path("/etc/llmgw/server.yaml")
+AGENT_CONFIG = Path("/etc/llmgw/agent.yaml")
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message says where and why."""
+
+
+class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every config section: an unknown key is an error, never ignored."""
+
+
+class ClientPort(Strict):
+    """The port people and their OpenAI clients use: /v1, /api/v1."""
+
+    listen: str = "0.0.0.0:7700"
+    max_body_bytes: int = 4 * 1024 * 1024
+    tls_cert: str = ""
+    tls_key: str = ""
+
+
+class ClusterPort(Strict):
+    """The port agents dial: mutual TLS with the cluster's own CA."""
+
+    listen: str = "0.0.0.0:7710"
+    advertise: str = ""  # https://HOST:7710 as nodes reach it; empty: derived at init
+
+
+class ServerConfig(Strict):
+    """/etc/llmgw/server.yaml"""
+
+    name: str = "llmgw"
+    state_dir: str = "/var/lib/llmgw"
+    socket: str = "/run/llmgw/llmgwd.sock"
+    socket_group: str = "llmgw"
+    client: ClientPort = msgspec.field(default_factory=ClientPort)
+    cluster: ClusterPort = msgspec.field(default_factory=ClusterPort)
+    join_token_ttl_s: int = 3600
+    node_grace_s: int = 60  # how long a silent node's replicas stay in the pool
+    log_level: str = "info"
+
+
+class LlamaCpp(Strict):
+    """How this node runs llama.cpp."""
+
+    binary: str = ""  # an existing llama-server; empty: the one built into the cache
+    threads: int = 0  # 0: llama-server's default
+
+
+class Engines(Strict):
+    """The engines this node can run."""
+
+    llama_cpp: LlamaCpp = msgspec.field(default_factory=LlamaCpp, name="llama.cpp")
+
+
+class AgentConfig(Strict):
+    """/etc/llmgw/agent.yaml"""
+
+    node_name: str = ""  # empty: the host name
+    state_dir: str = "/var/lib/llmgw-agent"
+    socket: str = "/run/llmgw/agentd.sock"
+    socket_group: str = "llmgw"
+    address: str = ""  # where the control plane reaches this node's engines; empty: auto
+    port_range: tuple[int, int] = (20000, 20999)
+    engines: Engines = msgspec.field(default_factory=Engines)
+    heartbeat_s: float = 5.0
+    log_level: str = "info"
+
+
+C = TypeVar("C", bound=Strict)
+
+
+def load(path: Path, schema: type[C], *, missing_ok: bool = False) -> C:
+    """Read a config file; a missing file gives the defaults only when missing_ok."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if missing_ok:
+            return schema()
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    return parse(text, schema, str(path))
+
+
+def parse(text: str, schema: type[C], name: str = "<config>") -> C:
+    """Parse YAML text into schema; errors carry the file, line and dotted key."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{name}{where}: not valid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    try:
+        return msgspec.convert(data, schema, strict=True)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_explain(str(e), root, name)) from None
+
+
+_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+
+
+def _explain(message: str, root: yaml.Node | None, name: str) -> str:
+    """Turn msgspec's '... - at `$.a.b`' into 'file:LINE: key a.b: ...'."""
+    m = _PATH.search(message)
+    path = m.group("path") if m else ""
+    text = message[: m.start()] if m else message
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", path) if p]
+    unknown = re.match(r"Object contains unknown field `(?P<k>[^`]+)`", text)
+    if unknown:
+        parts.append(unknown.group("k"))
+        text = "unknown key"
+    node = _find(root, parts)
+    line = f":{node.start_mark.line + 1}" if node is not None else ""
+    key = ".".join(parts) or "(top level)"
+    return f"{name}{line}: {key}: {text}"
+
+
+def _find(node: yaml.Node | None, parts: list[str]) -> yaml.Node | None:
+    """The YAML node (key node for the last part) at a path, or the deepest one found."""
+    found = node
+    for part in parts:
+        if isinstance(found, yaml.MappingNode):
+            for k, v in found.value:
+                if k.value == part:
+                    found = k if part == parts[-1] else v
+                    break
+            else:
+                return found
+        elif isinstance(found, yaml.SequenceNode) and part.isdigit():
+            if int(part) >= len(found.value):
+                return found
+            found = found.value[int(part)]
+        else:
+            return found
+    return found
+
+
+def dump(config: Any) -> str:
+    """YAML text of a config struct, for init to write."""
+    return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)

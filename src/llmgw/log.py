@@ -1,0 +1,83 @@
+"""Logging for the daemons: to the journal with fields when run by systemd, else to stderr.
+
+Fields such as LLMGW_NODE, LLMGW_MODEL, LLMGW_REPLICA and LLMGW_REQUEST come from the
+`extra=` of a log call (extra={"model": "x"}), so `journalctl LLMGW_MODEL=x` finds them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import traceback
+
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+FIELDS = ("node", "model", "replica", "request", "key_id", "unit")
+
+_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+
+def _field(name: str, value: str) -> bytes:
+    """One journal field; values with a newline use the protocol's length-prefixed form."""
+    raw = value.encode("utf-8", "replace")
+    if b"\n" not in raw:
+        return name.encode() + b"=" + raw + b"\n"
+    return name.encode() + b"\n" + len(raw).to_bytes(8, "little") + raw + b"\n"
+
+
+class JournalHandler(logging.Handler):
+    """Writes records to journald's native socket, with llmgw's fields."""
+
+    def __init__(self, identifier: str, path: str = JOURNAL_SOCKET) -> None:
+        super().__init__()
+        self._identifier = identifier
+        self._path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = self.format(record)
+            if record.exc_info:
+                msg += "\n" + "".join(traceback.format_exception(*record.exc_info))
+            parts = [
+                _field("MESSAGE", msg),
+                _field("PRIORITY", str(_PRIORITY.get(record.levelno, 6))),
+                _field("SYSLOG_IDENTIFIER", self._identifier),
+                _field("CODE_FILE", record.pathname),
+                _field("CODE_LINE", str(record.lineno)),
+                _field("LOGGER", record.name),
+            ]
+            for name in FIELDS:
+                value = record.__dict__.get(name)
+                if value is not None:
+                    parts.append(_field("LLMGW_" + name.upper(), str(value)))
+            self._sock.sendto(b"".join(parts), self._path)
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        self._sock.close()
+        super().close()
+
+
+def setup(identifier: str, level: str = "info") -> None:
+    """Log to the journal when systemd started us with the journal on stderr, else stderr."""
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(level.upper())
+    handler: logging.Handler
+    if os.environ.get("JOURNAL_STREAM") and os.path.exists(JOURNAL_SOCKET):
+        handler = JournalHandler(identifier)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

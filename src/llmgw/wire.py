@@ -1,0 +1,130 @@
+"""Messages between llmgw-agentd and llmgwd on the cluster port: one definition for both sides."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+PROTOCOL = 1
+
+ReplicaState = Literal["starting", "ready", "failed", "stopped"]
+
+
+class Disk(msgspec.Struct, frozen=True):
+    """A mounted filesystem of the node."""
+
+    path: str
+    total_bytes: int
+    free_bytes: int
+
+
+class Inventory(msgspec.Struct, frozen=True):
+    """What a node has to run engines on (GPUs come in a later message version)."""
+
+    cores: int
+    memory_bytes: int
+    memory_free_bytes: int
+    disks: list[Disk] = []
+
+
+class ReplicaSpec(msgspec.Struct, frozen=True):
+    """One engine the control plane wants running on a node."""
+
+    id: str
+    model: str
+    engine: Literal["llama.cpp"]
+    source: str  # "file:/path/to/model.gguf"
+    args: list[str] = []
+    context: int = 0  # 0: the engine's default
+    api_key: str = ""  # derived from the cluster secret; only the router knows it too
+
+    def fingerprint(self) -> str:
+        """What, when it changes, means the running engine must be started again."""
+        import hashlib
+
+        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:16]
+
+
+class ReplicaStatus(msgspec.Struct, frozen=True):
+    """How one engine on the node is doing, as its agent sees it."""
+
+    id: str
+    model: str
+    state: ReplicaState
+    port: int = 0
+    unit: str = ""
+    message: str = ""
+    restarts: int = 0
+
+
+# Agent -> control plane
+
+
+class Register(msgspec.Struct, tag="register", frozen=True):
+    """First message on a new connection: who the node is and what already runs there."""
+
+    node: str
+    address: str  # where engines on this node can be reached by the control plane
+    version: str
+    inventory: Inventory
+    replicas: list[ReplicaStatus] = []
+    protocol: int = PROTOCOL
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
+    """Sent every few seconds and on every replica change: the whole current picture."""
+
+    inventory: Inventory
+    replicas: list[ReplicaStatus] = []
+
+
+# Control plane -> agent
+
+
+class Desired(msgspec.Struct, tag="desired", frozen=True):
+    """The full set of replicas this node should run; anything else of ours is stopped."""
+
+    replicas: list[ReplicaSpec] = []
+
+
+class Refused(msgspec.Struct, tag="refused", frozen=True):
+    """The control plane will not take this connection (and says why)."""
+
+    reason: str
+
+
+AgentMessage = Register | Heartbeat
+ServerMessage = Desired | Refused
+
+_agent_decoder = msgspec.json.Decoder(AgentMessage)
+_server_decoder = msgspec.json.Decoder(ServerMessage)
+encode = msgspec.json.Encoder().encode
+
+
+def decode_agent(data: bytes | str) -> AgentMessage:
+    """Decode a message an agent sent; raises msgspec.ValidationError on anything else."""
+    return _agent_decoder.decode(data)
+
+
+def decode_server(data: bytes | str) -> ServerMessage:
+    """Decode a message the control plane sent."""
+    return _server_decoder.decode(data)
+
+
+# Joining (HTTPS on the cluster port, before the node has a certificate)
+
+
+class JoinRequest(msgspec.Struct, frozen=True):
+    """A node asks for its certificate with a join token."""
+
+    token: str
+    node: str
+    csr_pem: str
+
+
+class JoinResponse(msgspec.Struct, frozen=True):
+    """The node's certificate, signed by the cluster CA, and the CA itself."""
+
+    cert_pem: str
+    ca_pem: str
