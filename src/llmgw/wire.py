@@ -39,6 +39,10 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     context: int = 0  # 0: the engine's default
     api_key: str = ""  # derived from the cluster secret; only the router knows it too
 
+    def __repr__(self) -> str:
+        # The api_key must never reach a log line through a spec's repr.
+        return f"ReplicaSpec(id={self.id!r}, model={self.model!r}, source={self.source!r})"
+
     def fingerprint(self) -> str:
         """What, when it changes, means the running engine must be started again."""
         import hashlib

@@ -1,4 +1,4 @@
-"""The store's interface, shaped like etcd's: revisioned keys, ranges, transactions, watches, leases."""
+"""The store's interface, shaped like etcd's: revisioned keys, ranges, txns, watches, leases."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ class KV:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """A change seen by a watch: a put (kv is the new value) or a delete (kv.value is empty)."""
+    """A change seen by a watch: a put (kv is the new value) or a delete.
+
+    A delete's kv has the key and mod_revision (the delete's revision), an empty value and
+    zeros elsewhere, as in etcd; prev_kv is the key's value before the change, if it had one.
+    """
 
     type: Literal["put", "delete"]
     kv: KV
@@ -33,7 +37,8 @@ class Compare:
     """One condition of a transaction, as etcd's Compare.
 
     target: which field of key is compared; for a missing key, version, create and mod are 0
-    and value is None (so Compare(key, "version", "=", 0) means "does not exist").
+    and value is None (so Compare(key, "version", "=", 0) means "does not exist"); as in
+    etcd, a value compare on a missing key never holds, whatever op.
     """
 
     key: str
@@ -104,12 +109,15 @@ class Store(Protocol):
     ) -> tuple[list[KV], int]:
         """Keys in [key, end) in key order (just key when end is None), at revision (0: now).
 
-        Returns the KVs and the store's current revision.
+        Key order is the byte order of the keys' UTF-8. end "\\0" means every key >= key, so
+        range("", prefix_end("")) is every key. limit 0 means no limit. Returns the KVs and the
+        store's current revision. Raises CompactedError for a revision older than the store
+        keeps and ValueError for one newer than the current revision.
         """
         ...
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
-        """Set a key; returns the new revision."""
+        """Set a key; returns the new revision. Raises KeyError for an unknown lease."""
         ...
 
     async def delete(self, key: str, end: str | None = None) -> tuple[int, int]:
@@ -122,13 +130,21 @@ class Store(Protocol):
         success: list[Put | Delete | Get],
         failure: list[Put | Delete | Get] | None = None,
     ) -> TxnResult:
-        """Atomically: if every compare holds run success, else failure."""
+        """Atomically: if every compare holds run success, else failure.
+
+        The branch's operations run in order; a Get sees the branch's earlier writes. All the
+        writes share one new revision; a branch that writes nothing makes none.
+        """
         ...
 
-    def watch(self, key: str, end: str | None = None, *, start_revision: int = 0) -> AsyncIterator[Event]:
+    def watch(
+        self, key: str, end: str | None = None, *, start_revision: int = 0
+    ) -> AsyncIterator[Event]:
         """Events on [key, end) from start_revision (0: from now on), in revision order.
 
-        Raises CompactedError when start_revision is older than the store keeps.
+        History from start_revision is replayed first, then live events follow. Iterating
+        raises CompactedError when start_revision is older than the store keeps; the
+        iterator ends when the store is closed.
         """
         ...
 
@@ -145,9 +161,9 @@ class Store(Protocol):
         ...
 
     async def lease_revoke(self, lease: int) -> None:
-        """End a lease now, deleting its keys."""
+        """End a lease now, deleting its keys. Raises KeyError for an unknown or expired lease."""
         ...
 
     async def close(self) -> None:
-        """Flush and release the backend."""
+        """Flush and release the backend, ending open watches. Closing twice is harmless."""
         ...
