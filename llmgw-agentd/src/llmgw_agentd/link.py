@@ -1,0 +1,367 @@
+"""The agent's side of the cluster port: joining the cluster, then the WebSocket to llmgwd."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import aiohttp
+import msgspec
+
+from llmgw import pki, wire
+
+log = logging.getLogger(__name__)
+
+NODE_KEY = "node.key"
+NODE_CERT = "node.pem"
+CA_CERT = "ca.pem"
+JOIN_FILE = "join.json"
+
+MIN_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
+PING_S = 10.0  # WebSocket pings: a control plane gone silent is noticed within 1.5x this
+CONNECT_TIMEOUT_S = 15.0
+MAX_CA_BYTES = 64 << 10
+MAX_MESSAGE_BYTES = 4 << 20
+
+OnDesired = Callable[[list[wire.ReplicaSpec]], Awaitable[None]]
+Outcome = Literal["failed", "refused", "lost"]
+
+
+class JoinError(Exception):
+    """Joining failed; the message says why and never holds the token."""
+
+
+class JoinInfo(msgspec.Struct, frozen=True):
+    """join.json: which control plane this node joined, under which name."""
+
+    server: str
+    node: str
+
+
+# Joining
+
+
+async def join(url: str, token: str, node_name: str, pki_dir: Path) -> None:
+    """Join the cluster at url: pin its CA by the token's hash, then trade the token for a cert.
+
+    Nothing is written to pki_dir unless the join succeeds.
+    """
+    url = _check_url(url)
+    try:
+        pki.split_join_token(token)
+        pki.check_node_name(node_name)
+    except pki.PKIError as e:
+        raise JoinError(str(e)) from None
+    timeout = aiohttp.ClientTimeout(total=60, connect=CONNECT_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        ca_pem = await _fetch_ca(session, url)
+        if not pki.token_matches_ca(token, ca_pem):
+            raise JoinError(
+                f"the CA at {url} (sha256 {pki.ca_fingerprint(ca_pem)[:32]}) is not the one "
+                "the join token names; the token was not sent"
+            )
+        key_pem, csr_pem = pki.make_node_csr(node_name)
+        request = wire.JoinRequest(token=token, node=node_name, csr_pem=csr_pem.decode())
+        answer = await _post_join(session, url, request, pki.client_context(ca_pem))
+    _check_answer(answer, ca_pem, node_name, key_pem)
+    _write_join(pki_dir, JoinInfo(server=url, node=node_name), key_pem, answer)
+    log.info("joined %s as node %s", url, node_name)
+
+
+def read_join(pki_dir: Path) -> JoinInfo:
+    """The join.json that join() wrote."""
+    path = pki_dir / JOIN_FILE
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=JoinInfo)
+    except FileNotFoundError:
+        raise JoinError(f"{path}: this node has not joined a cluster (llmgw node join)") from None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise JoinError(f"{path}: cannot be read: {e}") from None
+
+
+def link_ssl_context(pki_dir: Path) -> ssl.SSLContext:
+    """TLS for the link: trust only the cluster CA, present this node's certificate."""
+    ca_pem = pki.read_pem(pki_dir / CA_CERT)
+    return pki.client_context(ca_pem, pki_dir / NODE_CERT, pki_dir / NODE_KEY)
+
+
+def _check_url(url: str) -> str:
+    parts = urlsplit(url.strip())
+    if parts.scheme != "https" or not parts.hostname or parts.path.strip("/"):
+        raise JoinError(f"the control plane's URL must look like https://HOST:7710, not {url!r}")
+    return f"https://{parts.netloc}"
+
+
+async def _fetch_ca(session: aiohttp.ClientSession, url: str) -> bytes:
+    """The CA the server offers, fetched without verification: the token's hash checks it."""
+    try:
+        async with session.get(f"{url}/ca", ssl=False) as resp:
+            body = await resp.content.read(MAX_CA_BYTES + 1)
+            if resp.status != 200:
+                raise JoinError(
+                    f"{url}/ca answered HTTP {resp.status}; is it an llmgw cluster port?"
+                )
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise JoinError(f"cannot reach {url}: {e or type(e).__name__}") from None
+    try:
+        if len(body) > MAX_CA_BYTES:
+            raise pki.PKIError("too large")
+        pki.check_ca(body)
+    except pki.PKIError as e:
+        raise JoinError(f"{url}/ca did not send a CA certificate ({e})") from None
+    return body
+
+
+async def _post_join(
+    session: aiohttp.ClientSession, url: str, request: wire.JoinRequest, ctx: ssl.SSLContext
+) -> wire.JoinResponse:
+    """POST /join over TLS that trusts only the pinned CA."""
+    data = msgspec.json.encode(request)
+    headers = {"Content-Type": "application/json"}
+    try:
+        async with session.post(f"{url}/join", data=data, headers=headers, ssl=ctx) as resp:
+            body = await resp.read()
+            status = resp.status
+    except aiohttp.ClientConnectorCertificateError as e:
+        raise JoinError(f"{url}: its certificate does not fit: {e.certificate_error}") from None
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise JoinError(f"cannot reach {url}: {e or type(e).__name__}") from None
+    if status != 200:
+        raise JoinError(f"the control plane refused the join: {_reason(body)} (HTTP {status})")
+    try:
+        return msgspec.json.decode(body, type=wire.JoinResponse)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise JoinError(f"the control plane's join answer is not valid: {e}") from None
+
+
+def _reason(body: bytes) -> str:
+    try:
+        error = msgspec.json.decode(body, type=dict[str, str])["error"]
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError):
+        return "no reason given"
+    return error[:500]
+
+
+def _check_answer(answer: wire.JoinResponse, ca_pem: bytes, node_name: str, key_pem: bytes) -> None:
+    try:
+        same_ca = hmac.compare_digest(pki.ca_fingerprint(answer.ca_pem), pki.ca_fingerprint(ca_pem))
+        if not same_ca:
+            raise pki.PKIError("it names another CA")
+        pki.check_node_cert(answer.cert_pem, ca_pem, node_name, key_pem)
+    except pki.PKIError as e:
+        raise JoinError(f"the control plane's join answer is not valid: {e}") from None
+
+
+def _write_join(pki_dir: Path, info: JoinInfo, key_pem: bytes, answer: wire.JoinResponse) -> None:
+    pki_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    pki.write_pem(pki_dir / NODE_KEY, key_pem, private=True)
+    pki.write_pem(pki_dir / NODE_CERT, answer.cert_pem.encode())
+    pki.write_pem(pki_dir / CA_CERT, answer.ca_pem.encode())
+    pki.write_pem(pki_dir / JOIN_FILE, msgspec.json.encode(info) + b"\n")
+
+
+# The link
+
+
+class Link:
+    """The agent's connection to the control plane; keeps itself up until cancelled."""
+
+    def __init__(
+        self,
+        server: str,
+        pki_dir: Path,
+        node: str,
+        *,
+        version: str,
+        inventory: Callable[[], wire.Inventory],
+        replicas: Callable[[], Sequence[wire.ReplicaStatus]],
+        on_desired: OnDesired,
+        address: str | Callable[[], str] = "",
+        heartbeat_s: float = 5.0,
+    ) -> None:
+        self._url = f"{server.rstrip('/')}/agent"
+        self._pki_dir = pki_dir
+        self.node = node
+        self._version = version
+        self._inventory = inventory
+        self._replicas = replicas
+        self._on_desired = on_desired
+        self._address = address
+        self._heartbeat_s = heartbeat_s
+        self._poked = asyncio.Event()
+        self._desired: list[wire.ReplicaSpec] | None = None
+        self._desired_ready = asyncio.Event()
+        self._up = False  # registered and accepted: what "connected"/"lost" logs follow
+        self._last_problem = ""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the control plane has accepted this node's connection."""
+        return self._up
+
+    def poke(self) -> None:
+        """Replica statuses changed: send a heartbeat now rather than at the next tick."""
+        self._poked.set()
+
+    async def run(self) -> None:
+        """Connect, and reconnect with capped backoff, until cancelled."""
+        applier = asyncio.create_task(self._apply_desired())
+        timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+        delay = MIN_BACKOFF_S
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                while True:
+                    outcome = await self._connect_once(session)
+                    if outcome == "lost":
+                        delay = MIN_BACKOFF_S
+                    elif outcome == "refused":
+                        delay = MAX_BACKOFF_S
+                    # Jitter: a restarted control plane is not hit by every node at once.
+                    jitter = random.uniform(1.0, 1.2)  # noqa: S311 (not for secrets)
+                    await asyncio.sleep(min(MAX_BACKOFF_S, delay * jitter))
+                    delay = min(MAX_BACKOFF_S, delay * 2)
+        finally:
+            applier.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await applier
+            self._up = False
+
+    async def _connect_once(self, session: aiohttp.ClientSession) -> Outcome:
+        """One connection, from dialling to its end."""
+        try:
+            ctx = link_ssl_context(self._pki_dir)
+            async with session.ws_connect(
+                self._url, ssl=ctx, heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES
+            ) as ws:
+                return await self._converse(ws)
+        except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError, pki.PKIError) as e:
+            self._lost(f"cannot connect to {self._url}: {_describe(e)}")
+            return "failed"
+        except Exception:
+            # A failing callback (inventory, replicas) must not end the link for good.
+            log.exception("the link to %s failed", self._url)
+            self._up = False
+            return "failed"
+
+    async def _converse(self, ws: aiohttp.ClientWebSocketResponse) -> Outcome:
+        await self._send(ws, self._register(ws))
+        self._poked.clear()  # Register carried the latest statuses
+        beats = asyncio.create_task(self._beat(ws))
+        try:
+            async for frame in ws:
+                if frame.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                    if self._handle(frame.data) == "refused":
+                        return "refused"
+                elif frame.type == aiohttp.WSMsgType.ERROR:
+                    break
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+        was_up = self._up
+        self._lost(f"the control plane closed the connection ({ws.close_code})")
+        # Only a connection that was accepted resets the backoff: no tight loop otherwise.
+        return "lost" if was_up else "failed"
+
+    def _register(self, ws: aiohttp.ClientWebSocketResponse) -> wire.Register:
+        address = self._address() if callable(self._address) else self._address
+        if not address:
+            # The local end of the socket that reaches the control plane.
+            sockname = ws.get_extra_info("sockname")
+            address = str(sockname[0]) if sockname else ""
+        return wire.Register(
+            node=self.node,
+            address=address,
+            version=self._version,
+            inventory=self._inventory(),
+            replicas=list(self._replicas()),
+        )
+
+    def _handle(self, data: bytes | str) -> Literal["ok", "refused"]:
+        try:
+            msg = wire.decode_server(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("ignored a message from the control plane that is not valid: %s", e)
+            return "ok"
+        if isinstance(msg, wire.Refused):
+            self._lost(f"the control plane refused this node: {msg.reason}")
+            return "refused"
+        self._accepted()
+        self._desired = list(msg.replicas)
+        self._desired_ready.set()
+        return "ok"
+
+    async def _beat(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """A heartbeat every heartbeat_s, and at once on poke()."""
+        while not ws.closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), self._heartbeat_s)
+            self._poked.clear()
+            try:
+                beat = wire.Heartbeat(inventory=self._inventory(), replicas=list(self._replicas()))
+            except Exception:
+                log.exception("cannot gather this node's state for a heartbeat")
+                continue
+            try:
+                await self._send(ws, beat)
+            except (ConnectionError, aiohttp.ClientError):
+                await ws.close()  # the reader then sees the end
+                return
+            self._accepted()
+
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse, msg: wire.AgentMessage) -> None:
+        await ws.send_bytes(wire.encode(msg))
+
+    async def _apply_desired(self) -> None:
+        """Hand the latest Desired to on_desired, one at a time, outside the reader.
+
+        The reader must keep answering pings while engines start; and only the newest
+        Desired matters, as each one is the node's full set.
+        """
+        while True:
+            await self._desired_ready.wait()
+            self._desired_ready.clear()
+            desired, self._desired = self._desired, None
+            if desired is None:
+                continue
+            try:
+                await self._on_desired(desired)
+            except Exception:
+                log.exception("applying the control plane's desired state failed")
+
+    def _accepted(self) -> None:
+        if not self._up:
+            self._up = True
+            self._last_problem = ""
+            log.info("connected to %s as node %s", self._url, self.node)
+
+    def _lost(self, problem: str) -> None:
+        """Log a change of state once, not on every retry."""
+        if self._up:
+            self._up = False
+            log.warning("lost the link to the control plane: %s; reconnecting", problem)
+        elif problem != self._last_problem:
+            log.warning("%s; retrying", problem)
+        else:
+            log.debug("%s; retrying", problem)
+        self._last_problem = problem
+
+
+def _describe(e: BaseException) -> str:
+    """A short, stable text for an error (stable, so repeats are recognised as repeats)."""
+    if isinstance(e, aiohttp.WSServerHandshakeError):
+        return f"HTTP {e.status} {e.message}"
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return f"its certificate does not fit: {e.certificate_error}"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return str(e.os_error) or type(e.os_error).__name__
+    return str(e) or type(e).__name__

@@ -1,0 +1,411 @@
+"""The cluster port of llmgwd: the CA, node joins, and the agents' WebSocket; what agents report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+
+from llmgw import pki, wire
+
+from .pool import Endpoint
+
+log = logging.getLogger(__name__)
+
+ConsumeToken = Callable[[str], Awaitable[bool]]
+OnChange = Callable[[str], None]  # called with the node's name
+
+PING_S = 10.0  # WebSocket pings: a silent dead peer is dropped within 1.5x this
+REGISTER_TIMEOUT_S = 10.0
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_JOIN_BYTES = 64 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as the control plane sees it now."""
+
+    name: str
+    address: str
+    version: str
+    inventory: wire.Inventory
+    replicas: tuple[wire.ReplicaStatus, ...]
+    desired: tuple[wire.ReplicaSpec, ...] | None  # None: nothing decided for it yet
+    connected: bool
+    last_seen: float  # unix time of its last message (or of its disconnection)
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One agent's WebSocket and the lock that keeps its sends whole and in order."""
+
+    node: str
+    ws: web.WebSocketResponse
+    peer: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
+class _Node:
+    register: wire.Register
+    replicas: tuple[wire.ReplicaStatus, ...]
+    inventory: wire.Inventory
+    seen: float  # on ClusterState's clock, for the grace period
+    seen_unix: float  # for people
+    conn: _Conn | None = None
+
+    def touch(self, now: float) -> None:
+        self.seen = now
+        self.seen_unix = time.time()
+
+
+class ClusterState:
+    """In-memory observed state of the nodes plus the replicas each one should run (a Pool)."""
+
+    def __init__(
+        self,
+        grace_s: float = 60.0,
+        *,
+        on_change: OnChange | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.grace_s = grace_s
+        self.on_change = on_change
+        self._clock = clock
+        self._nodes: dict[str, _Node] = {}
+        self._desired: dict[str, tuple[wire.ReplicaSpec, ...]] = {}
+        self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
+
+    # The reconciler's side
+
+    def set_desired(self, node: str, replicas: Sequence[wire.ReplicaSpec]) -> None:
+        """Store what node should run; send it at once if connected, else on its Register."""
+        desired = tuple(replicas)
+        if self._desired.get(node) == desired:
+            return  # the reconciler pushes every pass; the agent already has this
+        self._desired[node] = desired
+        entry = self._nodes.get(node)
+        if entry is not None and entry.conn is not None:
+            self._spawn(self._send_desired(entry.conn))
+
+    def connected(self) -> list[str]:
+        """Names of the nodes whose agent is connected now."""
+        return sorted(name for name, n in self._nodes.items() if n.conn is not None)
+
+    def known(self) -> list[str]:
+        """Names of every node that registered since start (connected or not)."""
+        return sorted(self._nodes)
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node that has registered since this process started, by name."""
+        return [self._info(name, n) for name, n in sorted(self._nodes.items())]
+
+    def node(self, name: str) -> NodeInfo | None:
+        """One node, or None if it never registered."""
+        entry = self._nodes.get(name)
+        return self._info(name, entry) if entry is not None else None
+
+    # The Pool protocol
+
+    def ready(self, model: str) -> list[Endpoint]:
+        """Ready replicas of model on nodes connected now or seen within the grace period."""
+        found: list[Endpoint] = []
+        for name, entry in sorted(self._nodes.items()):
+            if not self._alive(entry):
+                continue
+            specs = {s.id: s for s in self._desired.get(name, ()) if s.model == model}
+            for status in entry.replicas:
+                spec = specs.get(status.id)
+                # Without a spec there is no key to give: the replica is not ours to use.
+                if spec is None or status.state != "ready" or not 0 < status.port < 65536:
+                    continue
+                url = f"http://{_host(entry.register.address)}:{status.port}"
+                found.append(Endpoint(status.id, model, name, url, spec.api_key))
+        return found
+
+    def wanted(self, model: str) -> int:
+        """How many replicas of model the desired state places, over all nodes."""
+        return sum(1 for specs in self._desired.values() for s in specs if s.model == model)
+
+    # The agents' side (called by the /agent handler)
+
+    async def _attach(self, conn: _Conn, msg: wire.Register) -> None:
+        """A registered connection; it replaces an older one of the same node."""
+        address = msg.address or conn.peer
+        register = msg if msg.address else msgspec.structs.replace(msg, address=address)
+        old = self._nodes.get(conn.node)
+        self._nodes[conn.node] = _Node(
+            register, tuple(msg.replicas), msg.inventory, self._clock(), time.time(), conn
+        )
+        if old is not None and old.conn is not None:
+            log.info("node %s connected again; closing its older connection", conn.node)
+            self._spawn(old.conn.ws.close(message=b"replaced by a newer connection"))
+        log.info("node %s registered from %s (engines at %s)", conn.node, conn.peer, address)
+        if conn.node in self._desired:
+            await self._send_desired(conn)
+        self._changed(conn.node)
+
+    def _report(self, conn: _Conn, msg: wire.Heartbeat) -> None:
+        entry = self._nodes.get(conn.node)
+        if entry is None or entry.conn is not conn:
+            return  # a replaced connection's last words
+        entry.touch(self._clock())
+        entry.inventory = msg.inventory
+        replicas = tuple(msg.replicas)
+        if replicas != entry.replicas:
+            entry.replicas = replicas
+            self._changed(conn.node)
+
+    def _detach(self, conn: _Conn) -> None:
+        entry = self._nodes.get(conn.node)
+        if entry is None or entry.conn is not conn:
+            return
+        entry.conn = None
+        entry.touch(self._clock())
+        log.info("node %s disconnected", conn.node)
+        self._changed(conn.node)
+
+    async def _close_all(self) -> None:
+        """Close every agent connection (the server is stopping)."""
+        for entry in self._nodes.values():
+            if entry.conn is not None:
+                close = entry.conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopping")
+                self._spawn(close)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        """Run in the background: sends and closes must not wait on a slow or dead peer."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # Helpers
+
+    async def _send_desired(self, conn: _Conn) -> None:
+        async with conn.lock:
+            # Read under the lock, so the last send always carries the latest desired state.
+            replicas = list(self._desired.get(conn.node, ()))
+            try:
+                await conn.ws.send_bytes(wire.encode(wire.Desired(replicas)))
+            except (ConnectionError, RuntimeError) as e:
+                log.info(
+                    "node %s: desired state not sent (%s); sent again on reconnect", conn.node, e
+                )
+
+    def _alive(self, entry: _Node) -> bool:
+        return entry.conn is not None or self._clock() - entry.seen <= self.grace_s
+
+    def _info(self, name: str, entry: _Node) -> NodeInfo:
+        desired = self._desired.get(name)
+        return NodeInfo(
+            name=name,
+            address=entry.register.address,
+            version=entry.register.version,
+            inventory=entry.inventory,
+            replicas=entry.replicas,
+            desired=desired,
+            connected=entry.conn is not None,
+            last_seen=entry.seen_unix,
+        )
+
+    def _changed(self, node: str) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(node)
+        except Exception:
+            log.exception("on_change hook failed for node %s", node)
+
+
+STATE_KEY = web.AppKey("cluster_state", ClusterState)
+
+
+class _Refuse(Exception):
+    """End an agent's connection with a Refused message saying why."""
+
+
+def make_app(state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken) -> web.Application:
+    """The cluster port's routes: GET /ca, POST /join, GET /agent (WebSocket)."""
+    app = web.Application(client_max_size=MAX_JOIN_BYTES)
+    app[STATE_KEY] = state
+    handlers = _Handlers(state, ca, consume_token)
+    app.router.add_get("/ca", handlers.ca)
+    app.router.add_post("/join", handlers.join)
+    app.router.add_get("/agent", handlers.agent)
+
+    async def close_agents(_: web.Application) -> None:
+        await state._close_all()
+
+    app.on_shutdown.append(close_agents)
+    return app
+
+
+def server_ssl_context(ca_pem: bytes, cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """The cluster port's TLS: client certs are optional in TLS and required by /agent.
+
+    /ca and /join serve nodes that have no certificate yet, so TLS itself cannot demand
+    one; a certificate that is sent must still chain to the cluster CA (TLS checks that),
+    and the /agent handler refuses a connection without one.
+    """
+    return pki.server_context(ca_pem, cert_file, key_file, verify_mode=ssl.CERT_OPTIONAL)
+
+
+async def serve(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext
+) -> web.AppRunner:
+    """Bind the cluster port; stop it with `await runner.cleanup()`. Port 0: see bound_port."""
+    runner = web.AppRunner(app, shutdown_timeout=5.0, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port the runner's first site listens on."""
+    address = runner.addresses[0]
+    return int(address[1])
+
+
+class _Handlers:
+    """The cluster port's request handlers."""
+
+    def __init__(self, state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken) -> None:
+        self._state = state
+        self._ca = ca
+        self._consume = consume_token
+
+    async def ca(self, request: web.Request) -> web.Response:
+        """The cluster CA; a joining node pins it by the hash in its token."""
+        return web.Response(body=self._ca.cert_pem, content_type="application/x-pem-file")
+
+    async def join(self, request: web.Request) -> web.Response:
+        """Sign a node's CSR for a valid, unused join token."""
+        try:
+            req = msgspec.json.decode(await request.read(), type=wire.JoinRequest)
+            pki.check_csr(req.csr_pem, req.node)  # before the token, so a bad CSR wastes none
+        except (msgspec.ValidationError, msgspec.DecodeError, pki.PKIError) as e:
+            return _error(400, f"not a valid join request: {e}")
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, "join request too large")
+        if req.node in self._state.connected():
+            # A token must not let anyone take over a live node's name (and its engines' keys).
+            return _error(
+                409, f"node {req.node!r} is connected now; stop its agent or pick another name"
+            )
+        try:
+            accepted = await self._consume(req.token)
+        except Exception as e:
+            # No traceback: it could carry the token the store was given.
+            log.error("join of node %r: the token store failed (%s)", req.node, type(e).__name__)
+            return _error(503, "cannot check the join token now; try again")
+        if not accepted:
+            log.warning(
+                "join of node %r from %s refused: invalid, expired or used token",
+                req.node,
+                request.remote,
+            )
+            return _error(403, "the join token is invalid, expired or already used")
+        cert = pki.sign_csr(self._ca, req.csr_pem, req.node)
+        log.info("node %s joined from %s", req.node, request.remote)
+        body = wire.JoinResponse(cert_pem=cert.decode(), ca_pem=self._ca.cert_pem.decode())
+        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+    async def agent(self, request: web.Request) -> web.StreamResponse:
+        """An agent's WebSocket; the node is the client certificate's CN, never the message's."""
+        node = _peer_node(request)
+        if node is None:
+            return _error(401, "a node certificate signed by the cluster CA is required")
+        ws = web.WebSocketResponse(heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES)
+        await ws.prepare(request)
+        conn = _Conn(node, ws, request.remote or "")
+        try:
+            await self._converse(conn)
+        except _Refuse as e:
+            log.warning("node %s (%s): connection refused: %s", node, conn.peer, e)
+            await _refuse(conn, str(e))
+        finally:
+            self._state._detach(conn)
+        return ws
+
+    async def _converse(self, conn: _Conn) -> None:
+        try:
+            first = await conn.ws.receive(timeout=REGISTER_TIMEOUT_S)
+        except TimeoutError:
+            raise _Refuse(f"no register message within {REGISTER_TIMEOUT_S:g} s") from None
+        msg = _decode(first)
+        if msg is None:
+            return
+        await self._state._attach(conn, _check_register(conn.node, msg))
+        async for frame in conn.ws:
+            msg = _decode(frame)
+            if msg is None:
+                return
+            if not isinstance(msg, wire.Heartbeat):
+                raise _Refuse("register sent twice on one connection")
+            self._state._report(conn, msg)
+
+
+def _check_register(node: str, msg: wire.AgentMessage) -> wire.Register:
+    if not isinstance(msg, wire.Register):
+        raise _Refuse("the first message must be register")
+    if msg.node != node:
+        raise _Refuse(f"this certificate is for node {node!r}, not {msg.node!r}")
+    if msg.protocol != wire.PROTOCOL:
+        raise _Refuse(f"protocol {msg.protocol} is not spoken here (this is {wire.PROTOCOL})")
+    return msg
+
+
+def _decode(frame: WSMessage) -> wire.AgentMessage | None:
+    """An agent's message; None when the socket is closing; _Refuse when it is not one."""
+    if frame.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+        return None
+    if frame.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+        raise _Refuse(f"unexpected WebSocket frame {frame.type.name}")
+    try:
+        return wire.decode_agent(frame.data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise _Refuse(f"not a valid message: {e}") from None
+
+
+async def _refuse(conn: _Conn, reason: str) -> None:
+    async with conn.lock:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await conn.ws.send_bytes(wire.encode(wire.Refused(reason)))
+    await conn.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"refused")
+
+
+def _peer_node(request: web.Request) -> str | None:
+    """The node name of the verified client certificate, if one was sent."""
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    if not isinstance(ssl_object, ssl.SSLObject):
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    return pki.node_name_of(der) if der else None
+
+
+def _host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    try:
+        return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+    except ValueError:
+        return address  # a DNS name
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
