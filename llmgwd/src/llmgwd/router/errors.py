@@ -1,0 +1,318 @@
+"""Errors in OpenAI's shape, built in one place, and the middleware that answers /v1 failures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
+
+import msgspec
+from aiohttp import web
+
+log = logging.getLogger("llmgwd.router")
+
+# Keys the handlers fill in on the request so the access line can name them.
+REQUEST_ID = web.RequestKey("llmgw_request_id", str)
+MODEL = web.RequestKey("llmgw_model", str)
+KEY_ID = web.RequestKey("llmgw_key_id", str)
+OUTCOME = web.RequestKey("llmgw_outcome", str)
+REPLICA = web.RequestKey("llmgw_replica", str)
+# The prepared StreamResponse, once a stream's headers went out.
+STREAM = web.RequestKey("llmgw_stream", web.StreamResponse)
+
+_MAX_ECHO = 200  # longest client-supplied text (a model name) quoted back in a message
+
+
+class ErrorDetail(msgspec.Struct, omit_defaults=False):
+    """The inner object of OpenAI's error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    """OpenAI's error body: {"error": {...}}."""
+
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """A failure the client is told about in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = ErrorDetail(message=message, type=type_, param=param, code=code)
+        self.headers = dict(headers or {})
+
+    def body(self) -> bytes:
+        """The JSON body of this error."""
+        return msgspec.json.encode(ErrorBody(error=self.detail))
+
+    def response(self) -> web.Response:
+        """This error as a complete HTTP response."""
+        return web.Response(
+            status=self.status,
+            body=self.body(),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+    def sse_event(self) -> bytes:
+        """This error as the last event of a stream that already began."""
+        return b"data: " + self.body() + b"\n\n"
+
+
+def quote(text: str) -> str:
+    """Client text for a message, cut short so a huge value cannot flood logs or answers."""
+    return text if len(text) <= _MAX_ECHO else text[:_MAX_ECHO] + "..."
+
+
+# One function per kind of error.
+
+
+def invalid_api_key(message: str) -> ApiError:
+    """401: no key, an unknown key or a revoked one (the message says which, never the key)."""
+    return ApiError(401, message, "invalid_request_error", code="invalid_api_key")
+
+
+def invalid_json(message: str) -> ApiError:
+    """400: the body is not a JSON object."""
+    return ApiError(400, message, "invalid_request_error", code="invalid_json")
+
+
+def missing_parameter(param: str) -> ApiError:
+    """400: a required field is absent."""
+    return ApiError(
+        400,
+        f"Missing required parameter: '{param}'.",
+        "invalid_request_error",
+        param=param,
+        code="missing_required_parameter",
+    )
+
+
+def invalid_type(param: str, expected: str, got: object) -> ApiError:
+    """400: a field has the wrong JSON type."""
+    return ApiError(
+        400,
+        f"Invalid type for '{param}': expected {expected}, but got {json_type(got)} instead.",
+        "invalid_request_error",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def invalid_value(param: str, message: str) -> ApiError:
+    """400: a field has the right type but a value that cannot be used."""
+    return ApiError(400, message, "invalid_request_error", param=param, code="invalid_value")
+
+
+def request_too_large(limit: int) -> ApiError:
+    """413: the body is over the configured size."""
+    return ApiError(
+        413,
+        f"Request body too large: the limit is {limit} bytes.",
+        "invalid_request_error",
+        code="request_too_large",
+    )
+
+
+def model_not_found(model: str) -> ApiError:
+    """404: the model is not in the catalog."""
+    return ApiError(
+        404,
+        f"The model '{quote(model)}' does not exist.",
+        "invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def unknown_url(method: str, path: str) -> ApiError:
+    """404: no such route under /v1."""
+    return ApiError(
+        404,
+        f"Invalid URL ({method} {quote(path)}).",
+        "invalid_request_error",
+        code="unknown_url",
+    )
+
+
+def method_not_allowed(method: str, path: str, allowed: set[str]) -> ApiError:
+    """405: the route exists, the method does not."""
+    allow = ", ".join(sorted(allowed))
+    return ApiError(
+        405,
+        f"Method {method} is not allowed on {quote(path)}; use {allow}.",
+        "invalid_request_error",
+        code="method_not_allowed",
+        headers={"Allow": allow},
+    )
+
+
+def model_unavailable(message: str, retry_after_s: int) -> ApiError:
+    """503: the model is known but no replica can take the request now."""
+    return ApiError(
+        503,
+        message,
+        "server_error",
+        code="model_not_ready",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def upstream_failed(message: str) -> ApiError:
+    """502: the engine broke the exchange."""
+    return ApiError(502, message, "server_error", code="upstream_error")
+
+
+def upstream_timeout(message: str) -> ApiError:
+    """504: the engine did not answer in time."""
+    return ApiError(504, message, "server_error", code="upstream_timeout")
+
+
+def client_closed() -> ApiError:
+    """499 (nginx's code, for the log only): the client left before its request was complete."""
+    return ApiError(499, "The client closed the request.", "invalid_request_error")
+
+
+def internal_error(request_id: str) -> ApiError:
+    """500: a bug of ours; the request id lets staff find the traceback."""
+    return ApiError(
+        500,
+        f"The server had an error while processing your request (request id {request_id}).",
+        "server_error",
+    )
+
+
+def from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
+    """aiohttp's own refusals (no route, wrong method, body over client_max_size) in our shape."""
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return method_not_allowed(request.method, request.path, exc.allowed_methods)
+    if isinstance(exc, web.HTTPNotFound):
+        return unknown_url(request.method, request.path)
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return request_too_large(request.client_max_size)
+    type_ = "server_error" if exc.status >= 500 else "invalid_request_error"
+    return ApiError(exc.status, exc.reason, type_)
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    names: tuple[tuple[type, str], ...] = (
+        (bool, "a boolean"),  # before int: bool is an int in Python
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "an object"),
+    )
+    for kind, name in names:
+        if isinstance(value, kind):
+            return name
+    return "null"
+
+
+# The middleware: request id, errors in our shape, one log line per request.
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every failure in OpenAI's shape and log one line per request."""
+    request[REQUEST_ID] = secrets.token_hex(12)
+    started = time.monotonic()
+    error: ApiError | None = None
+    unexpected: BaseException | None = None
+    try:
+        response = await handler(request)
+    except asyncio.CancelledError:  # the daemon cancels handlers of clients that left
+        request[OUTCOME] = "cancelled"
+        _log_request(request, 499, time.monotonic() - started, None, None)
+        raise
+    except ApiError as e:
+        error = e
+    except web.HTTPException as e:
+        if e.status < 400:  # a redirect is not a failure
+            raise
+        error = from_http_exception(request, e)
+    except Exception as e:  # a daemon never dies of a request
+        unexpected = e
+        error = internal_error(request[REQUEST_ID])
+    if error is not None:
+        response = await _answer(request, error)
+    _log_request(request, response.status, time.monotonic() - started, error, unexpected)
+    return response
+
+
+def started_stream(request: web.Request) -> web.StreamResponse | None:
+    """The stream whose headers already went out for this request, if any."""
+    started: web.StreamResponse | None = request.get(STREAM)  # .get() is not typed by key
+    return started
+
+
+async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
+    """The error as a response, or as the last event of a stream whose headers already went out."""
+    started = started_stream(request)
+    if started is None:
+        return error.response()
+    with suppress(ConnectionError, RuntimeError):  # the client may be gone already
+        await started.write(error.sse_event())
+    return started
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every answer, streamed ones too, carries its request id."""
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+
+
+def _log_request(
+    request: web.Request,
+    status: int,
+    duration: float,
+    error: ApiError | None,
+    unexpected: BaseException | None,
+) -> None:
+    """The one access line; an unexpected failure carries its traceback on that same line."""
+    level = logging.INFO
+    if status >= 500:
+        level = logging.ERROR if unexpected is not None else logging.WARNING
+    parts = [
+        request.method,
+        request.path,  # never the query string: a key might have been put there
+        f"status={status}",
+        f"ms={duration * 1000:.0f}",
+        f"model={quote(request.get(MODEL, '-'))}",
+        f"key={request.get(KEY_ID, '-')}",
+        f"replica={request.get(REPLICA, '-')}",
+        f"rid={request[REQUEST_ID]}",
+    ]
+    if OUTCOME in request:
+        parts.append(f"outcome={request[OUTCOME]}")
+    if error is not None:
+        parts.append(f"error={error.detail.code or error.detail.type}: {error.detail.message}")
+    exc_info = (type(unexpected), unexpected, unexpected.__traceback__) if unexpected else None
+    log.log(level, _one_line(" ".join(parts)), exc_info=exc_info)
+
+
+def _one_line(text: str) -> str:
+    """Client text (a path, a model name) must not start a forged log line of its own."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)

@@ -1,0 +1,250 @@
+"""The upstream call: one shared client session, another replica on a refused connect, streaming
+passed through chunk by chunk, and the engine's request dropped as soon as the client leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from llmgwd.pool import Endpoint
+from llmgwd.router import errors
+from llmgwd.router.balancer import Balancer
+
+log = logging.getLogger("llmgwd.router")
+
+# Failures where the engine cannot have seen the request: safe to send it to another replica.
+_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+_MAX_TAIL = 1 << 20  # a partial SSE event longer than this is passed on anyway
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",  # a reverse proxy in front must not buffer either
+}
+
+
+class _Unreachable(Exception):
+    """The replica refused or timed out on connect: nothing was sent."""
+
+
+class Upstream:
+    """Sends requests to engine replicas chosen by the balancer and relays their answers."""
+
+    def __init__(
+        self,
+        balancer: Balancer,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 600.0,
+        retry_after_s: int = 5,
+        disconnect_poll_s: float = 0.2,
+    ) -> None:
+        self._balancer = balancer
+        self._session = session
+        self._own_session = session is None
+        # No total timeout: a stream lasts as long as the engine keeps sending.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
+        self._retry_after_s = retry_after_s
+        self._poll_s = disconnect_poll_s
+
+    def session(self) -> aiohttp.ClientSession:
+        """The one session shared by all requests, made on first use inside the running loop."""
+        if self._session is None:
+            # limit=0: concurrent streams must not queue behind a connection cap;
+            # keep-alive below llama-server's 5 s so a pooled connection is not stale.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session if this object made it."""
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def forward(
+        self, request: web.Request, model: str, path: str, body: bytes, stream: bool
+    ) -> web.StreamResponse:
+        """Relay body to `{replica}/v1/{path}` and its answer back to the client."""
+        work = self._try_replicas(request, model, path, body, stream)
+        done = await self._unless_gone(request, work)
+        if done is not None:
+            return done
+        request[errors.OUTCOME] = "client_gone"
+        started = errors.started_stream(request)
+        if started is not None:
+            return started
+        raise errors.client_closed()
+
+    async def _try_replicas(
+        self, request: web.Request, model: str, path: str, body: bytes, stream: bool
+    ) -> web.StreamResponse:
+        """One replica after another until one accepts the connection."""
+        tried: list[str] = []
+        while (endpoint := self._balancer.pick(model, exclude=tried)) is not None:
+            with self._balancer.hold(endpoint):
+                try:
+                    return await self._exchange(request, endpoint, path, body, stream)
+                except _Unreachable:
+                    tried.append(endpoint.replica_id)
+        raise errors.model_unavailable(
+            f"No replica of model '{errors.quote(model)}' could be reached; retry later.",
+            self._retry_after_s,
+        )
+
+    async def _exchange(
+        self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
+    ) -> web.StreamResponse:
+        """Send to one replica and relay its answer."""
+        request[errors.REPLICA] = endpoint.replica_id
+        upstream = await self._connect(request, endpoint, path, body, stream)
+        try:
+            if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
+                return await self._relay_stream(request, upstream, endpoint)
+            return await self._relay_whole(upstream, endpoint)
+        finally:
+            # A no-op after a complete answer; otherwise drops the connection so the
+            # engine stops generating for a client that is gone.
+            upstream.close()
+
+    async def _connect(
+        self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
+    ) -> aiohttp.ClientResponse:
+        """POST to the replica with its own key; the client's headers are never passed on."""
+        headers = {
+            "Authorization": f"Bearer {endpoint.api_key}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+            "x-request-id": request[errors.REQUEST_ID],
+        }
+        url = f"{endpoint.url.rstrip('/')}/v1/{path}"
+        try:
+            return await self.session().post(url, data=body, headers=headers)
+        except _CONNECT_ERRORS as e:
+            log.warning(
+                "replica %s of %s on %s unreachable, rid=%s: %s",
+                endpoint.replica_id,
+                endpoint.model,
+                endpoint.node,
+                request[errors.REQUEST_ID],
+                e,
+            )
+            raise _Unreachable from e
+        except aiohttp.ServerTimeoutError:
+            raise errors.upstream_timeout("The model's engine did not answer in time.") from None
+        except aiohttp.ClientError as e:
+            raise _engine_failed(endpoint, e) from None
+
+    async def _relay_whole(
+        self, upstream: aiohttp.ClientResponse, endpoint: Endpoint
+    ) -> web.Response:
+        """A non-streamed answer (or any error answer): the engine's body and status as they are."""
+        try:
+            data = await upstream.read()
+        except aiohttp.ServerTimeoutError:
+            raise errors.upstream_timeout("The model's engine did not answer in time.") from None
+        except aiohttp.ClientError as e:
+            raise _engine_failed(endpoint, e) from None
+        content_type = upstream.headers.get("Content-Type", "application/json")
+        headers = {"Content-Type": content_type}
+        return web.Response(status=upstream.status, body=data, headers=headers)
+
+    async def _relay_stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, endpoint: Endpoint
+    ) -> web.StreamResponse:
+        """Server-sent events written as they arrive; an engine failure ends them with an error."""
+        out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+        await out.prepare(request)
+        request[errors.STREAM] = out
+        events = _Events()
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as e:
+                request[errors.OUTCOME] = "upstream_broke"
+                failure = (
+                    errors.upstream_timeout("The model's engine stopped sending.")
+                    if isinstance(e, TimeoutError)
+                    else _engine_failed(endpoint, e)
+                )
+                await out.write(failure.sse_event())  # the partial event held back is dropped
+                return out
+            if not chunk:
+                break
+            if ready := events.feed(chunk):
+                await out.write(ready)
+        if rest := events.rest():
+            await out.write(rest)
+        return out
+
+    async def _unless_gone(
+        self, request: web.Request, work: Coroutine[Any, Any, web.StreamResponse]
+    ) -> web.StreamResponse | None:
+        """Run work; None (work cancelled at once) if the client disconnects first.
+
+        aiohttp does not cancel a handler when its client leaves (unless the daemon asks for
+        handler_cancellation), so the connection is watched here.
+        """
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=self._poll_s)
+                if not task.done() and _client_gone(request):
+                    task.cancel()
+                    await asyncio.wait({task})
+                    return None
+            return task.result()
+        except ConnectionResetError:  # a write to the client failed: it is gone
+            return None
+        finally:
+            task.cancel()  # our own cancellation (handler_cancellation) reaches the work too
+
+
+class _Events:
+    """Passes on whole SSE events only, so an error event never lands inside a cut one."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events so far; a partial last one is held until its end arrives."""
+        data = self._tail + chunk if self._tail else chunk
+        cut = _event_end(data)
+        if cut == 0 and len(data) < _MAX_TAIL:
+            self._tail = data
+            return b""
+        cut = cut or len(data)
+        self._tail = data[cut:]
+        return data[:cut]
+
+    def rest(self) -> bytes:
+        """What is left when the engine ends its answer."""
+        rest, self._tail = self._tail, b""
+        return rest
+
+
+def _event_end(data: bytes) -> int:
+    """The offset just past the last blank line (event boundary) in data, or 0."""
+    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
+    return max(ends, default=0)
+
+
+def _client_gone(request: web.Request) -> bool:
+    """Whether the client's connection is closed."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _engine_failed(endpoint: Endpoint, e: BaseException) -> errors.ApiError:
+    """502 for an engine that broke the exchange; the message names no address or key."""
+    log.warning(
+        "replica %s of %s on %s failed: %r", endpoint.replica_id, endpoint.model, endpoint.node, e
+    )
+    return errors.upstream_failed(f"The model's engine failed ({type(e).__name__}).")

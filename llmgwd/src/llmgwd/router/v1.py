@@ -1,0 +1,270 @@
+"""The /v1 handlers: key check, body checks, model lookup, then the proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import aiohttp
+import msgspec
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from llmgwd.catalog import ApiKey, Model
+from llmgwd.pool import Pool
+from llmgwd.router import errors
+from llmgwd.router.balancer import Balancer
+from llmgwd.router.proxy import Upstream
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+# Body keys some clients use to pick a server: the upstream only ever comes from the Pool.
+ROUTING_KEYS = frozenset(
+    {"api_base", "base_url", "url", "endpoint", "host", "api_key", "api_version", "upstream"}
+)
+
+Document = dict[str, Any]
+
+
+class Keys(Protocol):
+    """API keys, served from the daemon's in-memory cache."""
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        """The key whose secret this is (revoked ones included, or None for them), else None."""
+        ...
+
+
+class Models(Protocol):
+    """The model catalog, served from memory."""
+
+    def get(self, name: str) -> Model | None:
+        """The model of that name, if in the catalog."""
+        ...
+
+    def all(self) -> list[Model]:
+        """Every model in the catalog."""
+        ...
+
+
+class ModelCard(msgspec.Struct):
+    """One entry of GET /v1/models, as OpenAI shapes it."""
+
+    id: str
+    created: int
+    object: str = "model"
+    owned_by: str = "llmgw"
+
+
+class ModelList(msgspec.Struct):
+    """GET /v1/models."""
+
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class Router:
+    """The /v1 API as an aiohttp sub-application: mount `app` at /v1 on the client port."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        models: Models,
+        pool: Pool,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        session: aiohttp.ClientSession | None = None,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 600.0,
+        retry_after_s: int = 5,
+        disconnect_poll_s: float = 0.2,
+    ) -> None:
+        self._keys = keys
+        self._models = models
+        self._pool = pool
+        self._max_body_bytes = max_body_bytes
+        self._retry_after_s = retry_after_s
+        self.balancer = Balancer(pool)
+        self._upstream = Upstream(
+            self.balancer,
+            session=session,
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+            retry_after_s=retry_after_s,
+            disconnect_poll_s=disconnect_poll_s,
+        )
+        self.app = web.Application(middlewares=[errors.error_middleware])
+        self.app.on_response_prepare.append(errors.add_request_id)
+        self.app.on_cleanup.append(self._on_cleanup)
+        self.app.router.add_get("/models", self._list_models)
+        self.app.router.add_get("/models/{model:.+}", self._get_model)
+        self.app.router.add_post("/chat/completions", self._chat)
+        self.app.router.add_post("/completions", self._completions)
+
+    async def close(self) -> None:
+        """Close the upstream session (also done when the mounting app cleans up)."""
+        await self._upstream.close()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.close()
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        return _json(ModelList(data=[_card(m) for m in self._models.all()]))
+
+    async def _get_model(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        name = request.match_info["model"]
+        model = self._models.get(name)
+        if model is None:
+            raise errors.model_not_found(name)
+        return _json(_card(model))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "chat/completions", _check_chat)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "completions", _check_completion)
+
+    async def _complete(
+        self, request: web.Request, path: str, check: Callable[[Document], None]
+    ) -> web.StreamResponse:
+        """Check everything a client can get wrong, then hand the body to the proxy."""
+        self._authenticate(request)
+        doc = _parse_object(await _read_body(request, self._max_body_bytes))
+        name = _check_common(doc)
+        request[errors.MODEL] = name
+        check(doc)
+        model = self._models.get(name)
+        if model is None:
+            raise errors.model_not_found(name)
+        self._require_ready(model.name)
+        for key in ROUTING_KEYS:
+            doc.pop(key, None)
+        doc["model"] = model.name
+        body = msgspec.json.encode(doc)
+        stream = doc.get("stream") is True
+        return await self._upstream.forward(request, model.name, path, body, stream)
+
+    def _authenticate(self, request: web.Request) -> ApiKey:
+        """The caller's key from `Authorization: Bearer KEY`; messages never quote the key."""
+        header = request.headers.get("Authorization", "").strip()
+        if not header:
+            raise errors.invalid_api_key(
+                "Missing API key: send it as the header 'Authorization: Bearer KEY'."
+            )
+        scheme, _, secret = header.partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise errors.invalid_api_key(
+                "Malformed Authorization header: expected 'Authorization: Bearer KEY'."
+            )
+        key = self._keys.authenticate(secret)
+        if key is None:
+            raise errors.invalid_api_key("Incorrect API key provided.")
+        request[errors.KEY_ID] = key.id
+        if key.revoked:
+            raise errors.invalid_api_key("This API key has been revoked.")
+        return key
+
+    def _require_ready(self, name: str) -> None:
+        """503 with Retry-After when no replica of the model is ready."""
+        if self._pool.ready(name):
+            return
+        if self._pool.wanted(name) == 0:
+            message = f"The model '{errors.quote(name)}' is in the catalog but not being served."
+        else:
+            message = f"No replica of the model '{errors.quote(name)}' is ready yet; retry later."
+        raise errors.model_unavailable(message, self._retry_after_s)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, refused as soon as it passes limit (declared or, when chunked, counted)."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise errors.request_too_large(limit)
+    body = bytearray()
+    try:
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > limit:
+                raise errors.request_too_large(limit)
+    except HttpProcessingError as e:  # a broken chunked encoding or a short body
+        raise errors.invalid_json(f"The request body could not be read: {e.message}") from None
+    except ConnectionError:  # the client left during its upload
+        raise errors.client_closed() from None
+    return bytes(body)
+
+
+def _parse_object(body: bytes) -> Document:
+    """The body as a JSON object."""
+    if not body.strip():
+        raise errors.invalid_json("The request body is empty: send a JSON object.")
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as e:
+        raise errors.invalid_json(f"The request body is not valid JSON: {e}.") from None
+    except RecursionError:
+        raise errors.invalid_json("The request body is nested too deeply.") from None
+    if not isinstance(doc, dict):
+        raise errors.invalid_json(
+            f"The request body must be a JSON object, not {errors.json_type(doc)}."
+        )
+    return doc
+
+
+def _check_common(doc: Document) -> str:
+    """Fields both completion kinds share; returns the model name."""
+    model = doc.get("model")
+    if model is None:
+        raise errors.missing_parameter("model")
+    if not isinstance(model, str):
+        raise errors.invalid_type("model", "a string", model)
+    if not model:
+        raise errors.invalid_value("model", "'model' must not be empty.")
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise errors.invalid_type("stream", "a boolean", stream)
+    for name in ("max_tokens", "max_completion_tokens"):
+        _check_positive_int(doc, name)
+    return model
+
+
+def _check_positive_int(doc: Document, name: str) -> None:
+    value = doc.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.invalid_type(name, "an integer", value)
+    if value < 1:
+        raise errors.invalid_value(name, f"'{name}' must be at least 1, got {value}.")
+
+
+def _check_chat(doc: Document) -> None:
+    """POST /v1/chat/completions: messages is a non-empty array of objects."""
+    messages = doc.get("messages")
+    if messages is None:
+        raise errors.missing_parameter("messages")
+    if not isinstance(messages, list):
+        raise errors.invalid_type("messages", "an array", messages)
+    if not messages:
+        raise errors.invalid_value("messages", "'messages' must contain at least one message.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise errors.invalid_type(f"messages[{i}]", "an object", message)
+
+
+def _check_completion(doc: Document) -> None:
+    """POST /v1/completions: a prompt, as text or an array (of texts or token ids)."""
+    prompt = doc.get("prompt")
+    if prompt is None:
+        raise errors.missing_parameter("prompt")
+    if not isinstance(prompt, str | list):
+        raise errors.invalid_type("prompt", "a string or an array", prompt)
+
+
+def _card(model: Model) -> ModelCard:
+    return ModelCard(id=model.name, created=int(model.created_at))
+
+
+def _json(value: msgspec.Struct) -> web.Response:
+    return web.Response(body=msgspec.json.encode(value), content_type="application/json")
