@@ -1,0 +1,662 @@
+"""llmgwd's admin API /api/v1 (models, nodes, keys, join tokens) and its two ways of auth."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn, Protocol, TypeVar
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from llmgw import wire
+from llmgw.localsock import allowed, peer_credentials
+from llmgwd.catalog import ApiKey, Catalog, CatalogError, Model, Role
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+PRINCIPAL = web.RequestKey("llmgw.principal", str)  # who calls, for the log (never a secret)
+MAX_REPLICAS = 1024
+MAX_CONTEXT = 1 << 24
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+ENGINES = ("llama.cpp",)
+# The agent sets these itself (listen address, port, key, model file, context size).
+RESERVED_ARGS = frozenset(
+    {"--host", "--port", "--api-key", "--api-key-file", "-m", "--model", "-c", "--ctx-size"}
+)
+
+
+def _own_version() -> str:
+    try:
+        return version("llmgwd")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+# What the API needs from the rest of the daemon.
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One node as the cluster state knows it (the /api/v1/nodes item)."""
+
+    name: str
+    address: str
+    connected: bool
+    last_seen: float  # unix time of its last message
+    cores: int
+    memory_bytes: int
+    replicas: list[wire.ReplicaStatus] = []
+    version: str = ""  # the agent's
+
+
+class NodesView(Protocol):
+    """The cluster state's nodes, as last reported."""
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every known node (connected or not)."""
+        ...
+
+
+class ClusterNode(Protocol):
+    """The fields of a node the cluster state keeps that the API shows."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def inventory(self) -> wire.Inventory: ...
+    @property
+    def replicas(self) -> Sequence[wire.ReplicaStatus]: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def last_seen(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNodes:
+    """A NodesView over the cluster state's own node records (ClusterState.nodes)."""
+
+    source: Callable[[], Sequence[ClusterNode]]
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node the cluster state knows, as the API shows it."""
+        return [
+            NodeInfo(
+                name=n.name,
+                address=n.address,
+                connected=n.connected,
+                last_seen=n.last_seen,
+                cores=n.inventory.cores,
+                memory_bytes=n.inventory.memory_bytes,
+                replicas=list(n.replicas),
+                version=n.version,
+            )
+            for n in self.source()
+        ]
+
+
+class KeyLookup(Protocol):
+    """What key_auth needs: the catalog's key check."""
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        """The live key matching secret, or None."""
+        ...
+
+
+@dataclass(slots=True)
+class ApiContext:
+    """Everything the API handlers use, supplied by the daemon."""
+
+    catalog: Catalog
+    nodes: NodesView
+    mint_token: Callable[[], str]  # a new join token (carries the CA's fingerprint)
+    join_url: str  # the cluster port's advertised URL, https://HOST:7710
+    token_ttl_s: float = 3600.0
+    name: str = "llmgw"
+    version: str = field(default_factory=_own_version)
+    started_at: float = field(default_factory=time.time)
+
+
+CTX = web.AppKey("llmgw.api", ApiContext)
+
+
+# Errors: {"error": {"message", "type", "code"}}, as OpenAI's API shapes them.
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=True):
+    """The body of an error answer."""
+
+    message: str
+    type: str
+    code: str
+    param: str | None = None  # the request field at fault, for a 400
+
+
+class ErrorAnswer(msgspec.Struct):
+    """An error answer."""
+
+    error: ErrorBody
+
+
+class ApiError(Exception):
+    """An error answer a handler raises; the message is shown to the caller."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        code: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type_, code=code, param=param)
+        self.headers = headers or {}
+
+
+def bad_field(param: str, message: str) -> ApiError:
+    """A 400 that names the field at fault."""
+    return ApiError(400, f"{param}: {message}", "invalid_request_error", "invalid_field", param)
+
+
+def not_found(what: str, ident: str) -> ApiError:
+    """A 404 for an unknown model or key."""
+    return ApiError(404, f"no {what} {ident!r}", "not_found_error", f"{what}_not_found")
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    """A JSON answer of any msgspec-encodable value."""
+    return web.Response(body=_encoder.encode(data), status=status, content_type="application/json")
+
+
+def error_response(err: ApiError) -> web.Response:
+    """The JSON answer of an ApiError."""
+    resp = json_response(ErrorAnswer(err.body), err.status)
+    resp.headers.update(err.headers)
+    return resp
+
+
+_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as a JSON error, never as HTML or a traceback."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        type_ = _HTTP_TYPES.get(e.status, "invalid_request_error")
+        code = e.reason.lower().replace(" ", "_")
+        return error_response(ApiError(e.status, e.reason, type_, code))
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(ApiError(500, "internal error", "server_error", "internal_error"))
+
+
+# Request bodies.
+
+T = TypeVar("T")
+
+
+class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /api/v1/models"""
+
+    name: str
+    source: str
+    engine: str
+    args: list[str] = []
+    context: int = 0
+
+
+class ServeIn(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /api/v1/models/{name}/serve"""
+
+    replicas: int
+
+
+class KeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /api/v1/keys"""
+
+    name: str
+    role: str = "user"
+
+
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"Object missing required field `(?P<f>[^`]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<f>[^`]+)`")
+
+
+def _validation_error(message: str) -> ApiError:
+    """msgspec's '... - at `$.field`' as a 400 that names the field."""
+    for pattern, why in ((_MISSING, "is required"), (_UNKNOWN, "is not a known field")):
+        m = pattern.match(message)
+        if m:
+            return bad_field(m.group("f"), why)
+    at = _AT.search(message)
+    if at is None:
+        return ApiError(400, f"body: {message}", "invalid_request_error", "invalid_body", "body")
+    param = re.sub(r"\[\d+\]$", "", at.group("path")) or "body"
+    return bad_field(param, message[: at.start()])
+
+
+async def read_body(request: web.Request, schema: type[T]) -> T:
+    """Decode the JSON body into schema, or raise a 400 naming the field."""
+    raw = await request.read()
+    try:
+        return msgspec.json.decode(raw or b"{}", type=schema)
+    except msgspec.ValidationError as e:
+        raise _validation_error(str(e)) from None
+    except msgspec.DecodeError:
+        raise ApiError(
+            400, "body: not valid JSON", "invalid_request_error", "invalid_json", "body"
+        ) from None
+
+
+def validate_model(body: ModelIn) -> Model:
+    """Check a new model's fields (a file's existence is each node's agent's check)."""
+    if not NAME_RE.fullmatch(body.name):
+        raise bad_field("name", "must be 1-64 of a-z 0-9 . _ - and start with a letter or digit")
+    path = body.source.removeprefix("file:")
+    if not body.source.startswith("file:") or not path.startswith("/") or path.startswith("//"):
+        raise bad_field("source", "must be file:/absolute/path (a file on the nodes)")
+    if "\0" in path or "\n" in path:
+        raise bad_field("source", "the path holds a control character")
+    if body.engine not in ENGINES:
+        raise bad_field("engine", f"must be one of {', '.join(ENGINES)}")
+    for arg in body.args:
+        if arg.split("=", 1)[0] in RESERVED_ARGS:
+            raise bad_field("args", f"{arg.split('=', 1)[0]} is set by llmgw itself")
+        if "\0" in arg:
+            raise bad_field("args", "an argument holds a NUL character")
+    if not 0 <= body.context <= MAX_CONTEXT:
+        raise bad_field("context", f"must be between 0 (the engine's default) and {MAX_CONTEXT}")
+    return Model(
+        name=body.name, source=body.source, engine="llama.cpp", args=body.args, context=body.context
+    )
+
+
+# Answers.
+
+
+class ReplicaView(msgspec.Struct, kw_only=True):
+    """One replica of a model, as its node reports it."""
+
+    id: str
+    node: str
+    state: str  # wire.ReplicaState, or "unknown" while its node is not connected
+    message: str = ""
+
+
+class ModelView(msgspec.Struct, kw_only=True):
+    """A model of the catalog with what runs of it."""
+
+    name: str
+    source: str
+    engine: str
+    args: list[str]
+    context: int
+    replicas: int  # wanted
+    ready: int
+    created_at: float
+    replica_status: list[ReplicaView]
+
+
+class KeyView(msgspec.Struct, kw_only=True):
+    """A key without its secret or hash."""
+
+    id: str
+    name: str
+    prefix: str
+    role: str
+    created_at: float
+    revoked: bool
+
+
+class NewKey(msgspec.Struct, kw_only=True):
+    """A key just made: the only answer that holds the key itself."""
+
+    id: str
+    name: str
+    role: str
+    prefix: str
+    created_at: float
+    key: str
+
+
+class TokenView(msgspec.Struct, kw_only=True):
+    """A new join token and the command that uses it."""
+
+    token: str
+    expires_in: int
+    url: str
+    command: str
+
+
+def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
+    """Every reported replica, grouped by the model it serves."""
+    out: dict[str, list[ReplicaView]] = {}
+    for node in nodes:
+        for r in node.replicas:
+            state, message = (r.state, r.message) if node.connected else ("unknown", "")
+            if not node.connected:
+                message = f"node {node.name} is not connected"
+            view = ReplicaView(id=r.id, node=node.name, state=state, message=message)
+            out.setdefault(r.model, []).append(view)
+    return out
+
+
+def model_view(model: Model, replicas: list[ReplicaView]) -> ModelView:
+    """The API's view of a model and its replicas."""
+    return ModelView(
+        name=model.name,
+        source=model.source,
+        engine=model.engine,
+        args=model.args,
+        context=model.context,
+        replicas=model.replicas,
+        ready=sum(r.state == "ready" for r in replicas),
+        created_at=model.created_at,
+        replica_status=sorted(replicas, key=lambda r: r.id),
+    )
+
+
+def key_view(key: ApiKey) -> KeyView:
+    """A key as listed: never the key or its hash."""
+    return KeyView(
+        id=key.id,
+        name=key.name,
+        prefix=key.prefix,
+        role=key.role,
+        created_at=key.created_at,
+        revoked=key.revoked,
+    )
+
+
+# Handlers.
+
+
+def _ctx(request: web.Request) -> ApiContext:
+    return request.config_dict[CTX]
+
+
+def _who(request: web.Request) -> str:
+    return str(request.get(PRINCIPAL, "?"))
+
+
+async def get_status(request: web.Request) -> web.Response:
+    """GET /status: the cluster at a glance."""
+    ctx = _ctx(request)
+    nodes = ctx.nodes.nodes()
+    models = ctx.catalog.all()
+    by_model = replicas_by_model(nodes)
+    ready = sum(r.state == "ready" for m in models for r in by_model.get(m.name, []))
+    return json_response(
+        {
+            "name": ctx.name,
+            "version": ctx.version,
+            "uptime_s": round(time.time() - ctx.started_at, 1),
+            "join_url": ctx.join_url,
+            "nodes": {"total": len(nodes), "connected": sum(n.connected for n in nodes)},
+            "models": {"total": len(models), "served": sum(m.replicas > 0 for m in models)},
+            "replicas": {"wanted": sum(m.replicas for m in models), "ready": ready},
+        }
+    )
+
+
+async def get_nodes(request: web.Request) -> web.Response:
+    """GET /nodes: every node, by name."""
+    nodes = sorted(_ctx(request).nodes.nodes(), key=lambda n: n.name)
+    return json_response(nodes)
+
+
+def _model_or_404(ctx: ApiContext, name: str) -> Model:
+    model = ctx.catalog.get(name)
+    if model is None:
+        raise not_found("model", name)
+    return model
+
+
+def _view(ctx: ApiContext, model: Model) -> ModelView:
+    return model_view(model, replicas_by_model(ctx.nodes.nodes()).get(model.name, []))
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """GET /models: the catalog with each model's replicas."""
+    ctx = _ctx(request)
+    by_model = replicas_by_model(ctx.nodes.nodes())
+    return json_response([model_view(m, by_model.get(m.name, [])) for m in ctx.catalog.all()])
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """GET /models/{name}"""
+    ctx = _ctx(request)
+    return json_response(_view(ctx, _model_or_404(ctx, request.match_info["name"])))
+
+
+async def add_model(request: web.Request) -> web.Response:
+    """POST /models: put a new model in the catalog (not served until /serve)."""
+    ctx = _ctx(request)
+    model = validate_model(await read_body(request, ModelIn))
+    try:
+        model = await ctx.catalog.add_model(model)
+    except CatalogError as e:
+        raise ApiError(409, str(e), "conflict_error", "model_exists") from None
+    log.info("model %s added (%s) by %s", model.name, model.source, _who(request))
+    return json_response(_view(ctx, model), 201)
+
+
+async def _set_replicas(request: web.Request, replicas: int) -> web.Response:
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    _model_or_404(ctx, name)
+    try:
+        model = await ctx.catalog.update_model(name, replicas=replicas)
+    except CatalogError:
+        raise not_found("model", name) from None  # removed meanwhile
+    log.info("model %s: %d replicas wanted, by %s", name, replicas, _who(request))
+    return json_response(_view(ctx, model))
+
+
+async def serve_model(request: web.Request) -> web.Response:
+    """POST /models/{name}/serve {replicas}: how many replicas to run."""
+    body = await read_body(request, ServeIn)
+    if not 0 <= body.replicas <= MAX_REPLICAS:
+        raise bad_field("replicas", f"must be between 0 and {MAX_REPLICAS}")
+    return await _set_replicas(request, body.replicas)
+
+
+async def stop_model(request: web.Request) -> web.Response:
+    """POST /models/{name}/stop: no replicas (the model stays in the catalog)."""
+    return await _set_replicas(request, 0)
+
+
+async def remove_model(request: web.Request) -> web.Response:
+    """DELETE /models/{name}: out of the catalog (its replicas are stopped)."""
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    try:
+        await ctx.catalog.remove_model(name)
+    except CatalogError:
+        raise not_found("model", name) from None
+    log.info("model %s removed by %s", name, _who(request))
+    return json_response({"name": name, "removed": True})
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    """GET /keys: every key, oldest first, without secrets."""
+    keys = _ctx(request).catalog.keys()
+    return json_response([key_view(k) for k in keys])
+
+
+def _check_key_in(ctx: ApiContext, body: KeyIn) -> Role:
+    name = body.name.strip()
+    if not name or len(name) > 64 or not name.isprintable():
+        raise bad_field("name", "must be 1-64 printable characters")
+    if body.role not in ("user", "admin"):
+        raise bad_field("role", "must be user or admin")
+    keys = ctx.catalog.keys()
+    if any(k.name == name and not k.revoked for k in keys):
+        raise ApiError(409, f"a key named {name!r} exists", "conflict_error", "key_exists")
+    return "admin" if body.role == "admin" else "user"
+
+
+async def create_key(request: web.Request) -> web.Response:
+    """POST /keys {name, role?}: a new key, shown this once."""
+    ctx = _ctx(request)
+    body = await read_body(request, KeyIn)
+    role = _check_key_in(ctx, body)
+    key, secret = await ctx.catalog.create_key(body.name.strip(), role)
+    log.info("key %s (%s, %s) created by %s", key.id, key.name, key.role, _who(request))
+    new = NewKey(
+        id=key.id,
+        name=key.name,
+        role=key.role,
+        prefix=key.prefix,
+        created_at=key.created_at,
+        key=secret,
+    )
+    return json_response(new, 201)
+
+
+def _find_key(ctx: ApiContext, ident: str) -> ApiKey:
+    """A key by id, else by the name of a live key; several of one name is a conflict."""
+    keys = ctx.catalog.keys()
+    by_id = [k for k in keys if k.id == ident]
+    if by_id:
+        return by_id[0]
+    named = [k for k in keys if k.name == ident and not k.revoked]
+    if len(named) > 1:
+        msg = f"{len(named)} keys are named {ident!r}: give the id"
+        raise ApiError(409, msg, "conflict_error", "key_ambiguous")
+    if not named:
+        raise not_found("key", ident)
+    return named[0]
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    """DELETE /keys/{key}: revoke a key by id or name."""
+    ctx = _ctx(request)
+    key = _find_key(ctx, request.match_info["key"])
+    if not key.revoked:
+        key = await ctx.catalog.revoke_key(key.id)
+        log.info("key %s (%s) revoked by %s", key.id, key.name, _who(request))
+    return json_response(key_view(key))
+
+
+async def create_token(request: web.Request) -> web.Response:
+    """POST /tokens: a new join token and the command a node joins with."""
+    ctx = _ctx(request)
+    token = ctx.mint_token()
+    await ctx.catalog.add_token(token, ctx.token_ttl_s)
+    log.info("join token made by %s", _who(request))
+    command = f"llmgw node join {shlex.quote(ctx.join_url)} --token {shlex.quote(token)}"
+    view = TokenView(
+        token=token, expires_in=int(ctx.token_ttl_s), url=ctx.join_url, command=command
+    )
+    return json_response(view, 201)
+
+
+def api_routes() -> list[web.RouteDef]:
+    """The routes, relative to API_PREFIX."""
+    return [
+        web.get("/status", get_status),
+        web.get("/nodes", get_nodes),
+        web.get("/models", list_models),
+        web.post("/models", add_model),
+        web.get("/models/{name}", get_model),
+        web.delete("/models/{name}", remove_model),
+        web.post("/models/{name}/serve", serve_model),
+        web.post("/models/{name}/stop", stop_model),
+        web.get("/keys", list_keys),
+        web.post("/keys", create_key),
+        web.delete("/keys/{key}", revoke_key),
+        web.post("/tokens", create_token),
+    ]
+
+
+def api_subapp(ctx: ApiContext, auth: Middleware) -> web.Application:
+    """The API to mount with parent.add_subapp(API_PREFIX, ...), guarded by auth."""
+    app = web.Application(middlewares=[errors_middleware, auth], client_max_size=64 * 1024)
+    app[CTX] = ctx
+    app.add_routes(api_routes())
+    return app
+
+
+def api_app(ctx: ApiContext, auth: Middleware) -> web.Application:
+    """A whole application serving the API under API_PREFIX (the Unix socket's)."""
+    app = web.Application()
+    app.add_subapp(API_PREFIX, api_subapp(ctx, auth))
+    return app
+
+
+# Auth.
+
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="llmgw"'}
+
+
+def _deny(status: int, message: str, code: str) -> NoReturn:
+    if status == 401:
+        raise ApiError(401, message, "authentication_error", code, headers=_CHALLENGE)
+    raise ApiError(status, message, "permission_error", code)
+
+
+def peercred_auth(group: str) -> Middleware:
+    """Auth for the Unix socket: the caller's kernel-given credentials, no key."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        cred = peer_credentials(request)
+        if cred is None:
+            _deny(403, "this API answers local callers on its Unix socket only", "not_local")
+        pid, uid, gid = cred
+        if not allowed(uid, gid, group):
+            _deny(403, f"uid {uid} is neither root nor in the {group} group", "not_allowed")
+        request[PRINCIPAL] = f"uid {uid} (pid {pid})"
+        return await handler(request)
+
+    return middleware
+
+
+def _bearer(request: web.Request) -> str | None:
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    return secret.strip() or None if scheme.lower() == "bearer" else None
+
+
+def key_auth(keys: KeyLookup) -> Middleware:
+    """Auth for the client port: an admin API key as `Authorization: Bearer KEY`."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        secret = _bearer(request)
+        if secret is None:
+            _deny(401, "an admin API key is needed: Authorization: Bearer KEY", "missing_key")
+        key = keys.authenticate(secret)
+        if key is None:
+            _deny(401, "the API key is not valid (or was revoked)", "invalid_key")
+        if key.role != "admin":
+            _deny(403, f"key {key.id} ({key.name}) is not an admin key", "not_admin")
+        request[PRINCIPAL] = f"key {key.id} ({key.name})"
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,81 @@
+"""What every llmgw command shares: the sockets, the daemon calls and the exit codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import click
+
+from llmgw import ipc
+
+API = "/api/v1"
+
+# Exit codes a script can tell apart (2 is click's usage error).
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+EXIT_NOT_FOUND = 4
+
+
+class Refused(click.ClickException):
+    """The daemon said no; its message goes to stderr."""
+
+    exit_code = EXIT_REFUSED
+
+
+class Unreachable(click.ClickException):
+    """The daemon cannot be reached."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class NotFound(click.ClickException):
+    """The model, key or other thing named does not exist."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The global options."""
+
+    socket: str
+    agent_socket: str
+    timeout: float = ipc.DEFAULT_TIMEOUT_S
+
+
+pass_settings = click.make_pass_decorator(Settings)
+
+
+def api_path(*parts: str) -> str:
+    """/api/v1/a/b with each part quoted (a key's name may hold a space or a slash)."""
+    return "/".join([API, *(quote(p, safe="") for p in parts)])
+
+
+def error_message(answer: Any, status: int) -> str:
+    """The message of an {"error": {"message": ...}} answer, or a plain fallback."""
+    if isinstance(answer, dict):
+        err = answer.get("error")
+        message = err.get("message") if isinstance(err, dict) else None
+        if isinstance(message, str):
+            return message
+    return f"the daemon answered HTTP {status}"
+
+
+def call(
+    settings: Settings, method: str, path: str, body: object = None, *, agent: bool = False
+) -> Any:
+    """One API call; a refusal, an unknown name or an unreachable daemon ends the command."""
+    sock, daemon = (settings.agent_socket, "llmgw-agentd") if agent else (settings.socket, "llmgwd")
+    try:
+        status, answer = ipc.request(
+            sock, method, path, body, daemon=daemon, timeout=settings.timeout
+        )
+    except ipc.IpcError as e:
+        raise Unreachable(str(e)) from None
+    if status == 404:
+        raise NotFound(error_message(answer, status))
+    if status >= 400:
+        raise Refused(error_message(answer, status))
+    return answer

@@ -1,0 +1,48 @@
+"""The llmgw command's entry point: global options and the command tree."""
+
+from __future__ import annotations
+
+import click
+
+from llmgw import config
+from llmgw.cli import key, model, node, server
+from llmgw.cli.common import Settings
+
+
+@click.group("llmgw", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--socket",
+    "socket_path",
+    envvar="LLMGW_SOCKET",
+    metavar="PATH",
+    default=config.ServerConfig().socket,
+    show_default=True,
+    help="llmgwd's Unix socket (env LLMGW_SOCKET).",
+)
+@click.option(
+    "--agent-socket",
+    envvar="LLMGW_AGENT_SOCKET",
+    metavar="PATH",
+    default=config.AgentConfig().socket,
+    show_default=True,
+    help="llmgw-agentd's Unix socket (env LLMGW_AGENT_SOCKET).",
+)
+@click.version_option(package_name="llmgw")
+@click.pass_context
+def main(ctx: click.Context, socket_path: str, agent_socket: str) -> None:
+    """llmgw: run an on-premise, OpenAI-compatible LLM cluster.
+
+    Commands talk to the local llmgwd (or llmgw-agentd) over its Unix socket, which
+    needs root or the llmgw group. Exit status: 0 done, 1 the daemon refused (its reason
+    on stderr), 2 usage error, 3 the daemon cannot be reached, 4 no such model or key.
+    """
+    ctx.obj = Settings(socket=socket_path, agent_socket=agent_socket)
+
+
+main.add_command(server.server)
+main.add_command(server.status)
+main.add_command(node.node)
+main.add_command(node.nodes)
+main.add_command(model.model)
+main.add_command(model.models)
+main.add_command(key.key)

@@ -1,0 +1,99 @@
+"""llmgw node token|join and llmgw nodes: joining nodes to the cluster and listing them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from llmgw.cli.common import API, Settings, call, pass_settings
+from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
+
+
+def echo_join_command(token: dict[str, Any]) -> None:
+    """Print the command a node joins with and how long it works."""
+    minutes = int(token.get("expires_in", 0)) // 60
+    click.echo("Join a node to this cluster by running, on the node:")
+    click.echo(f"  {token['command']}")
+    click.echo(f"The token works once, for {minutes} minutes.")
+
+
+@click.group()
+def node() -> None:
+    """Join nodes to the cluster."""
+
+
+@node.command()
+@json_option
+@pass_settings
+def token(settings: Settings, as_json: bool) -> None:
+    """Make a new join token and print the command that joins a node with it.
+
+    A token is good for one node and expires after the server's join_token_ttl_s.
+    """
+    answer = call(settings, "POST", f"{API}/tokens")
+    if as_json:
+        echo_json(answer)
+    else:
+        echo_join_command(answer)
+
+
+@node.command()
+@click.argument("url")
+@click.option(
+    "--token",
+    "join_token",
+    required=True,
+    envvar="LLMGW_JOIN_TOKEN",
+    help="The join token from `llmgw node token` (or env LLMGW_JOIN_TOKEN).",
+)
+@json_option
+@pass_settings
+def join(settings: Settings, url: str, join_token: str, as_json: bool) -> None:
+    """Join this node to the cluster whose control plane is at URL.
+
+    Run on the node, where llmgw-agentd runs: the agent asks URL (https://HOST:7710) for
+    its certificate with the token, then keeps a connection to the control plane.
+    """
+    if not url.startswith("https://"):
+        raise click.BadParameter("must be https://HOST:PORT (the cluster port)", param_hint="URL")
+    answer = call(settings, "POST", f"{API}/join", {"url": url, "token": join_token}, agent=True)
+    if as_json:
+        echo_json(answer)
+        return
+    name = answer.get("node") if isinstance(answer, dict) else None
+    click.echo(f"Joined the cluster at {url}" + (f" as node {name}." if name else "."))
+
+
+def _replicas(n: dict[str, Any]) -> str:
+    reps = n.get("replicas", [])
+    return f"{sum(r['state'] == 'ready' for r in reps)}/{len(reps)}"
+
+
+@click.command()
+@json_option
+@pass_settings
+def nodes(settings: Settings, as_json: bool) -> None:
+    """List the nodes, their resources and replicas.
+
+    One line a node: address, whether it is connected, when it was last heard from, its
+    cores and memory, and its replicas (ready of all).
+    """
+    answer = call(settings, "GET", f"{API}/nodes")
+    if as_json:
+        echo_json(answer)
+        return
+    rows = [
+        [
+            n["name"],
+            n["address"],
+            "connected" if n["connected"] else "disconnected",
+            ago(n["last_seen"]),
+            n["cores"],
+            size(n["memory_bytes"]),
+            _replicas(n),
+        ]
+        for n in answer
+    ]
+    headers = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "REPLICAS"]
+    echo_table(headers, rows, "No nodes yet: join one with the command `llmgw node token` prints.")

@@ -1,0 +1,349 @@
+"""The llmgw CLI against a real admin API (and a stand-in agent) on Unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner, Result
+from llmgwd.api import ApiContext, NodeInfo, api_app, peercred_auth
+from llmgwd.catalog import Catalog
+from llmgwd.store.sqlite import SqliteStore
+
+from llmgw import config, wire
+from llmgw.cli import server
+from llmgw.cli.main import main
+
+T = TypeVar("T")
+JOIN_URL = "https://cp.example:7710"
+
+
+class FakeNodes:
+    """The cluster state's nodes, set by the test."""
+
+    def __init__(self) -> None:
+        self.items: list[NodeInfo] = []
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self.items)
+
+
+@dataclass
+class Daemon:
+    """llmgwd's API and a stand-in agent, served from a loop on a background thread."""
+
+    socket: str
+    agent_socket: str
+    catalog: Catalog
+    nodes: FakeNodes
+    loop: asyncio.AbstractEventLoop
+    joins: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    def cli(self, *args: str) -> Result:
+        base = ["--socket", self.socket, "--agent-socket", self.agent_socket]
+        return CliRunner().invoke(main, [*base, *args])
+
+
+def agent_app(joins: list[dict[str, Any]]) -> web.Application:
+    """llmgw-agentd's join route, recording what it was asked."""
+
+    async def join(request: web.Request) -> web.Response:
+        joins.append(await request.json())
+        return web.json_response({"node": "n1", "url": joins[-1]["url"]})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/join", join)
+    return app
+
+
+async def _start_site(app: web.Application, path: str) -> web.AppRunner:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.UnixSite(runner, path).start()
+    return runner
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    nodes = FakeNodes()
+
+    async def open_catalog() -> tuple[SqliteStore, Catalog]:
+        store = await SqliteStore.open(":memory:")
+        catalog = Catalog(store)
+        await catalog.load()
+        return store, catalog
+
+    store, catalog = asyncio.run_coroutine_threadsafe(open_catalog(), loop).result(10)
+    d = Daemon(str(tmp_path / "d.sock"), str(tmp_path / "a.sock"), catalog, nodes, loop)
+    ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL)
+    runners = [
+        d.run(_start_site(api_app(ctx, peercred_auth("llmgw")), d.socket)),
+        d.run(_start_site(agent_app(d.joins), d.agent_socket)),
+    ]
+    yield d
+    for runner in runners:
+        d.run(runner.cleanup())
+    d.run(store.close())
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+def rows(output: str) -> list[list[str]]:
+    """A table's lines, split on runs of two or more spaces."""
+    return [re.split(r"\s{2,}", line.strip()) for line in output.strip().splitlines()]
+
+
+def test_model_commands(daemon: Daemon) -> None:
+    r = daemon.cli(
+        "model", "add", "smol", "--from", "file:/m/smol.gguf", "--arg", "-t", "--arg", "2"
+    )
+    assert r.exit_code == 0, r.output
+    assert "llmgw model serve smol --replicas 1" in r.stdout
+    assert rows(daemon.cli("models").stdout) == [
+        ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "SOURCE"],
+        ["smol", "llama.cpp", "0/0", "default", "stopped", "file:/m/smol.gguf"],
+    ]
+
+    r = daemon.cli("model", "serve", "smol", "--replicas", "2")
+    assert (r.exit_code, r.stdout.strip()) == (0, "model smol: 2 replicas wanted, 0 ready")
+    daemon.nodes.items = [
+        NodeInfo(
+            name="n1",
+            address="10.0.0.1",
+            connected=True,
+            last_seen=1.0,
+            cores=4,
+            memory_bytes=8 << 30,
+            replicas=[wire.ReplicaStatus("r1", "smol", "ready")],
+        )
+    ]
+    assert rows(daemon.cli("models").stdout)[1][2:5] == ["1/2", "default", "starting"]
+    [m] = json.loads(daemon.cli("models", "--json").stdout)
+    assert (m["name"], m["args"], m["ready"]) == ("smol", ["-t", "2"], 1)
+    assert m["replica_status"] == [{"id": "r1", "node": "n1", "state": "ready", "message": ""}]
+
+    assert daemon.cli("model", "stop", "smol").exit_code == 0
+    stopped = daemon.catalog.get("smol")
+    assert stopped is not None
+    assert stopped.replicas == 0
+    r = daemon.cli("model", "remove", "smol")
+    assert (r.exit_code, r.stdout.strip()) == (0, "Removed model smol.")
+    assert "No models yet" in daemon.cli("models").stdout
+    assert json.loads(daemon.cli("models", "--json").stdout) == []
+
+
+def test_refusals_exit_1_with_the_reason(daemon: Daemon) -> None:
+    r = daemon.cli("model", "add", "smol", "--from", "models/smol.gguf")
+    assert r.exit_code == 1
+    assert "source: must be file:/absolute/path" in r.stderr
+    assert daemon.cli("model", "add", "smol", "--from", "file:/m.gguf").exit_code == 0
+    r = daemon.cli("model", "add", "smol", "--from", "file:/m.gguf")
+    assert r.exit_code == 1
+    assert "already exists" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model", "serve", "nope", "--replicas", "1"],
+        ["model", "stop", "nope"],
+        ["model", "remove", "nope"],
+        ["key", "revoke", "nope"],
+    ],
+)
+def test_unknown_name_exits_4(daemon: Daemon, args: list[str]) -> None:
+    r = daemon.cli(*args)
+    assert r.exit_code == 4
+    assert "'nope'" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model", "serve", "smol"],
+        ["model", "serve", "smol", "--replicas", "-1"],
+        ["model", "add", "smol", "--from", "file:/m.gguf", "--engine", "vllm"],
+        ["node", "join", "http://cp:7710", "--token", "t"],
+        ["nodes", "--bogus"],
+    ],
+)
+def test_usage_errors_exit_2(daemon: Daemon, args: list[str]) -> None:
+    assert daemon.cli(*args).exit_code == 2
+
+
+def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
+    gone = str(tmp_path / "gone.sock")
+    r = CliRunner().invoke(main, ["--socket", gone, "models"])
+    assert r.exit_code == 3
+    assert f"llmgwd is not running: no {gone}" in r.stderr
+    r = CliRunner().invoke(main, ["nodes"], env={"LLMGW_SOCKET": gone})
+    assert r.exit_code == 3
+    r = CliRunner().invoke(main, ["--agent-socket", gone, "node", "join", JOIN_URL, "--token", "t"])
+    assert r.exit_code == 3
+    assert "llmgw-agentd is not running" in r.stderr
+
+
+def test_key_commands(daemon: Daemon) -> None:
+    r = daemon.cli("key", "create", "alice")
+    assert r.exit_code == 0
+    secret = r.stdout.strip()
+    assert secret.startswith("sk-llmgw-")
+    assert "not shown again" in r.stderr
+    assert daemon.catalog.authenticate(secret) is not None
+
+    listing = daemon.cli("key", "list")
+    assert secret not in listing.output
+    header, row = rows(listing.stdout)
+    assert header == ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE"]
+    assert row[1:3] == ["alice", "user"]
+    assert secret.startswith(row[3].removesuffix("..."))
+    assert row[5] == "active"
+    as_json = daemon.cli("key", "list", "--json").stdout
+    assert secret not in as_json
+    assert "key" not in json.loads(as_json)[0]
+
+    admin = json.loads(daemon.cli("key", "create", "ops", "--admin", "--json").stdout)
+    assert admin["role"] == "admin"
+    assert admin["key"].startswith("sk-llmgw-")
+
+    r = daemon.cli("key", "revoke", row[0])
+    assert (r.exit_code, r.stdout.strip()) == (0, f"Revoked key {row[0]} (alice).")
+    assert daemon.catalog.authenticate(secret) is None
+    assert rows(daemon.cli("key", "list").stdout)[1][5] == "revoked"
+
+
+def test_node_token_and_nodes(daemon: Daemon) -> None:
+    r = daemon.cli("node", "token")
+    assert r.exit_code == 0
+    assert f"llmgw node join {JOIN_URL} --token tok-1" in r.stdout
+    assert json.loads(daemon.cli("node", "token", "--json").stdout)["token"] == "tok-1"
+    assert daemon.run(daemon.catalog.consume_token("tok-1"))
+
+    assert "No nodes yet" in daemon.cli("nodes").stdout
+    daemon.nodes.items = [
+        NodeInfo(
+            name="gpu1",
+            address="10.0.0.7",
+            connected=False,
+            last_seen=0.0,
+            cores=16,
+            memory_bytes=64 << 30,
+            replicas=[wire.ReplicaStatus("r1", "smol", "failed", message="oom")],
+        )
+    ]
+    assert rows(daemon.cli("nodes").stdout) == [
+        ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "REPLICAS"],
+        ["gpu1", "10.0.0.7", "disconnected", "never", "16", "64.0 GiB", "0/1"],
+    ]
+    [n] = json.loads(daemon.cli("nodes", "--json").stdout)
+    assert (n["name"], n["replicas"][0]["message"]) == ("gpu1", "oom")
+
+
+def test_node_join_asks_the_agent(daemon: Daemon) -> None:
+    r = daemon.cli("node", "join", JOIN_URL, "--token", "tok-9")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == f"Joined the cluster at {JOIN_URL} as node n1."
+    assert daemon.joins == [{"url": JOIN_URL, "token": "tok-9"}]
+
+
+def test_status(daemon: Daemon) -> None:
+    r = daemon.cli("status")
+    assert r.exit_code == 0
+    assert f"join URL: {JOIN_URL}" in r.stdout
+    assert json.loads(daemon.cli("status", "--json").stdout)["nodes"]["total"] == 0
+
+
+def test_server_init_writes_the_config(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "etc" / "server.yaml"
+    args = ["server", "init", "--config", str(cfg_path), "--state-dir", str(tmp_path / "state")]
+    r = CliRunner().invoke(main, [*args, "--no-start"])
+    assert r.exit_code == 0, r.output
+    cfg = config.load(cfg_path, config.ServerConfig)
+    assert cfg.cluster.advertise.startswith("https://")
+    assert cfg.cluster.advertise.endswith(":7710")
+    assert cfg.state_dir == str(tmp_path / "state")
+    assert (tmp_path / "state").is_dir()
+
+    r = CliRunner().invoke(main, [*args, "--no-start"])
+    assert r.exit_code == 1
+    assert "--force" in r.stderr
+    r = CliRunner().invoke(main, [*args, "--no-start", "--force", "--advertise", "https://cp:7710"])
+    assert r.exit_code == 0
+    assert config.load(cfg_path, config.ServerConfig).cluster.advertise == "https://cp:7710"
+    r = CliRunner().invoke(main, [*args, "--force", "--advertise", "cp:7710"])
+    assert r.exit_code == 2
+
+
+def test_server_init_starts_llmgwd_and_prints_the_join_command(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[bool] = []
+    monkeypatch.setattr(server, "systemd_running", lambda: True)
+    monkeypatch.setattr(server, "start_llmgwd", lambda: started.append(True))
+    cfg_path = tmp_path / "server.yaml"
+    r = daemon.cli("server", "init", "--config", str(cfg_path), "--state-dir", str(tmp_path / "s"))
+    assert r.exit_code == 0, r.output
+    assert started == [True]
+    assert "Waiting for llmgwd" in r.stderr
+    assert f"llmgw node join {JOIN_URL} --token tok-1" in r.stdout
+    assert config.load(cfg_path, config.ServerConfig).socket == daemon.socket
+
+
+def test_server_init_without_systemd_says_how_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "systemd_running", lambda: False)
+    args = ["--config", str(tmp_path / "server.yaml"), "--state-dir", str(tmp_path / "s")]
+    r = CliRunner().invoke(main, ["server", "init", *args, "--json"])
+    assert r.exit_code == 0
+    assert "start llmgwd yourself" in r.stderr
+    assert json.loads(r.stdout)["started"] is False
+
+
+def test_server_init_gives_up_when_llmgwd_does_not_come_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "systemd_running", lambda: True)
+    monkeypatch.setattr(server, "start_llmgwd", lambda: None)
+    args = ["--config", str(tmp_path / "server.yaml"), "--state-dir", str(tmp_path / "s")]
+    sock = str(tmp_path / "never.sock")
+    r = CliRunner().invoke(main, ["--socket", sock, "server", "init", *args, "--wait", "0.3"])
+    assert r.exit_code == 3
+    assert "journalctl -u llmgwd" in r.stderr
+
+
+def test_every_command_has_help() -> None:
+    for args in (
+        [],
+        ["server", "init"],
+        ["node", "token"],
+        ["node", "join"],
+        ["nodes"],
+        ["model", "add"],
+        ["model", "serve"],
+        ["model", "stop"],
+        ["model", "remove"],
+        ["models"],
+        ["key", "create"],
+        ["key", "list"],
+        ["key", "revoke"],
+        ["status"],
+    ):
+        r = CliRunner().invoke(main, [*args, "--help"])
+        assert r.exit_code == 0
+        assert "Usage: " in r.stdout
