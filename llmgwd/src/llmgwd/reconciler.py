@@ -102,8 +102,7 @@ class Reconciler:
 
     async def run(self, period_s: float = 5.0) -> None:
         """Reconcile on every poke and every period, for ever."""
-        kvs, _ = await self._store.range(PLACEMENTS, prefix_end(PLACEMENTS))
-        self._placements = {p.id: p for p in (_dec.decode(kv.value) for kv in kvs)}
+        await self._load()
         while True:
             self._wake.clear()
             try:
@@ -112,6 +111,10 @@ class Reconciler:
                 log.exception("reconcile pass failed; trying again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), period_s)
+
+    async def _load(self) -> None:
+        kvs, _ = await self._store.range(PLACEMENTS, prefix_end(PLACEMENTS))
+        self._placements = {p.id: p for p in (_dec.decode(kv.value) for kv in kvs)}
 
     async def reconcile(self) -> None:
         """One pass: store the placement changes, then send every node its set."""

@@ -1,0 +1,219 @@
+"""llmgwd put together: store, catalog, cluster port, reconciler, /v1, /api/v1, local socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from llmgw import localsock, pki, sdnotify
+from llmgw.config import ServerConfig
+from llmgwd import api, cluster
+from llmgwd.catalog import Catalog
+from llmgwd.reconciler import Reconciler
+from llmgwd.router import Router
+from llmgwd.store.sqlite import SqliteStore
+
+log = logging.getLogger("llmgwd")
+
+
+@dataclass(frozen=True, slots=True)
+class Pki:
+    """The cluster CA and the cluster port's certificate, as files in the state dir."""
+
+    ca: pki.CertKey
+    server_cert: Path
+    server_key: Path
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' (or '[v6]:PORT') into its parts."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def advertise_url(config: ServerConfig) -> str:
+    """The cluster port's URL as nodes dial it."""
+    if config.cluster.advertise:
+        return config.cluster.advertise.rstrip("/")
+    _, port = split_listen(config.cluster.listen)
+    return f"https://{socket.getfqdn()}:{port}"
+
+
+def load_secret(path: Path) -> bytes:
+    """The cluster secret (engine keys derive from it), made at the first start."""
+    if not path.exists():
+        pki.write_pem(path, secrets.token_bytes(32), private=True)
+        log.info("made the cluster secret in %s", path)
+    return path.read_bytes()
+
+
+def _sans(url: str) -> tuple[list[str], list[str]]:
+    """DNS names and IPs the cluster port's certificate must carry."""
+    host = urlsplit(url).hostname or ""
+    names = {socket.gethostname(), socket.getfqdn()}
+    ips: set[str] = set()
+    try:
+        ipaddress.ip_address(host)
+        ips.add(host)
+    except ValueError:
+        if host:
+            names.add(host)
+    return sorted(n for n in names if n), sorted(ips)
+
+
+def load_pki(state_dir: Path, url: str) -> Pki:
+    """The CA and server certificate, made at the first start; the server certificate is
+    made again when the advertised host is not in it."""
+    d = state_dir / "pki"
+    d.mkdir(mode=0o700, exist_ok=True)
+    ca_cert, ca_key = d / "ca.pem", d / "ca.key"
+    if not ca_cert.exists():
+        pki.write_pair(pki.make_ca(), ca_cert, ca_key)
+        log.info(
+            "made the cluster CA in %s (fingerprint %s)",
+            d,
+            pki.ca_fingerprint(ca_cert.read_bytes()),
+        )
+    ca = pki.read_pair(ca_cert, ca_key)
+    cert, key = d / "server.pem", d / "server.key"
+    names, ips = _sans(url)
+    stamp = d / "server.sans"
+    want = " ".join(names + ips)
+    if not cert.exists() or not stamp.exists() or stamp.read_text() != want:
+        pki.write_pair(pki.make_server_cert(ca, names, ips), cert, key)
+        stamp.write_text(want)
+    return Pki(ca=ca, server_cert=cert, server_key=key)
+
+
+class Daemon:
+    """Everything llmgwd runs, started in order and stopped in reverse."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Open the store, bring up every port, then tell systemd we are ready."""
+        cfg = self.config
+        state_dir = Path(cfg.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up, once)
+        url = advertise_url(cfg)
+        sdnotify.status("opening the store")
+        secret = load_secret(state_dir / "secret")
+        keys = load_pki(state_dir, url)
+        self.store = await SqliteStore.open(state_dir / "state.db")
+        self.catalog = Catalog(self.store)
+        revision = await self.catalog.load()
+        self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
+        self.reconciler = Reconciler(self.store, self.catalog, self.cluster, secret)
+        self.cluster.on_change = lambda _node: self.reconciler.poke()
+        self.catalog.on_change(self.reconciler.poke)
+        self._spawn(self.catalog.follow(revision))
+        self._spawn(self.reconciler.run())
+        self._spawn(sdnotify.watchdog())
+        ctx = api.ApiContext(
+            catalog=self.catalog,
+            nodes=api.ClusterNodes(self.cluster.nodes),
+            mint_token=lambda: pki.new_join_token(keys.ca.cert_pem),
+            join_url=url,
+            token_ttl_s=cfg.join_token_ttl_s,
+            name=cfg.name,
+        )
+        await self._serve_cluster(keys)
+        await self._serve_client(ctx)
+        await self._serve_local(ctx)
+        sdnotify.ready(f"serving /v1 on {cfg.client.listen}, agents on {cfg.cluster.listen}")
+        log.info(
+            "llmgwd serving: client port %s, cluster port %s (%s), socket %s",
+            cfg.client.listen,
+            cfg.cluster.listen,
+            url,
+            cfg.socket,
+        )
+
+    async def _serve_cluster(self, keys: Pki) -> None:
+        app = cluster.make_app(self.cluster, keys.ca, self.catalog.consume_token)
+        ctx = cluster.server_ssl_context(keys.ca.cert_pem, keys.server_cert, keys.server_key)
+        host, port = split_listen(self.config.cluster.listen)
+        self._runners.append(await cluster.serve(app, host, port, ctx))
+
+    async def _serve_client(self, ctx: api.ApiContext) -> None:
+        cfg = self.config.client
+        self.router = Router(
+            self.catalog, self.catalog, self.cluster, max_body_bytes=cfg.max_body_bytes
+        )
+        app = web.Application(client_max_size=cfg.max_body_bytes)
+        app.add_subapp("/v1", self.router.app)
+        app.add_subapp(api.API_PREFIX, api.api_subapp(ctx, api.key_auth(self.catalog)))
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
+        await runner.setup()
+        host, port = split_listen(cfg.listen)
+        tls = None
+        if cfg.tls_cert:
+            import ssl
+
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        self._runners.append(runner)
+
+    async def _serve_local(self, ctx: api.ApiContext) -> None:
+        path = Path(self.config.socket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # noqa: ASYNC240 (a socket left by a killed llmgwd)
+        app = api.api_app(ctx, api.peercred_auth(self.config.socket_group))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.UnixSite(runner, str(path)).start()
+        localsock.secure_socket(str(path), self.config.socket_group)
+        self._runners.append(runner)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        task.add_done_callback(_log_end)
+        self._tasks.append(task)
+
+    async def stop(self) -> None:
+        """Stop serving, then flush and close the store."""
+        sdnotify.stopping()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.router.close()
+        await self.store.close()
+        log.info("llmgwd stopped")
+
+
+def _log_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task ended", exc_info=task.exception())
+
+
+async def run(config: ServerConfig) -> None:
+    """Run llmgwd until SIGTERM or SIGINT."""
+    daemon = Daemon(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await daemon.start()
+    await stop.wait()
+    await daemon.stop()
+    os.environ.pop("NOTIFY_SOCKET", None)

@@ -1,0 +1,81 @@
+"""The catalog: models, keys and join tokens kept in the store, read from memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from llmgwd.catalog import Catalog, CatalogError, Model
+from llmgwd.store.sqlite import SqliteStore
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SqliteStore]:
+    s = await SqliteStore.open(":memory:")
+    yield s
+    await s.close()
+
+
+async def test_models_and_keys_survive_a_new_catalog_on_the_same_store(store: SqliteStore) -> None:
+    cat = Catalog(store)
+    await cat.load()
+    await cat.add_model(Model(name="m", source="file:/m.gguf"))
+    await cat.update_model("m", replicas=2)
+    key, secret = await cat.create_key("alice")
+    again = Catalog(store)
+    await again.load()
+    assert [(m.name, m.replicas) for m in again.all()] == [("m", 2)]
+    found = again.authenticate(secret)
+    assert found is not None and found.id == key.id
+    assert secret not in repr(again.keys())  # only the hash is kept
+
+
+async def test_a_duplicate_model_is_refused(store: SqliteStore) -> None:
+    cat = Catalog(store)
+    await cat.add_model(Model(name="m", source="file:/m.gguf"))
+    with pytest.raises(CatalogError, match="already exists"):
+        await cat.add_model(Model(name="m", source="file:/other.gguf"))
+
+
+async def test_a_revoked_or_wrong_key_does_not_authenticate(store: SqliteStore) -> None:
+    cat = Catalog(store)
+    _, secret = await cat.create_key("bob")
+    assert cat.authenticate(secret[:-1] + ("A" if secret[-1] != "A" else "B")) is None
+    assert cat.authenticate("not-a-key") is None
+    await cat.revoke_key("bob")
+    assert cat.authenticate(secret) is None
+
+
+async def test_a_join_token_works_once(store: SqliteStore) -> None:
+    cat = Catalog(store)
+    await cat.add_token("tok.secret", ttl_s=60)
+    assert await cat.consume_token("tok.secret")
+    assert not await cat.consume_token("tok.secret")
+    assert not await cat.consume_token("never.issued")
+
+
+async def test_an_expired_token_is_refused(store: SqliteStore) -> None:
+    cat = Catalog(store)
+    await cat.add_token("old.secret", ttl_s=0.2)
+    await asyncio.sleep(0.4)
+    assert not await cat.consume_token("old.secret")
+
+
+async def test_follow_applies_changes_made_by_another_writer(store: SqliteStore) -> None:
+    reader, writer = Catalog(store), Catalog(store)
+    rev = await reader.load()
+    changed = asyncio.Event()
+    reader.on_change(changed.set)
+    task = asyncio.create_task(reader.follow(rev))
+    try:
+        await writer.add_model(Model(name="late", source="file:/l.gguf"))
+        await asyncio.wait_for(changed.wait(), 5)
+        assert reader.get("late") is not None
+        changed.clear()
+        await writer.remove_model("late")
+        await asyncio.wait_for(changed.wait(), 5)
+        assert reader.get("late") is None
+    finally:
+        task.cancel()
