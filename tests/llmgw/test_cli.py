@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 from click.testing import CliRunner, Result
-from llmgwd.api import ApiContext, NodeInfo, api_app, peercred_auth
-from llmgwd.catalog import Catalog
-from llmgwd.store.sqlite import SqliteStore
 
 from llmgw import config, wire
 from llmgw.cli import server
 from llmgw.cli.main import main
+from llmgwd.api import ApiContext, NodeInfo, api_app, peercred_auth
+from llmgwd.catalog import Catalog
+from llmgwd.store.sqlite import SqliteStore
 
 T = TypeVar("T")
 JOIN_URL = "https://cp.example:7710"

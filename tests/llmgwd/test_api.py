@@ -19,13 +19,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.typedefs import Middleware
-from llmgwd.api import ApiContext, NodeInfo, api_app, key_auth, peercred_auth
-from llmgwd.catalog import Catalog
-from llmgwd.store.sqlite import SqliteStore
 
 from llmgw import wire
 from llmgw.localsock import allowed, secure_socket
 from llmgwd import api, cluster
+from llmgwd.api import ApiContext, NodeInfo, api_app, key_auth, peercred_auth
+from llmgwd.catalog import Catalog
+from llmgwd.store.sqlite import SqliteStore
 
 JOIN_URL = "https://cp.example:7710"
 

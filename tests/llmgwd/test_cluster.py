@@ -14,12 +14,12 @@ import aiohttp
 import msgspec
 import pytest
 from aiohttp import web
+
+from llmgw import pki, wire
 from llmgw_agentd import link as link_module
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context, read_join
 from llmgwd.cluster import ClusterState, bound_port, make_app, serve, server_ssl_context
 from llmgwd.pool import Endpoint
-
-from llmgw import pki, wire
 
 INVENTORY = wire.Inventory(cores=2, memory_bytes=8 << 30, memory_free_bytes=4 << 30)
 SPEC = wire.ReplicaSpec(

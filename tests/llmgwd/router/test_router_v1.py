@@ -17,6 +17,7 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
 from llmgwd.catalog import ApiKey, Model, hash_secret
 from llmgwd.pool import Endpoint
 from llmgwd.router import Router

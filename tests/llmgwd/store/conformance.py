@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 import pytest
+
 from llmgwd.store.base import KV, Compare, Delete, Event, Get, Put, Store, prefix_end
 
 CompareOp = Literal["=", "!=", "<", ">"]

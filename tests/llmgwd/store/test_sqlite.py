@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from llmgwd.store import sqlite as sqlite_module
 from llmgwd.store.base import KV, CompactedError, Store, prefix_end
 from llmgwd.store.sqlite import SqliteStore, SqliteStoreError
-
 from tests.llmgwd.store.conformance import StoreConformance, summary, take
 
 
