@@ -135,7 +135,9 @@ def test_model_commands(daemon: Daemon) -> None:
     assert rows(daemon.cli("models").stdout)[1][2:5] == ["1/2", "default", "starting"]
     [m] = json.loads(daemon.cli("models", "--json").stdout)
     assert (m["name"], m["args"], m["ready"]) == ("smol", ["-t", "2"], 1)
-    assert m["replica_status"] == [{"id": "r1", "node": "n1", "state": "ready", "message": ""}]
+    assert m["replica_status"] == [
+        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0}
+    ]
 
     assert daemon.cli("model", "stop", "smol").exit_code == 0
     stopped = daemon.catalog.get("smol")

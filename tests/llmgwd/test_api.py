@@ -138,8 +138,8 @@ async def test_model_add_serve_stop_list(client: aiohttp.ClientSession, nodes: F
     )
     assert (m["replicas"], m["ready"]) == (2, 1)
     assert m["replica_status"] == [
-        {"id": "r1", "node": "n1", "state": "ready", "message": ""},
-        {"id": "r2", "node": "n2", "state": "starting", "message": "loading"},
+        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0},
+        {"id": "r2", "node": "n2", "state": "starting", "message": "loading", "restarts": 0},
     ]
 
     status, stopped = await call(client, "POST", "/models/smol/stop")

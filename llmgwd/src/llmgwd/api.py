@@ -305,6 +305,7 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     node: str
     state: str  # wire.ReplicaState, or "unknown" while its node is not connected
     message: str = ""
+    restarts: int = 0  # how often its agent started it again after it died
 
 
 class ModelView(msgspec.Struct, kw_only=True):
@@ -360,7 +361,9 @@ def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
             state, message = (r.state, r.message) if node.connected else ("unknown", "")
             if not node.connected:
                 message = f"node {node.name} is not connected"
-            view = ReplicaView(id=r.id, node=node.name, state=state, message=message)
+            view = ReplicaView(
+                id=r.id, node=node.name, state=state, message=message, restarts=r.restarts
+            )
             out.setdefault(r.model, []).append(view)
     return out
 

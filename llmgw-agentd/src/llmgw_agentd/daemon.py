@@ -1,0 +1,147 @@
+"""llmgw-agentd put together: engines, the link to the control plane, the local socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from importlib.metadata import version
+from pathlib import Path
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgw import localsock, sdnotify
+from llmgw.config import AgentConfig
+from llmgw_agentd import inventory, link
+from llmgw_agentd.replicas import Replicas
+
+log = logging.getLogger("llmgw-agentd")
+
+
+class JoinIn(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /api/v1/join: the control plane's URL and a join token."""
+
+    url: str
+    token: str
+
+
+def _error(status: int, message: str, code: str) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return web.json_response(body, status=status)
+
+
+class Agent:
+    """The node agent: supervises engines and keeps the link to llmgwd up."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.node = config.node_name or socket.gethostname()
+        self.pki_dir = Path(config.state_dir) / "pki"
+        self.replicas = Replicas(config, on_change=self._poke)
+        self._link: link.Link | None = None
+        self._link_task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+
+    def _poke(self) -> None:
+        if self._link is not None:
+            self._link.poke()
+
+    async def start(self) -> None:
+        """Adopt the engines that run, serve the local socket, dial llmgwd if joined."""
+        sdnotify.status("adopting running engines")
+        await self.replicas.start()
+        await self._serve_local()
+        try:
+            joined = link.read_join(self.pki_dir)
+        except link.JoinError:
+            log.info("not joined to a cluster yet: waiting for `llmgw node join`")
+        else:
+            self._connect(joined.server)
+        sdnotify.ready(f"node {self.node}: {len(self.replicas.statuses())} engines")
+
+    def _connect(self, server: str) -> None:
+        self._link = link.Link(
+            server,
+            self.pki_dir,
+            self.node,
+            version=version("llmgw-agentd"),
+            inventory=lambda: inventory.collect(self.config.state_dir),
+            replicas=self.replicas.statuses,
+            on_desired=self.replicas.apply,
+            address=self.config.address,
+            heartbeat_s=self.config.heartbeat_s,
+        )
+        self._link_task = asyncio.create_task(self._link.run())
+
+    async def _serve_local(self) -> None:
+        path = Path(self.config.socket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # noqa: ASYNC240 (a socket left by a killed agent)
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024)
+        app.router.add_post("/api/v1/join", self._join)
+        app.router.add_get("/api/v1/status", self._status)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.UnixSite(self._runner, str(path)).start()
+        localsock.secure_socket(str(path), self.config.socket_group)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        cred = localsock.peer_credentials(request)
+        if cred is None or not localsock.allowed(cred[1], cred[2], self.config.socket_group):
+            return _error(403, f"needs root or the {self.config.socket_group} group", "not_allowed")
+        return await handler(request)
+
+    async def _join(self, request: web.Request) -> web.Response:
+        try:
+            body = msgspec.json.decode(await request.read(), type=JoinIn)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return _error(400, f"bad join request: {e}", "invalid_body")
+        if self._link is not None:
+            return _error(409, "this node has already joined a cluster", "already_joined")
+        try:
+            await link.join(body.url, body.token, self.node, self.pki_dir)
+        except link.JoinError as e:
+            log.warning("join failed: %s", e)
+            return _error(400, str(e), "join_failed")
+        self._connect(link.read_join(self.pki_dir).server)
+        return web.json_response({"node": self.node, "server": body.url})
+
+    async def _status(self, _: web.Request) -> web.Response:
+        data = {
+            "node": self.node,
+            "connected": self._link.connected if self._link else False,
+            "replicas": msgspec.to_builtins(self.replicas.statuses()),
+        }
+        return web.json_response(data)
+
+    async def stop(self) -> None:
+        """Leave the engines running: a new agent adopts them."""
+        sdnotify.stopping()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._link_task is not None:
+            self._link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._link_task
+        await self.replicas.close()
+        log.info("llmgw-agentd stopped; engines keep running")
+
+
+async def run(config: AgentConfig) -> None:
+    """Run the agent until SIGTERM or SIGINT."""
+    agent = Agent(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.start()
+    watchdog = asyncio.create_task(sdnotify.watchdog())
+    await stop.wait()
+    watchdog.cancel()
+    await agent.stop()

@@ -1,0 +1,63 @@
+"""Engines a node runs: the command line of a replica, checked before it reaches systemd."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from llmgw.config import AgentConfig
+from llmgw.wire import ReplicaSpec
+
+HEALTH_PATH = "/health"  # every engine answers 200 here when ready, 503 while loading
+
+
+class EngineError(ValueError):
+    """A replica that cannot be started as specified; the message says why."""
+
+
+def check(spec: ReplicaSpec) -> None:
+    """Refuse a spec that can never run (unknown engine, refused args); raises EngineError."""
+    if spec.engine == "llama.cpp":
+        from llmgw_agentd.engines import llamacpp
+
+        llamacpp.model_path(spec)
+        llamacpp.validate_args(spec.args)
+        return
+    raise EngineError(f"engine {spec.engine!r} is not supported on this node")
+
+
+def command(
+    spec: ReplicaSpec, config: AgentConfig, *, host: str, port: int, key_file: str | None
+) -> list[str]:
+    """The argv that runs spec's engine as the unit's dynamic user; raises EngineError."""
+    if spec.engine == "llama.cpp":
+        from llmgw_agentd.engines import llamacpp
+
+        binary = llamacpp.find_binary(config.engines.llama_cpp)
+        check_reachable(binary, "llama-server", execute=True)
+        check_reachable(Path(llamacpp.model_path(spec)), "model", execute=False)
+        return llamacpp.command(
+            spec, binary=str(binary), host=host, port=port, key_file=key_file,
+            threads=config.engines.llama_cpp.threads,
+        )
+    raise EngineError(f"engine {spec.engine!r} is not supported on this node")
+
+
+def check_reachable(path: Path, what: str, *, execute: bool) -> None:
+    """Refuse a file the engine's unprivileged dynamic user could not read (or execute)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise EngineError(f"{what} {path}: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise EngineError(f"{what} {path}: not a regular file")
+    need = stat.S_IXOTH if execute else stat.S_IROTH
+    if not mode & need:
+        verb = "execute" if execute else "read"
+        raise EngineError(f"{what} {path}: others may not {verb} it (engines run as dynamic users)")
+    for parent in path.absolute().parents:
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            raise EngineError(
+                f"{what} {path}: directory {parent} is not searchable by others (engines run"
+                " as dynamic users: use a world-readable place such as /var/cache/llmgw)"
+            )

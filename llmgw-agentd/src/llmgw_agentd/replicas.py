@@ -1,0 +1,460 @@
+"""This node's engines as transient systemd units: started, probed, restarted and adopted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import aiohttp
+import msgspec
+from dbus_fast import Variant
+
+from llmgw.config import AgentConfig
+from llmgw.wire import ReplicaSpec, ReplicaState, ReplicaStatus
+from llmgw_agentd import engines
+from llmgw_agentd.engines import HEALTH_PATH, EngineError
+from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
+
+log = logging.getLogger(__name__)
+
+UNIT_PREFIX = "llmgw-engine-"
+ENGINE_SLICE = "llmgw-engines.slice"
+RUNTIME_DIR = Path("/run/llmgw-agent")
+# systemd copies the 0600 key file into the unit's credentials directory, readable by its
+# dynamic user, and expands the variable in ExecStart itself.
+KEY_CREDENTIAL = "key"
+KEY_ARG = "${CREDENTIALS_DIRECTORY}/" + KEY_CREDENTIAL
+UNHEALTHY_PROBES = 3  # missed /health answers before a ready engine is reported failed
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+# What a transient service can have (systemd 252) without hindering a CPU or GPU engine.
+SANDBOX: tuple[tuple[str, Variant], ...] = (
+    ("DynamicUser", Variant("b", True)),
+    ("NoNewPrivileges", Variant("b", True)),
+    ("PrivateTmp", Variant("b", True)),
+    ("ProtectSystem", Variant("s", "strict")),
+    ("ProtectHome", Variant("s", "read-only")),
+    ("ProtectKernelTunables", Variant("b", True)),
+    ("ProtectKernelModules", Variant("b", True)),
+    ("ProtectKernelLogs", Variant("b", True)),
+    ("ProtectControlGroups", Variant("b", True)),
+    ("ProtectClock", Variant("b", True)),
+    ("ProtectHostname", Variant("b", True)),
+    ("RestrictRealtime", Variant("b", True)),
+    ("RestrictSUIDSGID", Variant("b", True)),
+    ("RestrictNamespaces", Variant("t", 0)),  # over D-Bus: the mask of namespaces allowed
+    ("LockPersonality", Variant("b", True)),
+    ("CapabilityBoundingSet", Variant("t", 0)),
+    ("SystemCallArchitectures", Variant("as", ["native"])),
+    ("RestrictAddressFamilies", Variant("(bas)", [True, ["AF_INET", "AF_INET6", "AF_UNIX"]])),
+)
+
+# spec, host, port, key file argument (None: no key) -> argv
+CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
+OnChange = Callable[[], None]
+
+
+class EngineRecord(msgspec.Struct):
+    """STATE_DIR/engines/<id>.json: what the agent started, for a later agent to adopt."""
+
+    fingerprint: str
+    port: int
+    spec: ReplicaSpec  # with api_key blanked: the key lives only in its 0600 file
+
+
+@dataclass(eq=False)
+class _Replica:
+    spec: ReplicaSpec  # api_key blanked
+    fingerprint: str
+    port: int
+    state: ReplicaState = "starting"
+    message: str = ""
+    restarts: int = 0
+    task: asyncio.Task[None] | None = None
+    unwatch: Callable[[], None] | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    last: UnitState | None = None  # the unit as systemd's signals last described it
+
+    @property
+    def unit(self) -> str:
+        return unit_name(self.spec.id)
+
+
+def unit_name(replica_id: str) -> str:
+    """The transient unit of a replica."""
+    return f"{UNIT_PREFIX}{replica_id}.service"
+
+
+def check(spec: ReplicaSpec) -> None:
+    """Refuse, before any unit exists, a spec that could never start; raises EngineError."""
+    if not _ID.fullmatch(spec.id):
+        raise EngineError(f"replica id {spec.id!r}: use letters, digits, '.', '_' and '-'")
+    engines.check(spec)
+
+
+class Replicas:
+    """Supervises the engines of this node; units outlive the agent and are adopted again."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        bus_address: str | None = None,
+        runtime_dir: Path = RUNTIME_DIR,
+        on_change: OnChange | None = None,
+        command: CommandBuilder | None = None,
+        probe_interval: float = 1.0,
+        backoff: tuple[float, float] = (1.0, 30.0),
+    ) -> None:
+        self._config = config
+        self._systemd = Systemd(bus_address)
+        self._records = Path(config.state_dir) / "engines"
+        self._keys = runtime_dir / "keys"
+        self._on_change = on_change
+        self._command = command or self._engine_command
+        self._host = config.address or "0.0.0.0"
+        self._interval = probe_interval
+        self._backoff = backoff
+        self._replicas: dict[str, _Replica] = {}
+        self._rejected: dict[str, ReplicaStatus] = {}
+        self._orphans: set[str] = set()  # units of ours without a record: stopped at first apply
+        self._lock = asyncio.Lock()
+        self._http: aiohttp.ClientSession | None = None
+
+    # The agent's side
+
+    async def start(self) -> None:
+        """Connect to systemd and adopt the engines already running; stops nothing."""
+        await self._systemd.connect()
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        await self._adopt()
+
+    async def apply(self, desired: list[ReplicaSpec]) -> None:
+        """Make this node run exactly desired: start, restart (changed spec) and stop units."""
+        async with self._lock:
+            self._rejected = {}
+            want: dict[str, ReplicaSpec] = {}
+            for spec in desired:
+                try:
+                    check(spec)
+                except EngineError as e:
+                    self._reject(spec, e)
+                    continue
+                want[spec.id] = spec
+            gone = [rid for rid in self._replicas if rid not in want]
+            orphans, self._orphans = self._orphans, set()
+            await asyncio.gather(
+                *(self._remove(rid) for rid in gone), *(self._stop_unit(u) for u in orphans)
+            )
+            for spec in want.values():
+                await self._apply_one(spec)
+            self._changed()
+
+    def statuses(self) -> list[ReplicaStatus]:
+        """How every replica of this node is doing, for a heartbeat."""
+        out = [
+            ReplicaStatus(
+                id=r.spec.id, model=r.spec.model, state=r.state, port=r.port, unit=r.unit,
+                message=r.message, restarts=r.restarts,
+            )
+            for r in self._replicas.values()
+        ]
+        out += [s for rid, s in self._rejected.items() if rid not in self._replicas]
+        return sorted(out, key=lambda s: s.id)
+
+    async def close(self) -> None:
+        """Stop supervising and disconnect; the engines keep running and serving."""
+        for r in self._replicas.values():
+            await self._halt(r)
+        await self._systemd.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # Adoption and apply
+
+    async def _adopt(self) -> None:
+        units = {u.name: u for u in await self._systemd.list_units(f"{UNIT_PREFIX}*.service")}
+        for path in sorted(self._records.glob("*.json")):
+            record = _read_record(path)
+            if record is None:
+                continue
+            r = _Replica(record.spec, record.fingerprint, record.port)
+            self._replicas[r.spec.id] = r
+            unit = units.pop(r.unit, None)
+            if unit is not None and unit.active_state in RUNNING_STATES:
+                log.info("adopting %s (port %d)", r.unit, r.port)
+                self._supervise(r, launch=False)
+            elif unit is not None and unit.active_state == "failed":
+                r.state, r.message = "failed", "the engine failed while the agent was away"
+            else:
+                r.state, r.message = "stopped", "not running; waiting for the control plane"
+        self._orphans = set(units)
+        self._changed()
+
+    async def _apply_one(self, spec: ReplicaSpec) -> None:
+        fingerprint = spec.fingerprint()
+        r = self._replicas.get(spec.id)
+        if r is not None and r.fingerprint == fingerprint:
+            if r.task is None:  # adopted from its record, but not running
+                self._write_key(spec)
+                r.state, r.message = "starting", ""
+                self._supervise(r, launch=True)
+            return
+        port = 0
+        if r is not None:
+            log.info("%s: its spec changed, starting it again", r.unit)
+            port = r.port
+            await self._remove(spec.id)
+        try:
+            port = self._allocate_port(prefer=port)
+        except EngineError as e:
+            self._reject(spec, e)
+            return
+        r = _Replica(msgspec.structs.replace(spec, api_key=""), fingerprint, port)
+        self._write_key(spec)
+        self._write_record(r)
+        self._replicas[spec.id] = r
+        self._supervise(r, launch=True)
+
+    def _reject(self, spec: ReplicaSpec, e: EngineError) -> None:
+        log.warning("replica %s refused: %s", spec.id, e)
+        self._rejected[spec.id] = ReplicaStatus(spec.id, spec.model, "failed", message=str(e))
+
+    async def _remove(self, rid: str) -> None:
+        r = self._replicas.pop(rid)
+        await self._halt(r)
+        await self._stop_unit(r.unit)
+        (self._records / f"{rid}.json").unlink(missing_ok=True)
+        self._key_file(rid).unlink(missing_ok=True)
+        log.info("%s: stopped, no longer wanted here", r.unit)
+
+    async def _stop_unit(self, unit: str) -> None:
+        try:
+            await self._systemd.stop(unit)
+            await self._systemd.reset_failed(unit)
+        except SystemdError as e:
+            log.warning("%s: could not stop it: %s", unit, e)
+
+    async def _halt(self, r: _Replica) -> None:
+        if r.task is not None:
+            r.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await r.task
+            r.task = None
+        if r.unwatch is not None:
+            r.unwatch()
+            r.unwatch = None
+
+    # Supervision: one task per replica
+
+    def _supervise(self, r: _Replica, *, launch: bool) -> None:
+        r.unwatch = self._systemd.watch(r.unit, partial(self._on_unit, r))
+        r.task = asyncio.create_task(self._run(r, launch=launch), name=f"replica {r.spec.id}")
+
+    def _on_unit(self, r: _Replica, st: UnitState) -> None:
+        r.last = st
+        if st.ended:
+            r.ended.set()
+
+    async def _run(self, r: _Replica, *, launch: bool) -> None:
+        delay = self._backoff[0]
+        while True:
+            was_ready = False
+            try:
+                reason = await self._launch(r) if launch else await self._still_running(r)
+                if reason is None:
+                    reason, was_ready = await self._serve(r)
+            except Exception as e:  # a bus or file error must not end supervision
+                log.exception("%s: supervision failed", r.unit)
+                reason = f"could not be supervised: {e}"
+            delay = self._backoff[0] if was_ready else delay
+            log.warning("%s: engine %s; restarting in %gs", r.unit, reason, delay)
+            self._set(r, "failed", f"engine {reason}; restarting in {delay:g}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+            launch = True
+            r.restarts += 1
+            self._set(r, "failed", f"engine {reason}; restarted, waiting for it to answer")
+
+    async def _still_running(self, r: _Replica) -> str | None:
+        """For an adopted unit: it may have ended before the watch was set."""
+        r.ended.clear()
+        st = await self._systemd.state(r.unit)
+        return None if st.running else st.describe()
+
+    async def _launch(self, r: _Replica) -> str | None:
+        """Start the unit; None when it runs, else why not."""
+        key = self._key_file(r.spec.id)
+        try:
+            argv = self._command(r.spec, self._host, r.port, KEY_ARG if key.exists() else None)
+        except EngineError as e:
+            return f"cannot be started: {e}"
+        props = self._properties(r, key if key.exists() else None)
+        await self._systemd.reset_failed(r.unit)
+        r.ended.clear()
+        try:
+            result = await self._systemd.start_transient(r.unit, argv, props)
+        except SystemdError as e:
+            if e.name != UNIT_EXISTS:
+                return f"was refused by systemd: {e.text}"
+            # The last run is still being unloaded (or runs unwatched): clear it away, once.
+            await self._stop_unit(r.unit)
+            await asyncio.sleep(0.2)
+            r.ended.clear()
+            result = await self._systemd.start_transient(r.unit, argv, props)
+        if result == "done":
+            return None
+        st = await self._systemd.state(r.unit)
+        return st.describe() if st.result or st.exit_code else f"start job {result}"
+
+    async def _serve(self, r: _Replica) -> tuple[str, bool]:
+        """Probe until the unit ends; returns why it ended and whether it was ever ready."""
+        misses = 0
+        was_ready = False
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(r.ended.wait(), self._interval)
+            if r.ended.is_set():
+                # Cleared before asking: a later exit signals again after systemd's answer.
+                r.ended.clear()
+                st = await self._systemd.state(r.unit)
+                if st.ended:
+                    last = r.last if st.removed and r.last is not None else st
+                    return last.describe(), was_ready
+                continue
+            code = await self._probe(r.port)
+            if code == 200:
+                misses, was_ready = 0, True
+                self._set(r, "ready", "")
+            elif r.state == "ready" and code:
+                self._set(r, "starting", f"/health answered {code}")
+            elif r.state == "ready":
+                misses += 1
+                if misses >= UNHEALTHY_PROBES:
+                    self._set(r, "failed", "engine stopped answering /health")
+
+    async def _probe(self, port: int) -> int:
+        """/health's status code, 0 when nothing answered."""
+        assert self._http is not None
+        host = _probe_host(self._host)
+        try:
+            async with self._http.get(f"http://{host}:{port}{HEALTH_PATH}") as resp:
+                return resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return 0
+
+    def _set(self, r: _Replica, state: ReplicaState, message: str) -> None:
+        if (r.state, r.message) == (state, message):
+            return
+        if r.state != state:
+            log.info("%s: %s -> %s %s", r.unit, r.state, state, message)
+        r.state, r.message = state, message
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change()
+        except Exception:
+            log.exception("on_change callback failed")
+
+    # Units, files and ports
+
+    def _engine_command(
+        self, spec: ReplicaSpec, host: str, port: int, key: str | None
+    ) -> list[str]:
+        return engines.command(spec, self._config, host=host, port=port, key_file=key)
+
+    def _properties(self, r: _Replica, key: Path | None) -> list[tuple[str, Variant]]:
+        spec = r.spec
+        description = f"llmgw engine {spec.engine}: {spec.model} (replica {spec.id})"
+        props = [
+            ("Description", Variant("s", description)),
+            ("Slice", Variant("s", ENGINE_SLICE)),
+            ("Type", Variant("s", "exec")),
+            ("KillMode", Variant("s", "mixed")),
+            ("TimeoutStopUSec", Variant("t", 30_000_000)),
+            ("StandardOutput", Variant("s", "journal")),
+            ("StandardError", Variant("s", "journal")),
+            ("SyslogIdentifier", Variant("s", r.unit.removesuffix(".service"))),
+            *SANDBOX,
+        ]
+        if key is not None:
+            props.append(("LoadCredential", Variant("a(ss)", [(KEY_CREDENTIAL, str(key))])))
+        return props
+
+    def _key_file(self, rid: str) -> Path:
+        return self._keys / f"{rid}.key"
+
+    def _write_key(self, spec: ReplicaSpec) -> None:
+        """The API key, readable by root only (systemd passes it on as a credential)."""
+        path = self._key_file(spec.id)
+        if not spec.api_key:
+            path.unlink(missing_ok=True)
+            return
+        self._keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(spec.api_key + "\n")
+        os.replace(tmp, path)
+
+    def _write_record(self, r: _Replica) -> None:
+        self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self._records / f"{r.spec.id}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(msgspec.json.encode(EngineRecord(r.fingerprint, r.port, r.spec)))
+        os.replace(tmp, path)
+
+    def _allocate_port(self, prefer: int = 0) -> int:
+        """A port of the range that no replica has and nothing listens on."""
+        taken = {r.port for r in self._replicas.values()}
+        lo, hi = self._config.port_range
+        for port in ([prefer] if prefer else []) + list(range(lo, hi + 1)):
+            if port not in taken and _port_free(self._host, port):
+                return port
+        raise EngineError(f"no free port left in {lo}-{hi}")
+
+
+def _read_record(path: Path) -> EngineRecord | None:
+    try:
+        record = msgspec.json.decode(path.read_bytes(), type=EngineRecord)
+    except (OSError, msgspec.DecodeError) as e:
+        log.warning("%s: ignored, cannot be read: %s", path, e)
+        return None
+    if f"{record.spec.id}.json" != path.name or not _ID.fullmatch(record.spec.id):
+        log.warning("%s: ignored, its replica id does not match its name", path)
+        return None
+    return record
+
+
+def _probe_host(host: str) -> str:
+    """Where to reach an engine bound to host from this node."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As servers do: a port with only closed connections (TIME_WAIT) left is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,54 @@
+"""A stand-in for llama-server: /health answers 503 while "loading", then 200; /v1 needs the key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    """Serve until killed."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--api-key-file", default="")
+    p.add_argument("--load-s", type=float, default=0.0)
+    args = p.parse_args()
+    key = ""
+    if args.api_key_file:
+        with open(args.api_key_file) as f:  # exits non-zero when the credential is missing
+            key = f.read().strip()
+    ready_at = time.monotonic() + args.load_s
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                loading = time.monotonic() < ready_at
+                self._answer(503 if loading else 200, {"status": "loading" if loading else "ok"})
+            elif self.path == "/v1/models":
+                ok = not key or self.headers.get("Authorization") == f"Bearer {key}"
+                self._answer(200 if ok else 401, {"data": []} if ok else {"error": "bad key"})
+            else:
+                self._answer(404, {"error": "not found"})
+
+        def _answer(self, code: int, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *a: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"fake engine on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
