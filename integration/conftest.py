@@ -1,0 +1,177 @@
+"""Fixtures for the integration tests: private systemds booted on overlays of /, as root."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The tests import integration.harness, whichever directory pytest was started from.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from integration.harness import (
+    SYSTEMD,
+    TEST_BASE,
+    Bind,
+    Lan,
+    MakeLan,
+    MakeSystemd,
+    PrivateSystemd,
+    reap_stale,
+)
+
+HERE = Path(__file__).parent.resolve()
+CACHE = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Everything under integration/ is an integration test."""
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+_why_not: str | None = None
+_probed = False
+
+
+def unavailable() -> str | None:
+    """Why a private systemd cannot be booted here, or None when it can."""
+    global _why_not, _probed
+    if _probed:
+        return _why_not
+    _probed = True
+    _why_not = _probe()
+    return _why_not
+
+
+def _probe() -> str | None:
+    if os.geteuid() != 0:
+        return f"needs root to boot a private systemd (running as uid {os.geteuid()})"
+    for tool in ("unshare", "nsenter", "ip"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (util-linux / iproute2), not found on PATH"
+    if not os.access(SYSTEMD, os.X_OK):
+        return f"needs systemd at {SYSTEMD} (apt-get install systemd)"
+    if shutil.which("dbus-daemon") is None:
+        return "needs the system D-Bus inside (apt-get install dbus)"
+    # The one thing that differs between machines: may we mount an overlay of / here?
+    probe = TEST_BASE / f".probe-{os.getpid()}"
+    try:
+        for d in ("upper", "work", "root"):
+            (probe / d).mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(
+            ["unshare", "--fork", "--pid", "--mount", "--propagation", "private", "mount",
+             "-t", "overlay", "overlay", "-o",
+             f"lowerdir=/,upperdir={probe}/upper,workdir={probe}/work", f"{probe}/root"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if r.returncode != 0:
+            return f"cannot mount an overlay of / in a private mount namespace: {r.stderr.strip()}"
+    except OSError as e:
+        return f"cannot prepare {TEST_BASE}: {e}"
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return None
+
+
+def _skip_or_fail(why: str) -> None:
+    # In CI the integration tests are the point: their absence is a failure, not a skip.
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"integration tests cannot run in CI: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def _name(request: pytest.FixtureRequest, suffix: str = "") -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name.removesuffix(".py"))[:40]
+    return f"{base}{suffix}-{os.getpid()}"
+
+
+def _binds() -> list[Bind]:
+    # The llama-server build cache, read-only: engines run the binary, nothing writes it.
+    return [Bind(CACHE, readonly=True)] if CACHE.is_dir() else []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reap() -> None:
+    """Shut down what a killed earlier run left behind (its owner process is gone)."""
+    if unavailable() is None:
+        reap_stale()
+
+
+@pytest.fixture(autouse=True)
+def _needs_private_systemd() -> None:
+    """Every test here boots private systemds (or namespaces): skipped, with the reason, where
+    that cannot be done."""
+    why = unavailable()
+    if why:
+        _skip_or_fail(why)
+
+
+@pytest.fixture(scope="module")
+def systemd(request: pytest.FixtureRequest) -> Iterator[PrivateSystemd]:
+    """A private systemd for the module, sharing the host's network; removed after it."""
+    why = unavailable()
+    if why:
+        _skip_or_fail(why)
+    ps = PrivateSystemd(_name(request), binds=_binds())
+    try:
+        ps.boot()
+        yield ps
+    finally:
+        ps.shutdown()
+
+
+@pytest.fixture
+def make_systemd(request: pytest.FixtureRequest) -> Iterator[MakeSystemd]:
+    """Boots more private systemds (hosts of their own with net=True); all removed after."""
+    why = unavailable()
+    if why:
+        _skip_or_fail(why)
+    made: list[PrivateSystemd] = []
+
+    def make(label: str, **kwargs: object) -> PrivateSystemd:
+        kwargs.setdefault("binds", _binds())
+        ps = PrivateSystemd(_name(request, f"-{label}"), **kwargs)  # type: ignore[arg-type]
+        made.append(ps)
+        ps.boot()
+        return ps
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for ps in reversed(made):
+            try:
+                ps.shutdown()
+            except Exception as e:
+                errors.append(str(e))
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+
+@pytest.fixture
+def make_lan() -> Iterator[MakeLan]:
+    """Makes lans (a network namespace with a bridge) for net=True systemds; removed after."""
+    why = unavailable()
+    if why:
+        _skip_or_fail(why)
+    made: list[Lan] = []
+
+    def make(label: str, prefix: str = "10.231.0") -> Lan:
+        lan = Lan(f"{label}-{os.getpid()}", prefix)
+        lan.create()
+        made.append(lan)
+        return lan
+
+    try:
+        yield make
+    finally:
+        for lan in made:
+            lan.destroy()

@@ -1,0 +1,221 @@
+"""One node on a real systemd: llmgwd and llmgw-agentd from units/, the real llama-server and
+SmolLM2, and the official openai client against /v1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from integration.harness import REPO, PrivateSystemd
+from integration.llmgw_node import MODEL, Node
+
+CLIENT_PORT = 17700  # not 7700: a quickstart cluster may run on this machine too
+CLUSTER_PORT = 17710
+
+
+def llama_server() -> str:
+    r = subprocess.run([REPO / "scripts/build-llama-server"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"llama-server could not be built here: {r.stderr[-500:]}")
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def node(systemd: PrivateSystemd) -> Iterator[Node]:
+    n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
+    n.install(llama_server())
+    token = n.init_server()
+    n.join(token)
+    n.serve_model(1)
+    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
+    yield n
+
+
+@pytest.fixture
+def client(node: Node) -> openai.OpenAI:
+    return openai.OpenAI(base_url=node.base_url, api_key=node.key, max_retries=0, timeout=120)
+
+
+def post(node: Node, path: str, body: bytes, key: str | None = None) -> tuple[int, Any]:
+    """A raw POST (for bodies the openai client would never send)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{node.client_port}{path}",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_chat_answers_through_llmgwd(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=16
+    )
+    assert r.choices[0].message.content
+    assert r.usage is not None and r.usage.completion_tokens > 0
+
+
+def test_completions_answers(client: openai.OpenAI) -> None:
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8)
+    assert r.choices[0].text
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    assert MODEL in [m.id for m in client.models.list()]
+
+
+def test_a_stream_arrives_as_the_engine_makes_it(client: openai.OpenAI) -> None:
+    arrivals: list[float] = []
+    text = ""
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count from one to twenty."}],
+        max_tokens=64, stream=True,
+    )  # fmt: skip
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic())
+            text += chunk.choices[0].delta.content
+    assert len(arrivals) > 5 and text
+    # Passed on as made, not buffered: the chunks did not all land at one moment.
+    assert arrivals[-1] - arrivals[0] > 0.05
+
+
+def test_errors_have_openai_shape_and_status(node: Node, client: openai.OpenAI) -> None:
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=node.base_url, api_key="sk-llmgw-wrong", max_retries=0).models.list()
+    status, body = post(node, "/v1/chat/completions", b"{}", key=None)
+    assert status == 401 and "error" in body
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(model="no-such-model", messages=msgs)
+    assert nf.value.code == "model_not_found"
+    status, body = post(
+        node, "/v1/chat/completions", b'{"model": "smollm2", "messages": [', node.key
+    )
+    assert status == 400 and set(body["error"]) >= {"message", "type", "param", "code"}
+    status, body = post(node, "/v1/chat/completions", b'{"model": 5, "messages": []}', node.key)
+    assert status == 400 and body["error"]["param"] == "model"
+    status, body = post(node, "/v1/chat/completions", b"x" * (5 * 1024 * 1024), node.key)
+    assert status == 413 and "error" in body
+    # In the catalog but not served: 503, and the daemon says why.
+    node.llmgw(
+        "model", "add", "parked", "--from", "file:/nonexistent.gguf", "--engine", "llama.cpp"
+    )
+    with pytest.raises(openai.InternalServerError) as e:
+        client.chat.completions.create(model="parked", messages=msgs)
+    assert e.value.status_code == 503
+
+
+def test_agent_restart_during_a_stream(node: Node, client: openai.OpenAI) -> None:
+    [unit] = node.engine_units()
+    pid = node.main_pid(unit)
+    chunks: list[str] = []
+    done = threading.Event()
+    problems: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            stream = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Tell a long story."}],
+                max_tokens=200, stream=True,
+            )  # fmt: skip
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    chunks.append(chunk.choices[0].delta.content)
+                    if len(chunks) == 5:
+                        started.set()
+        except BaseException as e:
+            problems.append(e)
+        finally:
+            done.set()
+
+    started = threading.Event()
+    t = threading.Thread(target=read)
+    t.start()
+    assert started.wait(60), "the stream never began"
+    node.ps.systemctl("restart", "llmgw-agentd.service")
+    assert done.wait(120)
+    t.join()
+    assert not problems and len(chunks) > 5
+    node.ps.wait_active("llmgw-agentd.service")
+    node.wait_ready(1)
+    assert node.engine_units() == [unit] and node.main_pid(unit) == pid  # no second engine
+    assert client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    ).choices
+
+
+def test_a_killed_engine_is_seen_restarted_and_served_again(
+    node: Node, client: openai.OpenAI
+) -> None:
+    [unit] = node.engine_units()
+    pid = node.main_pid(unit)
+    node.ps.run(["kill", "-9", str(pid)])
+    # The agent saw it by D-Bus and started it again: a new process, a counted restart.
+    node.wait(lambda: node.model()["replica_status"][0]["restarts"] >= 1
+              and node.main_pid(unit) not in (0, pid), "engine restarted")  # fmt: skip
+    node.wait_ready(1)
+    log = node.ps.journal("llmgw-agentd.service", 200)
+    assert unit.removesuffix(".service") in log or "restart" in log
+    assert client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    ).choices
+
+
+def test_llmgwd_restart_keeps_catalog_keys_and_replicas(node: Node, client: openai.OpenAI) -> None:
+    [unit] = node.engine_units()
+    pid = node.main_pid(unit)
+    keys_before = node.llmgw("key", "list", "--json")
+    node.ps.systemctl("restart", "llmgwd.service")
+    node.ps.wait_active("llmgwd.service")
+    node.wait(lambda: all(n["connected"] for n in node.llmgw("nodes", "--json")), "agent back")
+    node.wait_ready(1)
+    assert node.model()["replicas"] == 1
+    assert node.llmgw("key", "list", "--json") == keys_before
+    assert node.main_pid(unit) == pid  # the engine was kept, not started again
+    assert client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    ).choices
+
+
+def test_bad_input_never_kills_a_daemon(node: Node, tmp_path: Path) -> None:
+    pids = {u: node.main_pid(u) for u in ("llmgwd.service", "llmgw-agentd.service")}
+    models_before = node.llmgw("models", "--json")
+    one = b'[{"role": "user", "content": "x"}]'
+    bad = (b"\xff\xfe", b"[]", b'{"model": "smollm2", "messages": "hi"}',
+           b'{"model": "smollm2", "messages": ' + one + b', "stream": 3}')  # fmt: skip
+    for body in bad:
+        status, answer = post(node, "/v1/chat/completions", body, node.key)
+        assert status == 400 and "error" in answer
+    # A bad join token is refused with a message and a non-zero exit.
+    r = node.llmgw("node", "join", f"https://127.0.0.1:{node.cluster_port}",
+                   "--token", "0" * 32 + ".wrong", check=False)  # fmt: skip
+    assert r.returncode != 0 and r.stderr.strip()
+    # A config with a typo is named by key and line, and does not start.
+    node.ps.write_file("/tmp/typo.yaml", "client:\n  listen: 127.0.0.1:1\n  max_bodybytes: 5\n")
+    r = node.ps.run([str(REPO / ".venv/bin/llmgwd"), "--config", "/tmp/typo.yaml", "--check"],
+                    check=False)  # fmt: skip
+    assert r.returncode == 78 and "typo.yaml:3" in r.stderr and "max_bodybytes" in r.stderr
+    # Bad admin API bodies.
+    r = node.llmgw("model", "add", "Bad Name!", "--from", "file:/x.gguf", "--engine", "llama.cpp",
+                   check=False)  # fmt: skip
+    assert r.returncode == 1 and "name" in r.stderr
+    assert {u: node.main_pid(u) for u in pids} == pids  # nothing died, nothing restarted
+    assert [m["name"] for m in node.llmgw("models", "--json")] == [m["name"] for m in models_before]
