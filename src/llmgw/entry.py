@@ -1,0 +1,50 @@
+"""The daemons' shared command line: --config and --check, a clear exit on bad config, uvloop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import uvloop  # a dependency of both daemons, this module's only users
+
+from llmgw import log
+from llmgw.config import C, ConfigError, load
+
+EX_CONFIG = 78  # sysexits.h: systemd and people see "bad config", not a crash
+
+
+def run_daemon(
+    prog: str,
+    description: str,
+    default_config: Path,
+    schema: type[C],
+    runner: Callable[[C], Coroutine[Any, Any, None]],
+    argv: list[str] | None = None,
+    *,
+    missing_ok: bool = False,
+) -> None:
+    """Parse arguments, load the config (exit 78 naming key and line when it is wrong), run."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", type=Path, default=default_config, help="config file to read")
+    parser.add_argument("--check", action="store_true", help="check the config and exit")
+    args = parser.parse_args(argv)
+    try:
+        config = load(args.config, schema, missing_ok=missing_ok)
+    except ConfigError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(EX_CONFIG)
+    if args.check:
+        print(f"{args.config}: ok")
+        return
+    log.setup(prog, getattr(config, "log_level", "info"))
+    try:
+        uvloop.run(runner(config))
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        logging.getLogger(prog).exception("%s stopped on an error", prog)
+        sys.exit(1)
