@@ -19,13 +19,53 @@ class Disk(msgspec.Struct, frozen=True):
     free_bytes: int
 
 
+class MigInstance(msgspec.Struct, frozen=True):
+    """One MIG instance of a card: a place of its own, with its own id and its own memory."""
+
+    uuid: str  # "MIG-...": what CUDA_VISIBLE_DEVICES names to run on this instance only
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # "3g.40gb", as NVIDIA names the instance's slice of the card
+    memory_total_bytes: int
+    memory_free_bytes: int
+
+
+class Gpu(msgspec.Struct, frozen=True):
+    """One card as NVML reports it.
+
+    A card in MIG mode is no place itself: engines run on its instances, each with its own
+    memory; the card's memory figures are the whole card's and are never offered as one place.
+    """
+
+    index: int  # NVML's index of the card
+    uuid: str  # "GPU-..."
+    name: str  # "NVIDIA H100 80GB HBM3"
+    memory_total_bytes: int
+    memory_free_bytes: int
+    compute_capability: str  # "9.0"
+    mig: bool = False  # MIG mode is on: only the instances are places
+    instances: list[MigInstance] = []
+    utilization_percent: int | None = None  # None: NVML does not tell (as on MIG cards)
+    memory_utilization_percent: int | None = None
+    power_draw_mw: int | None = None
+    power_limit_mw: int | None = None
+
+
 class Inventory(msgspec.Struct, frozen=True):
-    """What a node has to run engines on (GPUs come in a later message version)."""
+    """What a node has to run engines on. Fields after disks have defaults, so a message from
+    an agent older than them still decodes (as a node without GPUs or a measured bandwidth)."""
 
     cores: int
     memory_bytes: int
     memory_free_bytes: int
     disks: list[Disk] = []
+    gpus: list[Gpu] = []
+    gpu_driver_version: str = ""  # "550.54.15"; "" without NVIDIA's driver
+    cuda_version: str = ""  # the newest CUDA the driver supports: "12.4"
+    # Measured once at the agent's start, bytes read plus bytes written per second; 0: not
+    # measured. All cores copying at once, and one core copying alone.
+    memory_bandwidth_bytes_s: int = 0
+    memory_bandwidth_one_core_bytes_s: int = 0
 
 
 class ReplicaSpec(msgspec.Struct, frozen=True):

@@ -1,4 +1,4 @@
-"""What this node has: cores, memory and disks (GPUs arrive with NVML in a later change)."""
+"""What this node has: cores, memory, disks, and (given their readers) GPUs and memory bandwidth."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 from llmgw.wire import Disk, Inventory
+from llmgw_agentd.gpus import GpuReader
+from llmgw_agentd.membw import Bandwidth
 
 
 def meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
@@ -43,12 +45,21 @@ def disks(paths: list[str]) -> list[Disk]:
     return out
 
 
-def collect(state_dir: str) -> Inventory:
-    """The node's inventory now."""
+def collect(
+    state_dir: str, gpus: GpuReader | None = None, bandwidth: Bandwidth | None = None
+) -> Inventory:
+    """The node's inventory now: its cards read through gpus (none without a reader), and
+    the bandwidth measured at the agent's start (membw.measure) where it was."""
     mem = meminfo()
+    report = gpus.read() if gpus is not None else None
     return Inventory(
         cores=cores(),
         memory_bytes=mem.get("MemTotal", 0),
         memory_free_bytes=mem.get("MemAvailable", mem.get("MemFree", 0)),
         disks=disks([state_dir, "/"]),
+        gpus=report.gpus if report else [],
+        gpu_driver_version=report.driver_version if report else "",
+        cuda_version=report.cuda_version if report else "",
+        memory_bandwidth_bytes_s=bandwidth.all_cores if bandwidth else 0,
+        memory_bandwidth_one_core_bytes_s=bandwidth.one_core if bandwidth else 0,
     )

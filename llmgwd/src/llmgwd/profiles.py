@@ -1,0 +1,86 @@
+"""A model's profiles: the ways it runs (on cards, on CPUs), with engine, args and replicas."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from llmgwd.estimate import CacheType
+
+Engine = Literal["llama.cpp", "vllm"]
+Kind = Literal["gpu", "cpu"]
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True):
+    """One way to run a model and how many replicas of it are wanted that way.
+
+    A model's replicas are the sum of its profiles' replicas; the router fills the profile
+    with the highest priority first.
+    """
+
+    name: str  # "gpu", "cpu", or a site's own ("gpu-long")
+    kind: Kind  # on cards (or MIG instances), or on CPU cores and RAM
+    engine: Engine = "llama.cpp"
+    engine_version: str = ""  # what the agent installs for it; "": the agent's default
+    args: list[str] = []  # passed to the engine after the ones llmgw sets
+    replicas: int = 0
+    priority: int = 0  # higher first
+    context: int = 0  # tokens; 0: the model's (Model.context, else as trained)
+    min_context: int = 2048  # a place holding less than this is no place for it
+    cache_type: CacheType | None = None  # KV cache type; None: the engine's default (f16)
+    gpus: int = 1  # kind gpu: cards per replica, the model split across them (whole cards)
+    cores: int = 0  # kind cpu: cores per replica; 0: all the node's cores
+    min_compute_capability: str = ""  # "8.0": cards below it are no place (an engine build's)
+
+
+def problems(profiles: list[Profile]) -> list[str]:
+    """What is wrong with a model's profiles, one sentence each ([] when nothing is)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for p in profiles:
+        if p.name in seen:
+            out.append(f"two profiles are named {p.name!r}")
+        seen.add(p.name)
+        if p.replicas < 0:
+            out.append(f"profile {p.name!r}: replicas cannot be negative")
+        if p.kind == "gpu" and p.gpus < 1:
+            out.append(f"profile {p.name!r}: a GPU replica needs at least one card")
+        if p.kind == "cpu" and p.cores < 0:
+            out.append(f"profile {p.name!r}: cores cannot be negative")
+        if p.context and p.min_context > p.context:
+            out.append(f"profile {p.name!r}: min_context is above context")
+        if p.min_compute_capability and not _is_capability(p.min_compute_capability):
+            out.append(f"profile {p.name!r}: compute capability is written like 8.0")
+    return out
+
+
+def _is_capability(s: str) -> bool:
+    major, dot, minor = s.partition(".")
+    return bool(dot) and major.isdigit() and minor.isdigit()
+
+
+def capability(s: str) -> tuple[int, int]:
+    """ "8.6" as (8, 6); "" as (0, 0)."""
+    major, _, minor = s.partition(".")
+    return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
+
+
+def replicas(profiles: list[Profile]) -> int:
+    """The model's replicas: the sum of its profiles'."""
+    return sum(max(p.replicas, 0) for p in profiles)
+
+
+def by_priority(profiles: list[Profile]) -> list[Profile]:
+    """Profiles in the order the router fills them: highest priority first, then by name."""
+    return sorted(profiles, key=lambda p: (-p.priority, p.name))
+
+
+def single(engine: Engine, args: list[str], replicas: int, context: int = 0) -> list[Profile]:
+    """The one profile a model without profiles has: the single-node slice's llama.cpp on
+    CPUs, with the model's own engine, arguments, replicas and context."""
+    return [
+        Profile(
+            name="default", kind="cpu", engine=engine, args=args, replicas=replicas, context=context
+        )
+    ]
