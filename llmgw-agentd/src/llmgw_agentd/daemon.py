@@ -14,9 +14,10 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from llmgw import localsock, sdnotify
+from llmgw import localsock, sdnotify, wire
 from llmgw.config import AgentConfig
-from llmgw_agentd import inventory, link
+from llmgw_agentd import inventory, link, membw
+from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.replicas import Replicas
 
 log = logging.getLogger("llmgw-agentd")
@@ -45,6 +46,9 @@ class Agent:
         self._link: link.Link | None = None
         self._link_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._gpus = GpuReader()
+        self._bandwidth: membw.Bandwidth | None = None
+        self._measuring: asyncio.Task[None] | None = None
 
     def _poke(self) -> None:
         if self._link is not None:
@@ -62,6 +66,25 @@ class Agent:
         else:
             self._connect(joined.server)
         sdnotify.ready(f"node {self.node}: {len(self.replicas.statuses())} engines")
+        # Measured once, after READY: it takes a second or two and must not hold up a restart.
+        self._measuring = asyncio.create_task(self._measure_bandwidth())
+
+    async def _measure_bandwidth(self) -> None:
+        try:
+            self._bandwidth = await asyncio.to_thread(membw.measure)
+        except Exception:
+            log.exception("could not measure memory bandwidth; CPU estimates will lack it")
+            return
+        log.info(
+            "memory bandwidth: %.1f GB/s on one core, %.1f GB/s on all",
+            self._bandwidth.one_core / 1e9,
+            self._bandwidth.all_cores / 1e9,
+        )
+        self._poke()
+
+    def inventory(self) -> wire.Inventory:
+        """What this node has now, as a heartbeat carries it."""
+        return inventory.collect(self.config.state_dir, self._gpus, self._bandwidth)
 
     def _connect(self, server: str) -> None:
         self._link = link.Link(
@@ -69,7 +92,7 @@ class Agent:
             self.pki_dir,
             self.node,
             version=version("llmgw-agentd"),
-            inventory=lambda: inventory.collect(self.config.state_dir),
+            inventory=self.inventory,
             replicas=self.replicas.statuses,
             on_desired=self.replicas.apply,
             address=self.config.address,
@@ -123,6 +146,8 @@ class Agent:
     async def stop(self) -> None:
         """Leave the engines running: a new agent adopts them."""
         sdnotify.stopping()
+        if self._measuring is not None:
+            self._measuring.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._link_task is not None:
