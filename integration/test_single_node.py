@@ -219,3 +219,34 @@ def test_bad_input_never_kills_a_daemon(node: Node, tmp_path: Path) -> None:
     assert r.returncode == 1 and "name" in r.stderr
     assert {u: node.main_pid(u) for u in pids} == pids  # nothing died, nothing restarted
     assert [m["name"] for m in node.llmgw("models", "--json")] == [m["name"] for m in models_before]
+
+
+def test_usage_is_counted_limited_and_kept_over_a_restart(node: Node) -> None:
+    secret = node.llmgw("key", "create", "metered", "--rpm", "1000", "--json")["key"]
+    client = openai.OpenAI(base_url=node.base_url, api_key=secret, max_retries=0, timeout=120)
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a colour."}]
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=msgs, max_tokens=8)
+    assert (
+        raw.headers["x-ratelimit-limit-requests"],
+        raw.headers["x-ratelimit-remaining-requests"],
+    ) == ("1000", "999")
+    answer = raw.parse()
+    assert answer.usage is not None
+    # llama-server's usage chunk reaches a client that asks for it, and only such a client.
+    asked = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert asked[-1].usage is not None and asked[-1].usage.completion_tokens > 0
+    unasked = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                   stream=True))  # fmt: skip
+    assert unasked and all(c.usage is None for c in unasked)
+
+    def mine() -> dict[str, Any]:
+        rows = node.llmgw("usage", "--by", "key", "--json")["rows"]
+        return next(r for r in rows if r["name"] == "metered")
+
+    used = mine()
+    assert used["requests"] == 3
+    assert used["prompt_tokens"] >= answer.usage.prompt_tokens + asked[-1].usage.prompt_tokens
+    node.ps.systemctl("restart", "llmgwd.service")  # a clean stop writes what was counted
+    node.ps.wait_active("llmgwd.service")
+    assert mine() == used

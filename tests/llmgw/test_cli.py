@@ -21,6 +21,7 @@ from llmgw.cli.main import main
 from llmgwd.api import ApiContext, NodeInfo, api_app, peercred_auth
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
+from llmgwd.usage import Usage
 
 T = TypeVar("T")
 JOIN_URL = "https://cp.example:7710"
@@ -46,6 +47,7 @@ class Daemon:
     nodes: FakeNodes
     loop: asyncio.AbstractEventLoop
     joins: list[dict[str, Any]] = field(default_factory=list)
+    usage: Usage | None = None  # what `llmgw usage` reads
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
@@ -88,8 +90,12 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         return store, catalog
 
     store, catalog = asyncio.run_coroutine_threadsafe(open_catalog(), loop).result(10)
-    d = Daemon(str(tmp_path / "d.sock"), str(tmp_path / "a.sock"), catalog, nodes, loop)
-    ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL)
+    usage = Usage(store)
+    sockets = str(tmp_path / "d.sock"), str(tmp_path / "a.sock")
+    d = Daemon(*sockets, catalog, nodes, loop, usage=usage)
+    ctx = ApiContext(
+        catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL, usage=usage
+    )
     runners = [
         d.run(_start_site(api_app(ctx, peercred_auth("llmgw")), d.socket)),
         d.run(_start_site(agent_app(d.joins), d.agent_socket)),
@@ -211,10 +217,10 @@ def test_key_commands(daemon: Daemon) -> None:
     listing = daemon.cli("key", "list")
     assert secret not in listing.output
     header, row = rows(listing.stdout)
-    assert header == ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE"]
+    assert header == ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE", "LIMITS"]
     assert row[1:3] == ["alice", "user"]
     assert secret.startswith(row[3].removesuffix("..."))
-    assert row[5] == "active"
+    assert row[5:] == ["active", "none"]
     as_json = daemon.cli("key", "list", "--json").stdout
     assert secret not in as_json
     assert "key" not in json.loads(as_json)[0]

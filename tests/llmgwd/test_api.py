@@ -241,7 +241,7 @@ async def test_keys_create_list_revoke(client: aiohttp.ClientSession, catalog: C
     async with client.get("/api/v1/keys") as resp:
         text = await resp.text()
     [listed] = json.loads(text)
-    assert set(listed) == {"id", "name", "prefix", "role", "created_at", "revoked"}
+    assert set(listed) == {"id", "name", "prefix", "role", "created_at", "revoked", "limits"}
     assert made["key"] not in text
     assert catalog.keys()[0].hash not in text
     assert made["key"].startswith(listed["prefix"])

@@ -1,4 +1,5 @@
-"""llmgwd's admin API /api/v1 (models, nodes, keys, join tokens) and its two ways of auth."""
+"""llmgwd's admin API /api/v1 (models, nodes, keys, join tokens, limits, prices, usage) and its
+two ways of auth."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import wire
 from llmgw.localsock import allowed, peer_credentials
-from llmgwd.catalog import ApiKey, Catalog, CatalogError, Model, Role
+from llmgwd import meter_views
+from llmgwd.catalog import ApiKey, Catalog, CatalogError, KeyLimits, Model, Role
+from llmgwd.meter_views import Invalid, LimitsIn, PriceIn
+from llmgwd.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ class ApiContext:
     name: str = "llmgw"
     version: str = field(default_factory=_own_version)
     started_at: float = field(default_factory=time.time)
+    usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
@@ -226,6 +231,7 @@ class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     engine: str
     args: list[str] = []
     context: int = 0
+    max_tokens: int = 0
 
 
 class ServeIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -239,6 +245,7 @@ class KeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: str
     role: str = "user"
+    limits: LimitsIn | None = None
 
 
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -290,8 +297,15 @@ def validate_model(body: ModelIn) -> Model:
             raise bad_field("args", "an argument holds a NUL character")
     if not 0 <= body.context <= MAX_CONTEXT:
         raise bad_field("context", f"must be between 0 (the engine's default) and {MAX_CONTEXT}")
+    if not 0 <= body.max_tokens <= (body.context or MAX_CONTEXT):
+        raise bad_field("max_tokens", "must be between 0 (the context) and the context")
     return Model(
-        name=body.name, source=body.source, engine="llama.cpp", args=body.args, context=body.context
+        name=body.name,
+        source=body.source,
+        engine="llama.cpp",
+        args=body.args,
+        context=body.context,
+        max_tokens=body.max_tokens,
     )
 
 
@@ -316,6 +330,9 @@ class ModelView(msgspec.Struct, kw_only=True):
     engine: str
     args: list[str]
     context: int
+    max_tokens: int
+    price_prompt: float  # per million tokens
+    price_completion: float
     replicas: int  # wanted
     ready: int
     created_at: float
@@ -331,6 +348,7 @@ class KeyView(msgspec.Struct, kw_only=True):
     role: str
     created_at: float
     revoked: bool
+    limits: KeyLimits
 
 
 class NewKey(msgspec.Struct, kw_only=True):
@@ -341,6 +359,7 @@ class NewKey(msgspec.Struct, kw_only=True):
     role: str
     prefix: str
     created_at: float
+    limits: KeyLimits
     key: str
 
 
@@ -376,6 +395,9 @@ def model_view(model: Model, replicas: list[ReplicaView]) -> ModelView:
         engine=model.engine,
         args=model.args,
         context=model.context,
+        max_tokens=model.max_tokens,
+        price_prompt=model.price_prompt,
+        price_completion=model.price_completion,
         replicas=model.replicas,
         ready=sum(r.state == "ready" for r in replicas),
         created_at=model.created_at,
@@ -392,6 +414,7 @@ def key_view(key: ApiKey) -> KeyView:
         role=key.role,
         created_at=key.created_at,
         revoked=key.revoked,
+        limits=key.limits,
     )
 
 
@@ -528,7 +551,8 @@ async def create_key(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     body = await read_body(request, KeyIn)
     role = _check_key_in(ctx, body)
-    key, secret = await ctx.catalog.create_key(body.name.strip(), role)
+    limits = _checked(meter_views.apply_limits, KeyLimits(), body.limits or LimitsIn())
+    key, secret = await ctx.catalog.create_key(body.name.strip(), role, limits)
     log.info("key %s (%s, %s) created by %s", key.id, key.name, key.role, _who(request))
     new = NewKey(
         id=key.id,
@@ -536,6 +560,7 @@ async def create_key(request: web.Request) -> web.Response:
         role=key.role,
         prefix=key.prefix,
         created_at=key.created_at,
+        limits=key.limits,
         key=secret,
     )
     return json_response(new, 201)
@@ -566,6 +591,55 @@ async def revoke_key(request: web.Request) -> web.Response:
     return json_response(key_view(key))
 
 
+async def set_key_limits(request: web.Request) -> web.Response:
+    """PATCH /keys/{key}/limits: change the limits given, keep the others (0 removes one)."""
+    ctx = _ctx(request)
+    key = _find_key(ctx, request.match_info["key"])
+    limits = _checked(meter_views.apply_limits, key.limits, await read_body(request, LimitsIn))
+    try:
+        key = await ctx.catalog.set_key_limits(key.id, limits)
+    except CatalogError:
+        raise not_found("key", key.id) from None
+    log.info("key %s (%s) limits set to %s by %s", key.id, key.name, limits, _who(request))
+    return json_response(key_view(key))
+
+
+async def set_price(request: web.Request) -> web.Response:
+    """PUT /models/{name}/price {prompt, completion}: per million tokens."""
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    _model_or_404(ctx, name)
+    body = await read_body(request, PriceIn)
+    _checked(meter_views.check_price, body)
+    try:
+        model = await ctx.catalog.update_model(
+            name, price_prompt=body.prompt, price_completion=body.completion
+        )
+    except CatalogError:
+        raise not_found("model", name) from None
+    log.info("model %s priced %s/%s by %s", name, body.prompt, body.completion, _who(request))
+    return json_response(_view(ctx, model))
+
+
+async def get_usage(request: web.Request) -> web.Response:
+    """GET /usage?by=key|model|day&since=YYYY-MM-DD: usage summed, counts not flushed too."""
+    ctx = _ctx(request)
+    by = _checked(meter_views.parse_group, "by", request.query.get("by"))
+    since = _checked(meter_views.parse_day, "since", request.query.get("since"))
+    keys = ctx.catalog.keys()
+    names = {k.id: k.name for k in keys}
+    records = await ctx.usage.records(since)
+    return json_response(meter_views.report(records, by, since, names))
+
+
+def _checked(check: Callable[..., T], *args: object) -> T:
+    """check(*args), its Invalid as a 400 naming the field."""
+    try:
+        return check(*args)
+    except Invalid as e:
+        raise bad_field(e.param, str(e)) from None
+
+
 async def create_token(request: web.Request) -> web.Response:
     """POST /tokens: a new join token and the command a node joins with."""
     ctx = _ctx(request)
@@ -593,6 +667,9 @@ def api_routes() -> list[web.RouteDef]:
         web.get("/keys", list_keys),
         web.post("/keys", create_key),
         web.delete("/keys/{key}", revoke_key),
+        web.patch("/keys/{key}/limits", set_key_limits),
+        web.put("/models/{name}/price", set_price),
+        web.get("/usage", get_usage),
         web.post("/tokens", create_token),
     ]
 

@@ -14,6 +14,7 @@ import msgspec
 from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 
 Role = Literal["user", "admin"]
+Period = Literal["day", "month"]  # budgets' periods, in UTC
 KEY_PREFIX = "sk-llmgw-"
 
 
@@ -25,8 +26,22 @@ class Model(msgspec.Struct, kw_only=True):
     engine: Literal["llama.cpp"] = "llama.cpp"
     args: list[str] = []
     context: int = 0
+    max_tokens: int = 0  # the most completion tokens one request may ask for; 0: context
+    price_prompt: float = 0.0  # per million prompt tokens, in the site's currency
+    price_completion: float = 0.0  # per million completion tokens
     replicas: int = 0
     created_at: float = 0.0
+
+
+class KeyLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """What one key may use; 0 means no limit."""
+
+    rpm: int = 0  # requests per minute
+    tpm: int = 0  # tokens (prompt + completion) per minute
+    budget_tokens: int = 0  # tokens per budget_tokens_per
+    budget_tokens_per: Period = "day"
+    budget_spend: float = 0.0  # money per budget_spend_per, in the prices' currency
+    budget_spend_per: Period = "day"
 
 
 class ApiKey(msgspec.Struct, kw_only=True):
@@ -39,6 +54,7 @@ class ApiKey(msgspec.Struct, kw_only=True):
     role: Role = "user"
     created_at: float = 0.0
     revoked: bool = False
+    limits: KeyLimits = msgspec.field(default_factory=KeyLimits)
 
 
 class JoinToken(msgspec.Struct, kw_only=True):
@@ -185,7 +201,9 @@ class Catalog:
             raise CatalogError(f"no model named {name!r}")
         self._models.pop(name, None)
 
-    async def create_key(self, name: str, role: Role = "user") -> tuple[ApiKey, str]:
+    async def create_key(
+        self, name: str, role: Role = "user", limits: KeyLimits | None = None
+    ) -> tuple[ApiKey, str]:
         """A new key; returns the record and the key itself, which is never stored."""
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(
@@ -195,6 +213,7 @@ class Catalog:
             prefix=secret[: len(KEY_PREFIX) + 4],
             role=role,
             created_at=time.time(),
+            limits=limits or KeyLimits(),
         )
         await self._store.put(KEYS + key.id, _enc.encode(key))
         self._set_keys([*self._keys.values(), key])
@@ -211,6 +230,20 @@ class Catalog:
         await self._store.put(KEYS + key.id, _enc.encode(key))
         self._set_keys([key if k.id == key.id else k for k in self._keys.values()])
         return key
+
+    async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKey:
+        """Replace a key's limits, with compare-and-set so a concurrent revoke is not undone."""
+        while True:
+            kv = await self._store.get(KEYS + key_id)
+            if kv is None:
+                raise CatalogError(f"no key {key_id!r}")
+            key = msgspec.structs.replace(_key_dec.decode(kv.value), limits=limits)
+            res = await self._store.txn(
+                [Compare(kv.key, "mod", "=", kv.mod_revision)], [Put(kv.key, _enc.encode(key))]
+            )
+            if res.succeeded:
+                self._set_keys([key if k.id == key.id else k for k in self._keys.values()])
+                return key
 
     async def add_token(self, token: str, ttl_s: float) -> None:
         """Remember a join token (by its hash) until it expires."""

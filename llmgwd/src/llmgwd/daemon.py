@@ -1,4 +1,5 @@
-"""llmgwd put together: store, catalog, cluster port, reconciler, /v1, /api/v1, local socket."""
+"""llmgwd put together: store, catalog, usage, cluster port, reconciler, /v1, /api/v1, local
+socket."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from llmgwd import api, cluster
 from llmgwd.catalog import Catalog
 from llmgwd.reconciler import Reconciler
 from llmgwd.router import Router
+from llmgwd.router.metering import Meter
 from llmgwd.store.sqlite import SqliteStore
+from llmgwd.usage import Usage
 
 log = logging.getLogger("llmgwd")
 
@@ -118,6 +121,10 @@ class Daemon:
         self.store = await SqliteStore.open(state_dir / "state.db")
         self.catalog = Catalog(self.store)
         revision = await self.catalog.load()
+        self.usage = Usage(self.store)
+        self.meter = Meter(self.usage)
+        await self.meter.load()  # budgets go on from what this month used before a restart
+        self.usage.start()
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
         self.reconciler = Reconciler(self.store, self.catalog, self.cluster, secret)
         self.cluster.on_change = lambda _node: self.reconciler.poke()
@@ -132,6 +139,7 @@ class Daemon:
             join_url=url,
             token_ttl_s=cfg.join_token_ttl_s,
             name=cfg.name,
+            usage=self.usage,
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)
@@ -154,7 +162,11 @@ class Daemon:
     async def _serve_client(self, ctx: api.ApiContext) -> None:
         cfg = self.config.client
         self.router = Router(
-            self.catalog, self.catalog, self.cluster, max_body_bytes=cfg.max_body_bytes
+            self.catalog,
+            self.catalog,
+            self.cluster,
+            max_body_bytes=cfg.max_body_bytes,
+            meter=self.meter,
         )
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
@@ -189,10 +201,11 @@ class Daemon:
         self._tasks.append(task)
 
     async def stop(self) -> None:
-        """Stop serving, then flush and close the store."""
+        """Stop serving, write the usage counted, then flush and close the store."""
         sdnotify.stopping()
         for runner in reversed(self._runners):
             await runner.cleanup()
+        await self.usage.stop()  # after the runners: every request has settled by now
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

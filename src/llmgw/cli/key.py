@@ -1,29 +1,45 @@
-"""llmgw key create|list|revoke: the API keys people and programs call /v1 with."""
+"""llmgw key create|list|limits|revoke: the API keys people and programs call /v1 with."""
 
 from __future__ import annotations
 
 import click
 
 from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.cli.limits import describe, limit_options, limits_body
 from llmgw.cli.output import echo_json, echo_table, json_option, when
 
 
 @click.group()
 def key() -> None:
-    """Make, list and revoke API keys."""
+    """Make, list and revoke API keys, and set what each may use."""
 
 
 @key.command()
 @click.argument("name")
 @click.option("--admin", is_flag=True, help="An admin key: it may also use /api/v1.")
+@limit_options
 @json_option
 @pass_settings
-def create(settings: Settings, name: str, admin: bool, as_json: bool) -> None:
+def create(
+    settings: Settings,
+    name: str,
+    admin: bool,
+    rpm: int | None,
+    tpm: int | None,
+    budget_tokens: tuple[int, str] | None,
+    budget_spend: tuple[float, str] | None,
+    as_json: bool,
+) -> None:
     """Make a new key called NAME and print it: this is the only time it is shown.
 
     The key alone goes to stdout (KEY=$(llmgw key create NAME) keeps it), the note to stderr.
+    Without limit options the key has no limits; `llmgw key limits` changes them later.
     """
-    body = {"name": name, "role": "admin" if admin else "user"}
+    body = {
+        "name": name,
+        "role": "admin" if admin else "user",
+        "limits": limits_body(rpm, tpm, budget_tokens, budget_spend),
+    }
     answer = call(settings, "POST", f"{API}/keys", body)
     if as_json:
         echo_json(answer)
@@ -40,7 +56,8 @@ def create(settings: Settings, name: str, admin: bool, as_json: bool) -> None:
 @json_option
 @pass_settings
 def list_(settings: Settings, as_json: bool) -> None:
-    """List the keys (never the keys themselves): id, name, role, prefix, created, state."""
+    """List the keys (never the keys themselves): id, name, role, prefix, created, state and
+    limits."""
     answer = call(settings, "GET", f"{API}/keys")
     if as_json:
         echo_json(answer)
@@ -53,10 +70,11 @@ def list_(settings: Settings, as_json: bool) -> None:
             k["prefix"] + "...",
             when(k["created_at"]),
             "revoked" if k["revoked"] else "active",
+            describe(k["limits"]),
         ]
         for k in answer
     ]
-    headers = ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE"]
+    headers = ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE", "LIMITS"]
     echo_table(headers, rows, "No keys yet: make one with `llmgw key create NAME`.")
 
 
@@ -71,3 +89,27 @@ def revoke(settings: Settings, ident: str, as_json: bool) -> None:
         echo_json(answer)
     else:
         click.echo(f"Revoked key {answer['id']} ({answer['name']}).")
+
+
+@key.command()
+@click.argument("ident", metavar="ID")
+@limit_options
+@json_option
+@pass_settings
+def limits(
+    settings: Settings,
+    ident: str,
+    rpm: int | None,
+    tpm: int | None,
+    budget_tokens: tuple[int, str] | None,
+    budget_spend: tuple[float, str] | None,
+    as_json: bool,
+) -> None:
+    """Change the limits of key ID (or of the one live key named so); the options not given
+    stay as they are, 0 removes a limit, and with no option the limits are shown."""
+    body = limits_body(rpm, tpm, budget_tokens, budget_spend)
+    answer = call(settings, "PATCH", api_path("keys", ident, "limits"), body)
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"Key {answer['id']} ({answer['name']}): limits {describe(answer['limits'])}.")

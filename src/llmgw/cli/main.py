@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from llmgw import config
-from llmgw.cli import key, model, node, server
+from llmgw.cli import key, model, node, server, usage
 from llmgw.cli.common import Settings
 
 
@@ -46,3 +46,4 @@ main.add_command(node.nodes)
 main.add_command(model.model)
 main.add_command(model.models)
 main.add_command(key.key)
+main.add_command(usage.usage)

@@ -1,4 +1,4 @@
-"""llmgw model add|serve|stop|remove and llmgw models: the model catalog."""
+"""llmgw model add|serve|stop|price|remove and llmgw models: the model catalog."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ def model() -> None:
     default=0,
     help="Context length in tokens (default: the engine's).",
 )
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=0),
+    default=0,
+    help="The most completion tokens a request may ask for (default: the context).",
+)
 @json_option
 @pass_settings
 def add(
@@ -49,6 +55,7 @@ def add(
     engine: str,
     args: tuple[str, ...],
     context: int,
+    max_tokens: int,
     as_json: bool,
 ) -> None:
     """Add model NAME to the catalog; it is not served until `llmgw model serve`."""
@@ -58,6 +65,7 @@ def add(
         "engine": engine,
         "args": list(args),
         "context": context,
+        "max_tokens": max_tokens,
     }
     answer = call(settings, "POST", f"{API}/models", body)
     if as_json:
@@ -97,6 +105,32 @@ def stop(settings: Settings, name: str, as_json: bool) -> None:
         echo_json(answer)
     else:
         click.echo(f"Stopping model {name}: 0 replicas wanted.")
+
+
+@model.command()
+@click.argument("name")
+@click.option(
+    "--prompt", type=click.FloatRange(min=0), required=True, help="Per million prompt tokens."
+)
+@click.option(
+    "--completion",
+    type=click.FloatRange(min=0),
+    required=True,
+    help="Per million completion tokens.",
+)
+@json_option
+@pass_settings
+def price(settings: Settings, name: str, prompt: float, completion: float, as_json: bool) -> None:
+    """Set what model NAME costs, per million tokens, in the currency of the keys' budgets."""
+    body = {"prompt": prompt, "completion": completion}
+    answer = call(settings, "PUT", api_path("models", name, "price"), body)
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(
+            f"Model {name}: {answer['price_prompt']:g} per million prompt tokens, "
+            f"{answer['price_completion']:g} per million completion tokens."
+        )
 
 
 @model.command()

@@ -51,6 +51,7 @@ class FakeEngine:
     hang_after_first: bool = False  # send one chunk, then nothing for a long time
     abort_after: int | None = None  # cut the connection after this many chunks
     cut_event: bytes = b""  # the start of one more event, sent just before the cut
+    gate: asyncio.Event | None = None  # when set up, answers wait until it is set
     seen: list[Seen] = field(default_factory=list)
     finished_at: float | None = None
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -74,16 +75,24 @@ class FakeEngine:
             error = {"message": "context too long", "type": "invalid_request_error"}
             return web.json_response({"error": error}, status=400)
         chat = request.path.endswith("chat/completions")
+        if self.gate is not None:
+            await self.gate.wait()
         if body.get("stream"):
-            return await self._stream(request, chat, body["model"])
+            usage = (body.get("stream_options") or {}).get("include_usage") is True
+            return await self._stream(request, chat, body["model"], usage)
         return web.json_response(_answer(chat, body["model"]))
 
-    async def _stream(self, request: web.Request, chat: bool, model: str) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, chat: bool, model: str, usage: bool = False
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
             for i in range(self.chunks):
-                await resp.write(b"data: " + json.dumps(_chunk(chat, model, i)).encode() + b"\n\n")
+                chunk = _chunk(chat, model, i)
+                if usage and not chat and i == self.chunks - 1:  # as llama.cpp: on the last text
+                    chunk["usage"] = _usage(self.chunks)
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if self.abort_after == i + 1:
                     assert request.transport is not None
                     if self.cut_event:
@@ -92,6 +101,9 @@ class FakeEngine:
                     request.transport.abort()
                     return resp
                 await asyncio.sleep(30 if self.hang_after_first else self.gap_s)
+            if usage and chat:  # as llama.cpp: a chunk of its own, without choices
+                chunk = {**_chunk(chat, model, 0), "choices": [], "usage": _usage(self.chunks)}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             self.finished_at = time.monotonic()
         except asyncio.CancelledError:
@@ -111,6 +123,14 @@ def _answer(chat: bool, model: str) -> dict[str, Any]:
         kind = "text_completion"
     return {"id": "x-1", "object": kind, "created": 1, "model": model, "choices": [choice],
             "usage": usage}  # fmt: skip
+
+
+STREAM_PROMPT_TOKENS = 7  # the usage a stream ends with: these, and one token a chunk
+
+
+def _usage(chunks: int) -> dict[str, int]:
+    return {"prompt_tokens": STREAM_PROMPT_TOKENS, "completion_tokens": chunks,
+            "total_tokens": STREAM_PROMPT_TOKENS + chunks}  # fmt: skip
 
 
 def _chunk(chat: bool, model: str, i: int) -> dict[str, Any]:

@@ -176,6 +176,37 @@ def model_unavailable(message: str, retry_after_s: int) -> ApiError:
     )
 
 
+def max_tokens_too_large(param: str, value: int, cap: int) -> ApiError:
+    """400: max_tokens (or max_completion_tokens) over what the catalog allows the model."""
+    return invalid_value(
+        param,
+        f"{param} is too large: {value}. This model supports at most {cap} completion tokens, "
+        f"whereas you provided {value}.",
+    )
+
+
+def context_length_exceeded(param: str, at_least: int, context: int) -> ApiError:
+    """400: the prompt alone is longer than the model's context."""
+    return ApiError(
+        400,
+        f"This model's maximum context length is {context} tokens, but the prompt has at "
+        f"least {at_least} tokens. Please reduce the length of the {param}.",
+        "invalid_request_error",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def rate_limited(message: str, type_: str, headers: Mapping[str, str]) -> ApiError:
+    """429: the key's requests or tokens per minute are used up for now (type_ says which)."""
+    return ApiError(429, message, type_, code="rate_limit_exceeded", headers=headers)
+
+
+def quota_exceeded(message: str, headers: Mapping[str, str]) -> ApiError:
+    """429: the key's budget for the period is spent, as OpenAI says it of a used-up quota."""
+    return ApiError(429, message, "insufficient_quota", code="insufficient_quota", headers=headers)
+
+
 def upstream_failed(message: str) -> ApiError:
     """502: the engine broke the exchange."""
     return ApiError(502, message, "server_error", code="upstream_error")

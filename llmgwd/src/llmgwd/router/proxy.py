@@ -14,6 +14,7 @@ from aiohttp import web
 from llmgwd.pool import Endpoint
 from llmgwd.router import errors
 from llmgwd.router.balancer import Balancer
+from llmgwd.router.usage_events import Tally, tally_of
 
 log = logging.getLogger("llmgwd.router")
 
@@ -105,10 +106,11 @@ class Upstream:
         """Send to one replica and relay its answer."""
         request[errors.REPLICA] = endpoint.replica_id
         upstream = await self._connect(request, endpoint, path, body, stream)
+        tally = tally_of(request) or Tally()  # what the answer says it used, for the meter
         try:
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
-                return await self._relay_stream(request, upstream, endpoint)
-            return await self._relay_whole(upstream, endpoint)
+                return await self._relay_stream(request, upstream, endpoint, tally)
+            return await self._relay_whole(upstream, endpoint, tally)
         finally:
             # A no-op after a complete answer; otherwise drops the connection so the
             # engine stops generating for a client that is gone.
@@ -143,7 +145,7 @@ class Upstream:
             raise _engine_failed(endpoint, e) from None
 
     async def _relay_whole(
-        self, upstream: aiohttp.ClientResponse, endpoint: Endpoint
+        self, upstream: aiohttp.ClientResponse, endpoint: Endpoint, tally: Tally
     ) -> web.Response:
         """A non-streamed answer (or any error answer): the engine's body and status as they are."""
         try:
@@ -152,17 +154,23 @@ class Upstream:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
         except aiohttp.ClientError as e:
             raise _engine_failed(endpoint, e) from None
+        tally.whole(upstream.status, data)
         content_type = upstream.headers.get("Content-Type", "application/json")
         headers = {"Content-Type": content_type}
         return web.Response(status=upstream.status, body=data, headers=headers)
 
     async def _relay_stream(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, endpoint: Endpoint
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        endpoint: Endpoint,
+        tally: Tally,
     ) -> web.StreamResponse:
         """Server-sent events written as they arrive; an engine failure ends them with an error."""
         out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
         await out.prepare(request)
         request[errors.STREAM] = out
+        tally.stream_started()
         events = _Events()
         while True:
             try:
@@ -178,9 +186,9 @@ class Upstream:
                 return out
             if not chunk:
                 break
-            if ready := events.feed(chunk):
+            if ready := tally.relay(events.feed(chunk)):  # the usage chunk may be held back
                 await out.write(ready)
-        if rest := events.rest():
+        if rest := tally.relay(events.rest()):
             await out.write(rest)
         return out
 

@@ -14,7 +14,10 @@ from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Pool
 from llmgwd.router import errors
 from llmgwd.router.balancer import Balancer
+from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
+from llmgwd.router.token_bounds import estimate
+from llmgwd.router.usage_events import TALLY, ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -77,6 +80,7 @@ class Router:
         read_timeout_s: float = 600.0,
         retry_after_s: int = 5,
         disconnect_poll_s: float = 0.2,
+        meter: Meter | None = None,
     ) -> None:
         self._keys = keys
         self._models = models
@@ -84,6 +88,7 @@ class Router:
         self._max_body_bytes = max_body_bytes
         self._retry_after_s = retry_after_s
         self.balancer = Balancer(pool)
+        self.meter = meter if meter is not None else Meter()
         self._upstream = Upstream(
             self.balancer,
             session=session,
@@ -94,6 +99,7 @@ class Router:
         )
         self.app = web.Application(middlewares=[errors.error_middleware])
         self.app.on_response_prepare.append(errors.add_request_id)
+        self.app.on_response_prepare.append(add_rate_headers)
         self.app.on_cleanup.append(self._on_cleanup)
         self.app.router.add_get("/models", self._list_models)
         self.app.router.add_get("/models/{model:.+}", self._get_model)
@@ -128,9 +134,11 @@ class Router:
     async def _complete(
         self, request: web.Request, path: str, check: Callable[[Document], None]
     ) -> web.StreamResponse:
-        """Check everything a client can get wrong, then hand the body to the proxy."""
-        self._authenticate(request)
-        doc = _parse_object(await _read_body(request, self._max_body_bytes))
+        """Check everything a client can get wrong, admit the request against its key's limits
+        and budgets, hand the body to the proxy, then settle what the answer used."""
+        key = self._authenticate(request)
+        raw = await _read_body(request, self._max_body_bytes)
+        doc = _parse_object(raw)
         name = _check_common(doc)
         request[errors.MODEL] = name
         check(doc)
@@ -138,12 +146,21 @@ class Router:
         if model is None:
             raise errors.model_not_found(name)
         self._require_ready(model.name)
-        for key in ROUTING_KEYS:
-            doc.pop(key, None)
+        bounds = estimate(doc, model, len(raw))
+        for field in ROUTING_KEYS:
+            doc.pop(field, None)
         doc["model"] = model.name
-        body = msgspec.json.encode(doc)
         stream = doc.get("stream") is True
-        return await self._upstream.forward(request, model.name, path, body, stream)
+        reservation = self.meter.admit(key, model, bounds)
+        try:
+            if stream:
+                reservation.tally.pass_usage = ask_for_usage(doc)
+            request[TALLY] = reservation.tally
+            request[HEADERS] = reservation.headers
+            body = msgspec.json.encode(doc)
+            return await self._upstream.forward(request, model.name, path, body, stream)
+        finally:
+            reservation.settle()
 
     def _authenticate(self, request: web.Request) -> ApiKey:
         """The caller's key from `Authorization: Bearer KEY`; messages never quote the key."""

@@ -1,0 +1,154 @@
+"""What /api/v1 takes and shows for key limits, model prices and usage, and its checks."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from datetime import date
+from typing import Literal
+
+import msgspec
+
+from llmgwd.catalog import KeyLimits, Period
+from llmgwd.periods import day_id
+from llmgwd.pricing import from_pico
+from llmgwd.usage import Counts, Record
+
+MAX_COUNT = 10**12  # requests, tokens: far above any real limit, below any overflow
+MAX_MONEY = 1e9  # a price per million tokens, or a budget
+GROUPS = ("key", "model", "day")
+Group = Literal["key", "model", "day"]
+
+
+class Invalid(Exception):
+    """A field the caller got wrong; the message is shown as it is."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class LimitsIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A key's limits to change (in POST /keys, and PATCH /keys/{key}/limits); 0 removes one."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    budget_tokens: int | None = None
+    budget_tokens_per: Period | None = None
+    budget_spend: float | None = None
+    budget_spend_per: Period | None = None
+
+
+class PriceIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """PUT /models/{name}/price: per million tokens, in the site's currency."""
+
+    prompt: float
+    completion: float
+
+
+def apply_limits(current: KeyLimits, body: LimitsIn) -> KeyLimits:
+    """current with the fields body gives; Invalid names the first bad one."""
+    changes: dict[str, object] = {}
+    for name in body.__struct_fields__:
+        value = getattr(body, name)
+        if value is None:
+            continue
+        if name.endswith("_per"):
+            pass  # a Period: msgspec checked it
+        elif name == "budget_spend":
+            _check_money(name, value)
+        elif not 0 <= value <= MAX_COUNT:
+            raise Invalid(name, f"must be between 0 (no limit) and {MAX_COUNT}")
+        changes[name] = value
+    return msgspec.structs.replace(current, **changes)
+
+
+def check_price(body: PriceIn) -> None:
+    """Prices are finite and not negative."""
+    _check_money("prompt", body.prompt)
+    _check_money("completion", body.completion)
+
+
+def _check_money(param: str, value: float) -> None:
+    if not (math.isfinite(value) and 0 <= value <= MAX_MONEY):
+        raise Invalid(param, f"must be a number between 0 and {MAX_MONEY:.0f}")
+
+
+def parse_day(param: str, text: str | None) -> str:
+    """A YYYY-MM-DD date; none given: the first day of this month (UTC)."""
+    if not text:
+        return day_id(time.time())[:8] + "01"
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text).isoformat()
+    except ValueError:
+        pass
+    raise Invalid(param, "must be a date as YYYY-MM-DD")
+
+
+def parse_group(param: str, text: str | None) -> Group:
+    """key, model or day; key when none is given."""
+    if not text or text == "key":
+        return "key"
+    if text == "model":
+        return "model"
+    if text == "day":
+        return "day"
+    raise Invalid(param, f"must be one of {', '.join(GROUPS)}")
+
+
+class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Usage summed over one key, model or day (only the grouping field is shown)."""
+
+    key: str | None = None
+    name: str | None = None  # the key's name ("" for a key no longer known), grouped by key
+    model: str | None = None
+    day: str | None = None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    spend: float
+
+
+class UsageReport(msgspec.Struct, kw_only=True):
+    """GET /usage"""
+
+    by: str
+    since: str
+    rows: list[UsageRow]
+    total: UsageRow
+
+
+def report(
+    records: Iterable[Record], by: Group, since: str, key_names: Mapping[str, str]
+) -> UsageReport:
+    """Records summed by key, model or day, in that order of the group's value."""
+    sums: dict[str, Counts] = {}
+    total = Counts()
+    for r in records:
+        group = r.key_id if by == "key" else r.model if by == "model" else r.day
+        sums[group] = sums.get(group, Counts()).merge(r.counts)
+        total = total.merge(r.counts)
+    rows = []
+    for group in sorted(sums):
+        row = _row(sums[group])
+        if by == "key":
+            row.key, row.name = group, key_names.get(group, "")
+        elif by == "model":
+            row.model = group
+        else:
+            row.day = group
+        rows.append(row)
+    return UsageReport(by=by, since=since, rows=rows, total=_row(total))
+
+
+def _row(c: Counts) -> UsageRow:
+    return UsageRow(
+        requests=c.requests,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        total_tokens=c.prompt_tokens + c.completion_tokens,
+        spend=from_pico(c.spend_pico),
+    )

@@ -1,0 +1,55 @@
+"""llmgw usage: tokens, requests and spend by key, model or day."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import click
+
+from llmgw.cli.common import API, Settings, call, pass_settings
+from llmgw.cli.output import echo_json, echo_table, json_option
+
+
+@click.command()
+@click.option(
+    "--by",
+    type=click.Choice(["key", "model", "day"]),
+    default="key",
+    show_default=True,
+    help="What each line sums over.",
+)
+@click.option(
+    "--since",
+    metavar="YYYY-MM-DD",
+    help="The first day counted (UTC; default: the first day of this month).",
+)
+@json_option
+@pass_settings
+def usage(settings: Settings, by: str, since: str | None, as_json: bool) -> None:
+    """Show the usage of /v1: requests, prompt and completion tokens, and spend at the models'
+    prices, summed by key, model or day; counts not yet written to the store are included."""
+    query = {"by": by, **({"since": since} if since else {})}
+    answer = call(settings, "GET", f"{API}/usage?{urlencode(query)}")
+    if as_json:
+        echo_json(answer)
+        return
+    first = {"key": ["KEY", "NAME"], "model": ["MODEL"], "day": ["DAY"]}[by]
+    headers = [*first, "REQUESTS", "PROMPT", "COMPLETION", "TOTAL", "SPEND"]
+    lines = [[*_group(row, by), *_counts(row)] for row in answer["rows"]]
+    if lines:
+        lines.append(["total", *[""] * (len(first) - 1), *_counts(answer["total"])])
+    echo_table(headers, lines, f"No usage since {answer['since']}.")
+
+
+def _group(row: dict[str, str], by: str) -> list[str]:
+    return [row["key"], row["name"] or "-"] if by == "key" else [row[by]]
+
+
+def _counts(row: dict[str, int | float]) -> list[object]:
+    return [
+        row["requests"],
+        row["prompt_tokens"],
+        row["completion_tokens"],
+        row["total_tokens"],
+        f"{row['spend']:.6f}".rstrip("0").rstrip("."),
+    ]
