@@ -4,6 +4,7 @@ SmolLM2, and the official openai client against /v1."""
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import threading
 import time
@@ -19,6 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from integration.harness import REPO, PrivateSystemd
 from integration.llmgw_node import MODEL, Node
+from llmgw import pki
 
 CLIENT_PORT = 17700  # not 7700: a quickstart cluster may run on this machine too
 CLUSTER_PORT = 17710
@@ -204,10 +206,19 @@ def test_bad_input_never_kills_a_daemon(node: Node, tmp_path: Path) -> None:
     for body in bad:
         status, answer = post(node, "/v1/chat/completions", body, node.key)
         assert status == 400 and "error" in answer
-    # A bad join token is refused with a message and a non-zero exit.
-    r = node.llmgw("node", "join", f"https://127.0.0.1:{node.cluster_port}",
-                   "--token", "0" * 32 + ".wrong", check=False)  # fmt: skip
-    assert r.returncode != 0 and r.stderr.strip()
+    # A bad join token is refused by the cluster port, with a message and nothing issued.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the token is what is tested
+    _, csr = pki.make_node_csr("intruder")  # a good request but for its token
+    join = json.dumps({"token": "0" * 32 + ".wrong", "node": "intruder", "csr_pem": csr.decode()})
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{node.cluster_port}/join", data=join.encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=30, context=ctx)
+    assert refused.value.code == 403 and b"error" in refused.value.read()
+    assert "intruder" not in [n["name"] for n in node.llmgw("nodes", "--json")]
     # A config with a typo is named by key and line, and does not start.
     node.ps.write_file("/tmp/typo.yaml", "client:\n  listen: 127.0.0.1:1\n  max_bodybytes: 5\n")
     r = node.ps.run([str(REPO / ".venv/bin/llmgwd"), "--config", "/tmp/typo.yaml", "--check"],
@@ -250,3 +261,11 @@ def test_usage_is_counted_limited_and_kept_over_a_restart(node: Node) -> None:
     node.ps.systemctl("restart", "llmgwd.service")  # a clean stop writes what was counted
     node.ps.wait_active("llmgwd.service")
     assert mine() == used
+
+
+def test_joining_again_where_it_is_is_harmless(node: Node) -> None:
+    # The quickstart run twice does this: the agent says so and uses no token.
+    r = node.llmgw("node", "join", f"https://127.0.0.1:{node.cluster_port}", "--token", "x.y")
+    assert "Already joined" in r.stdout
+    r = node.llmgw("node", "join", "https://127.0.0.1:1", "--token", "x.y", check=False)
+    assert r.returncode == 1 and "already joined" in r.stderr

@@ -126,7 +126,11 @@ class Agent:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return _error(400, f"bad join request: {e}", "invalid_body")
         if self._link is not None:
-            return _error(409, "this node has already joined a cluster", "already_joined")
+            server = link.read_join(self.pki_dir).server
+            if server == body.url.strip().rstrip("/"):
+                # Joining again where it already is: nothing to do, and no token used.
+                return web.json_response({"node": self.node, "server": server, "already": True})
+            return _error(409, f"this node has already joined {server}", "already_joined")
         try:
             await link.join(body.url, body.token, self.node, self.pki_dir)
         except link.JoinError as e:

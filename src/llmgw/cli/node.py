@@ -62,7 +62,8 @@ def join(settings: Settings, url: str, join_token: str, as_json: bool) -> None:
         echo_json(answer)
         return
     name = answer.get("node") if isinstance(answer, dict) else None
-    click.echo(f"Joined the cluster at {url}" + (f" as node {name}." if name else "."))
+    verb = "Already joined" if isinstance(answer, dict) and answer.get("already") else "Joined"
+    click.echo(f"{verb} the cluster at {url}" + (f" as node {name}." if name else "."))
 
 
 def _replicas(n: dict[str, Any]) -> str:
