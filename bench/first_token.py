@@ -1,16 +1,20 @@
 """Time to first token of a streamed chat: through llmgwd against the same engine used directly.
 
-Needs a running cluster (scripts/quickstart) for the llmgwd side; starts its own
-llama-server with the same binary and model for the direct side. Requests alternate
-between the two so that both see the same machine. Prints figures; never passes or fails.
+Needs a running cluster (scripts/quickstart). The direct side is the very engine the
+router sends to: its port from `llmgw nodes --json`, its key derived from the cluster
+secret (as root, read from the quickstart's overlay), so only llmgwd's part differs.
+Requests alternate between the two so both see the same machine. With --own-engine it
+starts a second llama-server of the same binary and model instead. Prints figures; never
+passes or fails.
 
-    .venv/bin/python bench/first_token.py [--n 20]
+    .venv/bin/python bench/first_token.py [--n 20] [--own-engine]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -92,12 +96,32 @@ async def measure(n: int, gateway: str, key: str, port: int, direct_key: str) ->
     )
 
 
+def cluster_engine() -> tuple[int, str]:
+    """The quickstart engine's port and key (the router's own way of deriving it)."""
+    from llmgwd.catalog import engine_key
+
+    pid = (QS / "pid").read_text().strip()
+    inside = ["nsenter", "-t", pid, "-a", "-r", "-w", "--"]
+    nodes = subprocess.run(
+        [*inside, str(ROOT / ".venv/bin/llmgw"), "nodes", "--json"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    replica = next(r for n in json.loads(nodes.stdout) for r in n["replicas"] if r["port"])
+    secret = (QS / "upper/var/lib/llmgw/secret").read_bytes()
+    return int(replica["port"]), engine_key(secret, replica["id"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--gateway", default="http://127.0.0.1:7700")
+    ap.add_argument("--own-engine", action="store_true", help="direct: a llama-server of its own")
     args = ap.parse_args()
     key = (QS / "key").read_text().strip()
+    if not args.own_engine:
+        port, engine_key = cluster_engine()
+        asyncio.run(measure(args.n, args.gateway, key, port, engine_key))
+        return
     build = subprocess.run(
         [ROOT / "scripts/build-llama-server"], check=True, capture_output=True, text=True
     )
