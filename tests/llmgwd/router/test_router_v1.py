@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import msgspec
 import openai
 import pytest
 from aiohttp import web
@@ -183,6 +184,9 @@ class FakeModels:
     def all(self) -> list[Model]:
         return list(self._models.values())
 
+    def want(self, name: str, replicas: int) -> None:
+        self._models[name] = msgspec.structs.replace(self._models[name], replicas=replicas)
+
 
 def endpoint(url: str, replica: str = "r1") -> Endpoint:
     return Endpoint(replica_id=replica, model=MODEL, node="n1", url=url, api_key=ENGINE_KEY)
@@ -221,6 +225,7 @@ class Gateway:
     pool: FakePool
     router: Router
     http: aiohttp.ClientSession
+    models: FakeModels = field(default_factory=FakeModels)
 
     def openai(self, key: str = USER_SECRET) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=10)
@@ -248,13 +253,14 @@ async def engine() -> AsyncIterator[FakeEngine]:
 async def gw(engine: FakeEngine, request: pytest.FixtureRequest) -> AsyncIterator[Gateway]:
     """The router in front of the fake engine; parametrize with True to cancel handlers."""
     pool = FakePool({MODEL: [endpoint(engine.url)]}, {MODEL: 1, IDLE_MODEL: 1})
-    router = Router(FakeKeys(), FakeModels(MODEL, IDLE_MODEL), pool, max_body_bytes=64 * 1024)
+    models = FakeModels(MODEL, IDLE_MODEL)
+    router = Router(FakeKeys(), models, pool, max_body_bytes=64 * 1024)
     cancels = bool(getattr(request, "param", False))
     async with (
         serve(router, handler_cancellation=cancels) as url,
         aiohttp.ClientSession() as http,
     ):
-        yield Gateway(url, engine, pool, router, http)
+        yield Gateway(url, engine, pool, router, http, models)
 
 
 def assert_error_shape(body: dict[str, Any], code: str | None, param: str | None = None) -> None:
@@ -485,7 +491,7 @@ async def test_unknown_model_gets_404(gw: Gateway) -> None:
 
 @pytest.mark.parametrize(("wanted", "says"), [(1, "is ready yet"), (0, "not being served")])
 async def test_model_without_ready_replica_gets_503(gw: Gateway, wanted: int, says: str) -> None:
-    gw.pool.wanted_replicas[IDLE_MODEL] = wanted
+    gw.models.want(IDLE_MODEL, wanted)  # the catalog's count, not what reached a node
     status, body, resp = await gw.post("/v1/chat/completions", {**CHAT, "model": IDLE_MODEL})
     assert status == 503
     assert int(resp.headers["Retry-After"]) > 0
@@ -601,3 +607,62 @@ async def test_one_log_line_per_request_without_the_key(
     assert "status=400" in lines[2] and "param" not in lines[2]
     assert not any(USER_SECRET in line or REVOKED_SECRET in line for line in lines)
     assert not any(ENGINE_KEY in line for line in caplog.messages)
+
+
+# On-demand models.
+
+
+class FakeWaker:
+    """The reconciler's side of an on-demand model: a touch starts a replica after a while."""
+
+    def __init__(self, pool: FakePool, url: str, start_s: float = 0.3) -> None:
+        self.pool, self.url, self.start_s = pool, url, start_s
+        self.touches = 0
+        self.starts = 0
+
+    def touch(self, name: str) -> None:
+        self.touches += 1
+        if not self.pool.endpoints.get(name) and self.starts == 0:
+            self.starts += 1
+            asyncio.get_running_loop().call_later(self.start_s, self._ready, name)
+
+    def _ready(self, name: str) -> None:
+        self.pool.endpoints[name] = [endpoint(self.url)]
+
+
+def on_demand_router(pool: FakePool, waker: FakeWaker, timeout_s: float = 5.0) -> Router:
+    models = FakeModels(MODEL)
+    models._models[MODEL].on_demand = True
+    return Router(FakeKeys(), models, pool, on_demand=waker, wake_timeout_s=timeout_s,
+                  wake_poll_s=0.02)  # fmt: skip
+
+
+async def test_requests_to_a_parked_model_wait_for_one_start_and_are_answered(
+    engine: FakeEngine,
+) -> None:
+    pool = FakePool()
+    waker = FakeWaker(pool, engine.url)
+    async with serve(on_demand_router(pool, waker)) as url, aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {USER_SECRET}"}
+
+        async def one() -> int:
+            async with http.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers) as r:
+                return r.status
+
+        statuses = await asyncio.gather(*(one() for _ in range(20)))
+    assert statuses == [200] * 20
+    assert waker.starts == 1 and waker.touches == 20
+    assert len(engine.seen) == 20
+
+
+async def test_a_model_that_does_not_wake_in_time_answers_503_with_retry_after(
+    engine: FakeEngine,
+) -> None:
+    pool = FakePool()
+    waker = FakeWaker(pool, engine.url, start_s=5.0)
+    router = on_demand_router(pool, waker, timeout_s=0.2)
+    async with serve(router) as url, aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {USER_SECRET}"}
+        async with http.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers) as r:
+            assert r.status == 503 and r.headers["Retry-After"]
+            assert "starting" in (await r.json())["error"]["message"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -49,6 +51,14 @@ class Models(Protocol):
         ...
 
 
+class OnDemand(Protocol):
+    """Wakes on-demand models (the reconciler)."""
+
+    def touch(self, name: str) -> None:
+        """A request for model name arrived: wake it if parked, keep it awake if not."""
+        ...
+
+
 class ModelCard(msgspec.Struct):
     """One entry of GET /v1/models, as OpenAI shapes it."""
 
@@ -81,7 +91,14 @@ class Router:
         retry_after_s: int = 5,
         disconnect_poll_s: float = 0.2,
         meter: Meter | None = None,
+        on_demand: OnDemand | None = None,
+        wake_timeout_s: float = 120.0,
+        wake_poll_s: float = 0.2,
     ) -> None:
+        self._on_demand = on_demand
+        self._wake_timeout_s = wake_timeout_s
+        self._wake_poll_s = wake_poll_s
+        self._waking: dict[str, asyncio.Task[bool]] = {}  # one wait per model, shared
         self._keys = keys
         self._models = models
         self._pool = pool
@@ -108,6 +125,8 @@ class Router:
 
     async def close(self) -> None:
         """Close the upstream session (also done when the mounting app cleans up)."""
+        for task in self._waking.values():
+            task.cancel()
         await self._upstream.close()
 
     async def _on_cleanup(self, _app: web.Application) -> None:
@@ -145,7 +164,9 @@ class Router:
         model = self._models.get(name)
         if model is None:
             raise errors.model_not_found(name)
-        self._require_ready(model.name)
+        if model.on_demand and self._on_demand is not None:
+            await self._wake(model.name)
+        self._require_ready(model)
         bounds = estimate(doc, model, len(raw))
         for field in ROUTING_KEYS:
             doc.pop(field, None)
@@ -183,11 +204,38 @@ class Router:
             raise errors.invalid_api_key("This API key has been revoked.")
         return key
 
-    def _require_ready(self, name: str) -> None:
-        """503 with Retry-After when no replica of the model is ready."""
+    async def _wake(self, name: str) -> None:
+        """Wake an on-demand model and wait (bounded) for a replica; requests arriving
+        together share one wait, and the model is woken once."""
+        assert self._on_demand is not None
+        self._on_demand.touch(name)
         if self._pool.ready(name):
             return
-        if self._pool.wanted(name) == 0:
+        task = self._waking.get(name)
+        if task is None or task.done():
+            task = asyncio.create_task(self._until_ready(name))
+            self._waking[name] = task
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), self._wake_timeout_s)
+        if not self._pool.ready(name):
+            message = f"The model '{errors.quote(name)}' is starting; retry later."
+            raise errors.model_unavailable(message, self._retry_after_s)
+
+    async def _until_ready(self, name: str) -> bool:
+        # Polled: the pool is what agents last reported, and it has no event to wait on.
+        for _ in range(max(1, int(self._wake_timeout_s / self._wake_poll_s))):
+            if self._pool.ready(name):
+                return True
+            await asyncio.sleep(self._wake_poll_s)
+        return bool(self._pool.ready(name))
+
+    def _require_ready(self, model: Model) -> None:
+        """503 with Retry-After when no replica of the model is ready."""
+        name = model.name
+        if self._pool.ready(name):
+            return
+        # The catalog says what is wanted: the pool knows only what reached a node.
+        if model.replicas == 0:
             message = f"The model '{errors.quote(name)}' is in the catalog but not being served."
         else:
             message = f"No replica of the model '{errors.quote(name)}' is ready yet; retry later."
