@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integration.harness import (
+    REPO,
     SYSTEMD,
     TEST_BASE,
     Bind,
@@ -94,8 +95,11 @@ def _name(request: pytest.FixtureRequest, suffix: str = "") -> str:
 
 
 def _binds() -> list[Bind]:
+    # The checkout (its .venv runs the daemons), read-only: through the overlay alone it
+    # would be hidden when it lies under /tmp (a tmpfs inside) and could show stale files.
     # The llama-server build cache, read-only: engines run the binary, nothing writes it.
-    return [Bind(CACHE, readonly=True)] if CACHE.is_dir() else []
+    binds = [Bind(REPO, readonly=True)]
+    return [*binds, Bind(CACHE, readonly=True)] if CACHE.is_dir() else binds
 
 
 @pytest.fixture(scope="session", autouse=True)
