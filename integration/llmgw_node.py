@@ -42,8 +42,11 @@ class Node:
             return json.loads(r.stdout)
         return r
 
-    def install(self, llama_server: str) -> None:
-        """Units, users and config as a package would lay them, ExecStart from the venv."""
+    def install(
+        self, llama_server: str, address: str = "127.0.0.1", agent_extra: str = ""
+    ) -> None:
+        """Units, users and config as a package would lay them, ExecStart from the venv;
+        the agent's engines listen on address (agent_extra: more agent.yaml lines)."""
         ps = self.ps
         for unit in UNITS:
             ps.write_file(f"/etc/systemd/system/{unit}", (REPO / "units" / unit).read_text())
@@ -60,33 +63,59 @@ class Node:
             )
         # Engines run as a dynamic user, which cannot read a build cache under /root.
         ps.run(["install", "-D", "-m", "0755", llama_server, "/usr/local/lib/llmgw/llama-server"])
-        ps.write_file(
-            "/etc/llmgw/agent.yaml",
-            "address: 127.0.0.1\n"
-            "engines:\n  llama.cpp:\n    binary: /usr/local/lib/llmgw/llama-server\n",
-        )
+        self.agent_config(address, agent_extra=agent_extra)
         ps.run(
             "systemd-sysusers /etc/sysusers.d/llmgw.conf && "
             "systemd-tmpfiles --create /etc/tmpfiles.d/llmgw.conf && systemctl daemon-reload"
         )
 
-    def init_server(self) -> str:
-        """`llmgw server init` on this node's ports; returns the join command's token."""
-        self.llmgw("server", "init", "--no-start",
-                   "--advertise", f"https://127.0.0.1:{self.cluster_port}")  # fmt: skip
-        text = self.ps.read_file("/etc/llmgw/server.yaml")
-        text = text.replace("0.0.0.0:7700", f"127.0.0.1:{self.client_port}")
-        text = text.replace("0.0.0.0:7710", f"127.0.0.1:{self.cluster_port}")
-        self.ps.write_file("/etc/llmgw/server.yaml", text)
-        self.ps.systemctl("enable", "--now", "llmgwd.service", "llmgw-agentd.service")
-        self.ps.wait_active("llmgwd.service", timeout=60)
-        self.ps.wait_active("llmgw-agentd.service", timeout=60)
-        token = self.llmgw("node", "token", "--json")
-        return str(token["token"])
+    def agent_config(
+        self,
+        address: str = "127.0.0.1",
+        binary: str = "/usr/local/lib/llmgw/llama-server",
+        agent_extra: str = "",
+    ) -> None:
+        """/etc/llmgw/agent.yaml: where engines listen, the engine binary, and more lines."""
+        self.ps.write_file(
+            "/etc/llmgw/agent.yaml",
+            f"address: {address}\nengines:\n  llama.cpp:\n    binary: {binary}\n{agent_extra}",
+        )
 
-    def join(self, token: str) -> None:
-        self.llmgw("node", "join", f"https://127.0.0.1:{self.cluster_port}", "--token", token)
-        self.wait(lambda: any(n["connected"] for n in self.llmgw("nodes", "--json")), "node joined")
+    def init_server(self, host: str = "127.0.0.1", agent: bool = True, extra: str = "") -> str:
+        """`llmgw server init` on this node's ports at host (and the agent too, unless not
+        wanted; extra: more server.yaml lines); returns a join token."""
+        self.llmgw("server", "init", "--no-start",
+                   "--advertise", f"https://{host}:{self.cluster_port}")  # fmt: skip
+        text = self.ps.read_file("/etc/llmgw/server.yaml")
+        text = text.replace("0.0.0.0:7700", f"{host}:{self.client_port}")
+        text = text.replace("0.0.0.0:7710", f"{host}:{self.cluster_port}")
+        self.ps.write_file("/etc/llmgw/server.yaml", text + extra)
+        units = ["llmgwd.service", "llmgw-agentd.service"] if agent else ["llmgwd.service"]
+        self.ps.systemctl("enable", "--now", *units)
+        for unit in units:
+            self.ps.wait_active(unit, timeout=60)
+        return self.token()
+
+    def token(self) -> str:
+        """A new join token."""
+        return str(self.llmgw("node", "token", "--json")["token"])
+
+    def start_agent(self) -> None:
+        """Start the agent alone (a node without a control plane)."""
+        self.ps.systemctl("enable", "--now", "llmgw-agentd.service")
+        self.ps.wait_active("llmgw-agentd.service", timeout=60)
+
+    def join(self, token: str, server: Node | None = None, url: str = "") -> None:
+        """Join this node's agent to server's llmgwd (this node's own by default) at url."""
+        server = server or self
+        url = url or f"https://127.0.0.1:{self.cluster_port}"
+        name = self.ps.run(["hostname"]).stdout.strip()
+        self.llmgw("node", "join", url, "--token", token)
+        server.wait(lambda: name in server.connected(), f"node {name} joined")
+
+    def connected(self) -> list[str]:
+        """The nodes connected to this node's llmgwd."""
+        return [n["name"] for n in self.llmgw("nodes", "--json") if n["connected"]]
 
     def serve_model(self, replicas: int = 1) -> None:
         names = [m["name"] for m in self.llmgw("models", "--json")]

@@ -78,16 +78,25 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     args: list[str] = []
     context: int = 0  # 0: the engine's default
     api_key: str = ""  # derived from the cluster secret; only the router knows it too
+    devices: list[str] = []  # GPU or MIG UUIDs: the engine's CUDA_VISIBLE_DEVICES; [] on CPUs
+    profile: str = ""  # the model's profile this replica runs (for people and the router)
+    priority: int = 0  # the profile's: the router fills higher ones first (no restart)
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
         return f"ReplicaSpec(id={self.id!r}, model={self.model!r}, source={self.source!r})"
 
     def fingerprint(self) -> str:
-        """What, when it changes, means the running engine must be started again."""
+        """What, when it changes, means the running engine must be started again: not the
+        profile's name or priority, nor devices while there are none (so an engine started
+        before these fields existed is kept)."""
         import hashlib
 
-        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:16]
+        data = msgspec.to_builtins(self)
+        del data["priority"], data["profile"]
+        if not data["devices"]:
+            del data["devices"]
+        return hashlib.sha256(msgspec.json.encode(data)).hexdigest()[:16]
 
 
 class ReplicaStatus(msgspec.Struct, frozen=True):
@@ -100,6 +109,7 @@ class ReplicaStatus(msgspec.Struct, frozen=True):
     unit: str = ""
     message: str = ""
     restarts: int = 0
+    slots: int = 0  # requests the engine serves at once (llama.cpp's /props); 0: not known
 
 
 # Agent -> control plane

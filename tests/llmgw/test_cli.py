@@ -135,14 +135,14 @@ def test_model_commands(daemon: Daemon) -> None:
             last_seen=1.0,
             cores=4,
             memory_bytes=8 << 30,
-            replicas=[wire.ReplicaStatus("r1", "smol", "ready")],
+            replicas=[wire.ReplicaStatus("r1", "smol", "ready", slots=4)],
         )
     ]
     assert rows(daemon.cli("models").stdout)[1][2:5] == ["1/2", "default", "starting"]
     [m] = json.loads(daemon.cli("models", "--json").stdout)
     assert (m["name"], m["args"], m["ready"]) == ("smol", ["-t", "2"], 1)
     assert m["replica_status"] == [
-        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0}
+        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0, "slots": 4}
     ]
 
     assert daemon.cli("model", "stop", "smol").exit_code == 0

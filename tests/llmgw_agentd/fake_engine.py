@@ -1,4 +1,5 @@
-"""A stand-in for llama-server: /health answers 503 while "loading", then 200; /v1 needs the key."""
+"""A stand-in for llama-server: /health answers 503 while "loading", then 200; /v1 and /props
+need the key."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--api-key-file", default="")
     p.add_argument("--load-s", type=float, default=0.0)
+    p.add_argument("--parallel", type=int, default=4)  # its slots, in /props as total_slots
     args = p.parse_args()
     key = ""
     if args.api_key_file:
@@ -28,9 +30,10 @@ def main() -> None:
             if self.path == "/health":
                 loading = time.monotonic() < ready_at
                 self._answer(503 if loading else 200, {"status": "loading" if loading else "ok"})
-            elif self.path == "/v1/models":
+            elif self.path in ("/v1/models", "/props"):
                 ok = not key or self.headers.get("Authorization") == f"Bearer {key}"
-                self._answer(200 if ok else 401, {"data": []} if ok else {"error": "bad key"})
+                body = {"data": [], "total_slots": args.parallel}
+                self._answer(200 if ok else 401, body if ok else {"error": "bad key"})
             else:
                 self._answer(404, {"error": "not found"})
 

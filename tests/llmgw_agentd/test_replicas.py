@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
 from llmgw.config import AgentConfig
@@ -247,3 +248,26 @@ async def test_adoption_stops_nothing_until_the_first_apply(node: Node) -> None:
     await second.apply([])
     assert second.statuses() == []
     assert not node.fake.units
+
+
+async def test_an_engine_on_cards_sees_only_its_cards(node: Node) -> None:
+    replicas = await node.new_replicas()
+    gpu = msgspec.structs.replace(spec(), devices=["GPU-a", "MIG-b"])
+    await replicas.apply([gpu])
+    await until(replicas, ready())
+    env = node.fake.units["llmgw-engine-r1.service"].properties["Environment"]
+    assert env == ["CUDA_VISIBLE_DEVICES=GPU-a,MIG-b"]
+
+
+def test_a_new_priority_keeps_the_engine_and_new_cards_restart_it() -> None:
+    s = spec()
+    assert msgspec.structs.replace(s, priority=5).fingerprint() == s.fingerprint()
+    assert msgspec.structs.replace(s, devices=["GPU-a"]).fingerprint() != s.fingerprint()
+
+
+async def test_a_ready_engine_reports_its_slots_from_props(node: Node) -> None:
+    replicas = await node.new_replicas()
+    await replicas.apply([spec(args=["--parallel", "3"]), spec("r2")])
+    got = await until(replicas, lambda s: ready("r1")(s) and ready("r2")(s))
+    assert got["r1"].slots == 3  # /props wants the key: the agent sends the replica's
+    assert got["r2"].slots == 4  # the engine's default

@@ -123,7 +123,7 @@ async def test_model_add_serve_stop_list(client: aiohttp.ClientSession, nodes: F
     assert (status, served["replicas"]) == (200, 2)
 
     nodes.items = [
-        node("n1", wire.ReplicaStatus(id="r1", model="smol", state="ready")),
+        node("n1", wire.ReplicaStatus(id="r1", model="smol", state="ready", slots=4)),
         node("n2", wire.ReplicaStatus(id="r2", model="smol", state="starting", message="loading")),
         node("n3", wire.ReplicaStatus(id="r3", model="other", state="ready")),
     ]
@@ -138,9 +138,10 @@ async def test_model_add_serve_stop_list(client: aiohttp.ClientSession, nodes: F
     )
     assert (m["replicas"], m["ready"]) == (2, 1)
     assert m["replica_status"] == [
-        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0},
-        {"id": "r2", "node": "n2", "state": "starting", "message": "loading", "restarts": 0},
-    ]
+        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0, "slots": 4},
+        {"id": "r2", "node": "n2", "state": "starting", "message": "loading", "restarts": 0,
+         "slots": 0},
+    ]  # fmt: skip
 
     status, stopped = await call(client, "POST", "/models/smol/stop")
     assert (status, stopped["replicas"]) == (200, 0)

@@ -1,50 +1,66 @@
-"""The reconciler: wanted counts become placements that spread, persist, and reach the nodes."""
+"""The reconciler: the scheduler's placements kept in the store, moved off failed, silent and
+drained nodes, and sent to the nodes."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import msgspec
 import pytest
 
-from llmgw.wire import ReplicaSpec
+from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgwd.catalog import Catalog, Model, engine_key
-from llmgwd.reconciler import Placement, Reconciler, plan
+from llmgwd.gguf_meta import shape_of
+from llmgwd.profiles import Profile
+from llmgwd.reconciler import NodeFlags, Reconciler
 from llmgwd.store.sqlite import SqliteStore
+
+GIB = 1 << 30
+SMOL = shape_of(Path(__file__).parent / "gguf" / "smollm2-135m-instruct-q4_1.copied.gguf")
+INV = Inventory(cores=4, memory_bytes=16 * GIB, memory_free_bytes=12 * GIB)
+
+
+@dataclass
+class FakeNode:
+    name: str
+    inventory: Inventory = INV
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+    connected: bool = True
+    silent_s: float = 0.0
 
 
 class FakeNodes:
-    """The cluster state as the reconciler sees it: who is connected, and what each was told."""
+    """The cluster state as the reconciler sees it: its nodes, and what each was told."""
 
     def __init__(self, *names: str) -> None:
-        self.names = list(names)
+        self.by_name = {n: FakeNode(n) for n in names}
         self.desired: dict[str, list[ReplicaSpec]] = {}
 
-    def connected(self) -> list[str]:
-        return self.names
-
-    def known(self) -> list[str]:
-        return self.names
+    def nodes(self) -> list[FakeNode]:
+        return list(self.by_name.values())
 
     def set_desired(self, node: str, specs: list[ReplicaSpec]) -> None:
         self.desired[node] = list(specs)
 
+    def report(self, state: ReplicaState = "ready", restarts: int = 0) -> None:
+        """Every node's agent reports its desired replicas in state."""
+        for name, specs in self.desired.items():
+            self.by_name[name].replicas = [
+                ReplicaStatus(s.id, s.model, state, port=20000, restarts=restarts) for s in specs
+            ]
 
-def test_replicas_of_a_model_spread_across_nodes() -> None:
-    add, remove = plan([Model(name="m", source="file:/m", replicas=3)], [], ["a", "b", "c"])
-    assert sorted(p.node for p in add) == ["a", "b", "c"] and not remove
-
-
-def test_extra_replicas_are_removed_and_a_gone_model_loses_all() -> None:
-    have = [Placement(id=f"m-{i}", model="m", node="a") for i in range(3)]
-    have.append(Placement(id="old-1", model="old", node="a"))
-    add, remove = plan([Model(name="m", source="file:/m", replicas=1)], have, ["a"])
-    assert not add
-    assert sorted(p.id for p in remove) == ["m-1", "m-2", "old-1"]
+    def where(self, model: str = "m") -> list[str]:
+        return sorted(n for n, specs in self.desired.items() for s in specs if s.model == model)
 
 
-def test_nothing_is_placed_without_a_node() -> None:
-    add, _ = plan([Model(name="m", source="file:/m", replicas=2)], [], [])
-    assert add == []
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.fixture
@@ -54,35 +70,180 @@ async def store() -> AsyncIterator[SqliteStore]:
     await s.close()
 
 
-async def test_a_restarted_control_plane_sends_the_same_replicas(store: SqliteStore) -> None:
-    secret = b"s" * 32
+async def start(
+    store: SqliteStore, nodes: FakeNodes, *models: Model, clock: Clock | None = None
+) -> Reconciler:
     cat = Catalog(store)
-    await cat.add_model(Model(name="m", source="file:/m.gguf", replicas=2))
-    nodes = FakeNodes("n1")
-    first = Reconciler(store, cat, nodes, secret)
-    await first._load()
-    await first.reconcile()
-    sent = nodes.desired["n1"]
-    assert len(sent) == 2
-    assert all(s.api_key == engine_key(secret, s.id) for s in sent)
+    await cat.load()
+    for m in models:
+        await cat.add_model(m)
+    rec = Reconciler(store, cat, nodes, b"s" * 32, grace_s=60, clock=clock or Clock())
+    await rec.load()
+    await rec.reconcile()
+    return rec
 
-    again = FakeNodes("n1")
-    cat2 = Catalog(store)
-    await cat2.load()
-    second = Reconciler(store, cat2, again, secret)
-    await second._load()
-    await second.reconcile()
+
+def smol(**kw: object) -> Model:
+    return Model(name="m", source="file:/m.gguf", shape=SMOL, **kw)  # type: ignore[arg-type]
+
+
+async def test_replicas_spread_and_carry_the_context_that_fits(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b", "c")
+    await start(store, nodes, smol(replicas=2))
+    assert len(set(nodes.where())) == 2
+    spec = next(s for specs in nodes.desired.values() for s in specs)
+    assert spec.context == SMOL.context_length and spec.profile == "default"
+    assert spec.api_key == engine_key(b"s" * 32, spec.id)
+
+
+async def test_a_restarted_control_plane_sends_the_same_replicas(store: SqliteStore) -> None:
+    nodes = FakeNodes("n1")
+    await start(store, nodes, smol(replicas=2))
+    sent = nodes.desired["n1"]
+    again = FakeNodes()  # no agent has registered with the new llmgwd yet
+    await start(store, again)
     assert [s.id for s in again.desired["n1"]] == [s.id for s in sent]
 
 
-async def test_stopping_a_model_empties_its_node(store: SqliteStore) -> None:
-    cat = Catalog(store)
-    await cat.add_model(Model(name="m", source="file:/m.gguf", replicas=1))
+async def test_old_records_decode_and_keep_their_engine(store: SqliteStore) -> None:
+    # A model and a placement as the single-node slice stored them.
+    await store.put("/models/m", b'{"name":"m","source":"file:/m.gguf","replicas":1}')
+    await store.put("/placements/m-1", b'{"id":"m-1","model":"m","node":"n1"}')
     nodes = FakeNodes("n1")
-    rec = Reconciler(store, cat, nodes, b"k" * 32)
-    await rec._load()
-    await rec.reconcile()
+    await start(store, nodes)
+    [spec] = nodes.desired["n1"]
+    assert spec.id == "m-1" and spec.context == 0  # as before: the engine's default
+    old = ReplicaSpec(spec.id, "m", "llama.cpp", "file:/m.gguf", api_key=spec.api_key)
+    assert spec.fingerprint() == old.fingerprint()  # the running engine is not restarted
+
+
+async def test_stopping_a_model_empties_its_node(store: SqliteStore) -> None:
+    nodes = FakeNodes("n1")
+    rec = await start(store, nodes, smol(replicas=1))
     assert len(nodes.desired["n1"]) == 1
-    await cat.update_model("m", replicas=0)
+    await rec._catalog.update_model("m", replicas=0)
     await rec.reconcile()
     assert nodes.desired["n1"] == []
+
+
+async def test_a_silent_node_loses_its_replica_and_is_told_so_when_back(
+    store: SqliteStore,
+) -> None:
+    clock = Clock()
+    nodes = FakeNodes("a", "b", "c")
+    rec = await start(store, nodes, smol(replicas=2), clock=clock)
+    lost = nodes.where()[0]
+    nodes.report()
+    nodes.by_name[lost].connected = False
+    nodes.by_name[lost].silent_s = 30
+    await rec.reconcile()
+    assert lost in nodes.where()  # within the grace period: kept, nothing new
+    nodes.by_name[lost].silent_s = 61
+    await rec.reconcile()
+    assert lost not in nodes.where() and len(nodes.where()) == 2
+    assert nodes.desired[lost] == []  # sent when it registers again: its engine is stopped
+
+
+async def test_a_replica_failing_to_start_moves_to_another_node(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b")
+    rec = await start(store, nodes, smol(replicas=1))
+    [first] = nodes.where()
+    nodes.report("failed", restarts=3)
+    await rec.reconcile()
+    [second] = nodes.where()
+    assert second != first
+    assert [(f.node, f.model) for f in rec.failures()] == [(first, "m")]
+    assert await store.get(f"/failures/{first}/m") is not None
+
+
+async def test_a_failing_replica_with_nowhere_else_to_go_stays(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    rec = await start(store, nodes, smol(replicas=1))
+    [before] = nodes.desired["a"]
+    nodes.report("failed", restarts=5)
+    await rec.reconcile()
+    assert [s.id for s in nodes.desired["a"]] == [before.id]
+
+
+async def test_a_drained_replica_stops_once_its_replacement_is_ready(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b")
+    rec = await start(store, nodes, smol(replicas=1))
+    [old] = nodes.where()
+    nodes.report()
+    await rec.set_flags(old, NodeFlags(draining=True))
+    await rec.reconcile()
+    assert sorted(nodes.where()) == ["a", "b"]  # both, until the new one is ready
+    nodes.report("starting")
+    nodes.by_name[old].replicas = [ReplicaStatus(s.id, "m", "ready") for s in nodes.desired[old]]
+    await rec.reconcile()
+    assert sorted(nodes.where()) == ["a", "b"]
+    nodes.report()
+    await rec.reconcile()
+    assert nodes.where() != [old] and len(nodes.where()) == 1
+
+
+async def test_a_new_profile_starts_before_the_old_one_stops(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b")
+    rec = await start(store, nodes, smol(profiles=[Profile(name="p1", kind="cpu", replicas=1)]))
+    nodes.report()
+    await rec._catalog.update_model(
+        "m",
+        profiles=[
+            Profile(name="p1", kind="cpu", replicas=0),
+            Profile(name="p2", kind="cpu", replicas=1, priority=1),
+        ],
+    )
+    await rec.reconcile()
+    profiles = sorted(s.profile for specs in nodes.desired.values() for s in specs)
+    assert profiles == ["p1", "p2"]
+    nodes.report()
+    await rec.reconcile()
+    [spec] = [s for specs in nodes.desired.values() for s in specs]
+    assert spec.profile == "p2" and spec.priority == 1
+
+
+async def test_an_on_demand_model_wakes_on_a_request_and_parks_when_idle(
+    store: SqliteStore,
+) -> None:
+    clock = Clock()
+    nodes = FakeNodes("a")
+    rec = await start(store, nodes, smol(replicas=1, on_demand=True, idle_s=60), clock=clock)
+    assert nodes.where() == []
+    for _ in range(20):
+        rec.touch("m")
+    await rec.reconcile()
+    assert len(nodes.where()) == 1
+    clock.now += 59
+    await rec.reconcile()
+    assert len(nodes.where()) == 1
+    clock.now += 2
+    await rec.reconcile()
+    assert nodes.where() == []
+
+
+async def test_a_model_without_a_readable_file_is_placed_by_count(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    m = Model(name="m", source="file:/m.gguf", replicas=2, context=1024)
+    rec = await start(store, nodes, m)
+    assert [s.context for s in nodes.desired["a"]] == [1024, 1024]
+    [(_, verdicts)] = rec.explain(m)
+    assert verdicts[0].fits
+
+
+async def test_cordoned_nodes_take_no_new_replicas_and_flags_persist(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b")
+    rec = await start(store, nodes)
+    await rec.set_flags("a", NodeFlags(cordoned=True))
+    await rec._catalog.add_model(smol(replicas=1))
+    await rec.reconcile()
+    assert nodes.where() == ["b"]
+    again = await start(store, FakeNodes("a", "b"))
+    assert again.flags("a") == NodeFlags(cordoned=True)
+    await again.set_flags("a", NodeFlags())
+    assert await store.get("/nodeflags/a") is None
+
+
+def test_the_spec_decodes_from_an_older_agent() -> None:
+    old = b'{"id":"r","model":"m","engine":"llama.cpp","source":"file:/m"}'
+    spec = msgspec.json.decode(old, type=ReplicaSpec)
+    assert spec.devices == [] and spec.priority == 0

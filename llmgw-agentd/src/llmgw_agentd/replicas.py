@@ -20,7 +20,7 @@ from dbus_fast import Variant
 from llmgw.config import AgentConfig
 from llmgw.wire import ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgw_agentd import engines
-from llmgw_agentd.engines import HEALTH_PATH, EngineError
+from llmgw_agentd.engines import HEALTH_PATH, PROPS_PATH, EngineError
 from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,12 @@ CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
 OnChange = Callable[[], None]
 
 
+class _Props(msgspec.Struct):
+    """The part of llama.cpp's GET /props the agent reads."""
+
+    total_slots: int = 0
+
+
 class EngineRecord(msgspec.Struct):
     """STATE_DIR/engines/<id>.json: what the agent started, for a later agent to adopt."""
 
@@ -79,6 +85,7 @@ class _Replica:
     state: ReplicaState = "starting"
     message: str = ""
     restarts: int = 0
+    slots: int = 0  # as the engine said once ready; 0: not known
     task: asyncio.Task[None] | None = None
     unwatch: Callable[[], None] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -164,7 +171,7 @@ class Replicas:
         out = [
             ReplicaStatus(
                 id=r.spec.id, model=r.spec.model, state=r.state, port=r.port, unit=r.unit,
-                message=r.message, restarts=r.restarts,
+                message=r.message, restarts=r.restarts, slots=r.slots,
             )
             for r in self._replicas.values()
         ]
@@ -334,6 +341,8 @@ class Replicas:
                 continue
             code = await self._probe(r.port)
             if code == 200:
+                if not was_ready:  # ready for the first time in this run: its slots, once
+                    r.slots = await self._slots(r)
                 misses, was_ready = 0, True
                 self._set(r, "ready", "")
             elif r.state == "ready" and code:
@@ -352,6 +361,24 @@ class Replicas:
                 return resp.status
         except (aiohttp.ClientError, TimeoutError, OSError):
             return 0
+
+    async def _slots(self, r: _Replica) -> int:
+        """The engine's total_slots from /props (asked with its key), 0 when it does not say."""
+        assert self._http is not None
+        url = f"http://{_probe_host(self._host)}:{r.port}{PROPS_PATH}"
+        try:
+            async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
+                if resp.status != 200:
+                    return 0
+                return msgspec.json.decode(await resp.read(), type=_Props).total_slots
+        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError,
+                msgspec.ValidationError):  # fmt: skip
+            return 0
+
+    def _auth(self, rid: str) -> dict[str, str]:
+        """The header with the replica's key, as the router sends it (none without a key)."""
+        key = self._key_file(rid)
+        return {"Authorization": f"Bearer {key.read_text().strip()}"} if key.exists() else {}
 
     def _set(self, r: _Replica, state: ReplicaState, message: str) -> None:
         if (r.state, r.message) == (state, message):
@@ -390,6 +417,9 @@ class Replicas:
             ("SyslogIdentifier", Variant("s", r.unit.removesuffix(".service"))),
             *SANDBOX,
         ]
+        if spec.devices:  # the cards (or MIG instances) the scheduler gave it, and only those
+            devices = "CUDA_VISIBLE_DEVICES=" + ",".join(spec.devices)
+            props.append(("Environment", Variant("as", [devices])))
         if key is not None:
             props.append(("LoadCredential", Variant("a(ss)", [(KEY_CREDENTIAL, str(key))])))
         return props

@@ -3,6 +3,7 @@ two ways of auth."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import shlex
@@ -19,8 +20,13 @@ from aiohttp.typedefs import Handler, Middleware
 from llmgw import wire
 from llmgw.localsock import allowed, peer_credentials
 from llmgwd import meter_views
-from llmgwd.catalog import ApiKey, Catalog, CatalogError, KeyLimits, Model, Role
+from llmgwd.catalog import ApiKey, Catalog, CatalogError, KeyLimits, Model, Role, profiles_of
+from llmgwd.estimate import gib
 from llmgwd.meter_views import Invalid, LimitsIn, PriceIn
+from llmgwd.profiles import DEFAULT, Profile, problems
+from llmgwd.reconciler import Failure, NodeFlags
+from llmgwd.scheduler import Placement, Verdict
+from llmgwd.shapes import read_shape
 from llmgwd.usage import Usage
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     memory_bytes: int
     replicas: list[wire.ReplicaStatus] = []
     version: str = ""  # the agent's
+    cordoned: bool = False  # takes no new replicas
+    draining: bool = False  # its replicas are being moved off
 
 
 class NodesView(Protocol):
@@ -110,6 +118,34 @@ class ClusterNodes:
         ]
 
 
+class Scheduling(Protocol):
+    """What the API asks of the reconciler (placements, node flags, plans, on-demand state)."""
+
+    def awake(self, model: Model) -> bool:
+        """Whether the model's replicas are wanted now (False: an on-demand model parked)."""
+        ...
+
+    def flags(self, node: str) -> NodeFlags:
+        """What an admin said of node."""
+        ...
+
+    async def set_flags(self, node: str, flags: NodeFlags) -> None:
+        """Cordon, drain or uncordon a node."""
+        ...
+
+    def placements(self) -> list[Placement]:
+        """Where every replica is."""
+        ...
+
+    def failures(self) -> list[Failure]:
+        """Where models failed to start."""
+        ...
+
+    def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
+        """Per profile, where one more replica would go or why not."""
+        ...
+
+
 class KeyLookup(Protocol):
     """What key_auth needs: the catalog's key check."""
 
@@ -131,6 +167,7 @@ class ApiContext:
     version: str = field(default_factory=_own_version)
     started_at: float = field(default_factory=time.time)
     usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts
+    scheduling: Scheduling | None = None  # the reconciler; None: nothing is placed here
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
@@ -232,12 +269,29 @@ class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     args: list[str] = []
     context: int = 0
     max_tokens: int = 0
+    on_demand: bool = False  # started by the first request, parked after idle_s without one
+    idle_s: int = 300
 
 
 class ServeIn(msgspec.Struct, forbid_unknown_fields=True):
     """POST /api/v1/models/{name}/serve"""
 
     replicas: int
+
+
+class ProfileReplicasIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /api/v1/models/{name}/replicas: a profile's count (a new profile is made)."""
+
+    profile: str
+    replicas: int
+    kind: str = ""  # for a new profile: cpu or gpu ("": gpu if its name starts so, else cpu)
+    priority: int | None = None
+
+
+class ContextIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /api/v1/models/{name}/context"""
+
+    context: int
 
 
 class KeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -299,6 +353,8 @@ def validate_model(body: ModelIn) -> Model:
         raise bad_field("context", f"must be between 0 (the engine's default) and {MAX_CONTEXT}")
     if not 0 <= body.max_tokens <= (body.context or MAX_CONTEXT):
         raise bad_field("max_tokens", "must be between 0 (the context) and the context")
+    if not 1 <= body.idle_s <= 7 * 86400:
+        raise bad_field("idle_s", "must be between 1 and 604800 seconds")
     return Model(
         name=body.name,
         source=body.source,
@@ -306,6 +362,9 @@ def validate_model(body: ModelIn) -> Model:
         args=body.args,
         context=body.context,
         max_tokens=body.max_tokens,
+        on_demand=body.on_demand,
+        idle_s=body.idle_s,
+        replicas=1 if body.on_demand else 0,  # an on-demand model wakes to one replica
     )
 
 
@@ -320,6 +379,7 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     state: str  # wire.ReplicaState, or "unknown" while its node is not connected
     message: str = ""
     restarts: int = 0  # how often its agent started it again after it died
+    slots: int = 0  # requests its engine serves at once, the router's cap (0: not known)
 
 
 class ModelView(msgspec.Struct, kw_only=True):
@@ -333,10 +393,15 @@ class ModelView(msgspec.Struct, kw_only=True):
     max_tokens: int
     price_prompt: float  # per million tokens
     price_completion: float
-    replicas: int  # wanted
+    replicas: int  # wanted (an on-demand model: while awake)
     ready: int
     created_at: float
     replica_status: list[ReplicaView]
+    profiles: list[Profile] = []  # the model's, or the one default profile
+    on_demand: bool = False
+    idle_s: int = 0
+    parked: bool = False  # an on-demand model with no request for idle_s: no replica wanted
+    shape_note: str = ""  # why estimates are missing ("": the file's shape is known)
 
 
 class KeyView(msgspec.Struct, kw_only=True):
@@ -381,13 +446,14 @@ def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
             if not node.connected:
                 message = f"node {node.name} is not connected"
             view = ReplicaView(
-                id=r.id, node=node.name, state=state, message=message, restarts=r.restarts
-            )
+                id=r.id, node=node.name, state=state, message=message, restarts=r.restarts,
+                slots=r.slots,
+            )  # fmt: skip
             out.setdefault(r.model, []).append(view)
     return out
 
 
-def model_view(model: Model, replicas: list[ReplicaView]) -> ModelView:
+def model_view(model: Model, replicas: list[ReplicaView], parked: bool = False) -> ModelView:
     """The API's view of a model and its replicas."""
     return ModelView(
         name=model.name,
@@ -402,6 +468,11 @@ def model_view(model: Model, replicas: list[ReplicaView]) -> ModelView:
         ready=sum(r.state == "ready" for r in replicas),
         created_at=model.created_at,
         replica_status=sorted(replicas, key=lambda r: r.id),
+        profiles=profiles_of(model),
+        on_demand=model.on_demand,
+        idle_s=model.idle_s if model.on_demand else 0,
+        parked=parked,
+        shape_note=model.shape_error,
     )
 
 
@@ -449,10 +520,47 @@ async def get_status(request: web.Request) -> web.Response:
     )
 
 
+def _nodes(ctx: ApiContext) -> list[NodeInfo]:
+    nodes = sorted(ctx.nodes.nodes(), key=lambda n: n.name)
+    if ctx.scheduling is None:
+        return nodes
+    out = []
+    for n in nodes:
+        f = ctx.scheduling.flags(n.name)
+        out.append(msgspec.structs.replace(n, cordoned=f.cordoned, draining=f.draining))
+    return out
+
+
 async def get_nodes(request: web.Request) -> web.Response:
     """GET /nodes: every node, by name."""
-    nodes = sorted(_ctx(request).nodes.nodes(), key=lambda n: n.name)
-    return json_response(nodes)
+    return json_response(_nodes(_ctx(request)))
+
+
+def _scheduling(ctx: ApiContext) -> Scheduling:
+    if ctx.scheduling is None:
+        raise ApiError(503, "no scheduler runs here", "server_error", "no_scheduler")
+    return ctx.scheduling
+
+
+_NODE_FLAGS = {
+    "cordon": NodeFlags(cordoned=True),
+    "drain": NodeFlags(cordoned=True, draining=True),
+    "uncordon": NodeFlags(),
+}
+
+
+async def set_node_flags(request: web.Request) -> web.Response:
+    """POST /nodes/{name}/cordon|drain|uncordon"""
+    ctx = _ctx(request)
+    sched = _scheduling(ctx)
+    name, action = request.match_info["name"], request.match_info["action"]
+    known = {n.name for n in ctx.nodes.nodes()} | {p.node for p in sched.placements()}
+    if name not in known:
+        raise not_found("node", name)
+    await sched.set_flags(name, _NODE_FLAGS[action])
+    log.info("node %s: %s, by %s", name, action, _who(request))
+    f = sched.flags(name)
+    return json_response({"name": name, "cordoned": f.cordoned, "draining": f.draining})
 
 
 def _model_or_404(ctx: ApiContext, name: str) -> Model:
@@ -462,15 +570,22 @@ def _model_or_404(ctx: ApiContext, name: str) -> Model:
     return model
 
 
+def _parked(ctx: ApiContext, model: Model) -> bool:
+    return ctx.scheduling is not None and not ctx.scheduling.awake(model)
+
+
 def _view(ctx: ApiContext, model: Model) -> ModelView:
-    return model_view(model, replicas_by_model(ctx.nodes.nodes()).get(model.name, []))
+    replicas = replicas_by_model(ctx.nodes.nodes()).get(model.name, [])
+    return model_view(model, replicas, _parked(ctx, model))
 
 
 async def list_models(request: web.Request) -> web.Response:
     """GET /models: the catalog with each model's replicas."""
     ctx = _ctx(request)
     by_model = replicas_by_model(ctx.nodes.nodes())
-    return json_response([model_view(m, by_model.get(m.name, [])) for m in ctx.catalog.all()])
+    return json_response(
+        [model_view(m, by_model.get(m.name, []), _parked(ctx, m)) for m in ctx.catalog.all()]
+    )
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -483,6 +598,10 @@ async def add_model(request: web.Request) -> web.Response:
     """POST /models: put a new model in the catalog (not served until /serve)."""
     ctx = _ctx(request)
     model = validate_model(await read_body(request, ModelIn))
+    shape, why = await asyncio.to_thread(read_shape, model.source)
+    model = msgspec.structs.replace(model, shape=shape, shape_error=why)
+    if why:
+        log.warning("model %s: %s", model.name, why)
     try:
         model = await ctx.catalog.add_model(model)
     except CatalogError as e:
@@ -491,16 +610,161 @@ async def add_model(request: web.Request) -> web.Response:
     return json_response(_view(ctx, model), 201)
 
 
+async def _update(ctx: ApiContext, name: str, **changes: object) -> Model:
+    try:
+        return await ctx.catalog.update_model(name, **changes)
+    except CatalogError:
+        raise not_found("model", name) from None  # removed meanwhile
+
+
 async def _set_replicas(request: web.Request, replicas: int) -> web.Response:
     ctx = _ctx(request)
     name = request.match_info["name"]
-    _model_or_404(ctx, name)
-    try:
-        model = await ctx.catalog.update_model(name, replicas=replicas)
-    except CatalogError:
-        raise not_found("model", name) from None  # removed meanwhile
+    model = _model_or_404(ctx, name)
+    changes: dict[str, object] = {"replicas": replicas}
+    if len(model.profiles) > 1 and replicas:
+        raise bad_field(
+            "replicas", f"model {name} has several profiles: use `llmgw model replicas --profile`"
+        )
+    if model.profiles:
+        changes["profiles"] = [
+            msgspec.structs.replace(p, replicas=replicas) for p in model.profiles
+        ]
+    model = await _update(ctx, name, **changes)
     log.info("model %s: %d replicas wanted, by %s", name, replicas, _who(request))
     return json_response(_view(ctx, model))
+
+
+def with_profile_replicas(model: Model, body: ProfileReplicasIn) -> list[Profile]:
+    """The model's profiles with one profile's count set (a new one made, a cpu or gpu)."""
+    profiles = profiles_of(model)
+    names = [p.name for p in profiles]
+    if body.profile in names:
+        i = names.index(body.profile)
+        priority = profiles[i].priority if body.priority is None else body.priority
+        profiles[i] = msgspec.structs.replace(
+            profiles[i], replicas=body.replicas, priority=priority
+        )
+        return profiles
+    kind = body.kind or ("gpu" if body.profile.startswith("gpu") else "cpu")
+    if kind not in ("cpu", "gpu"):
+        raise bad_field("kind", "must be cpu or gpu")
+    new = Profile(
+        name=body.profile,
+        kind="gpu" if kind == "gpu" else "cpu",
+        engine=model.engine,
+        args=list(model.args),
+        replicas=body.replicas,
+        priority=body.priority or 0,
+        cores=0 if kind == "gpu" else 1,
+    )
+    return [*profiles, new]
+
+
+async def set_profile_replicas(request: web.Request) -> web.Response:
+    """POST /models/{name}/replicas {profile, replicas, kind?, priority?}"""
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    model = _model_or_404(ctx, name)
+    body = await read_body(request, ProfileReplicasIn)
+    if not NAME_RE.fullmatch(body.profile):
+        raise bad_field("profile", "must be 1-64 of a-z 0-9 . _ - and start with a letter or digit")
+    if not 0 <= body.replicas <= MAX_REPLICAS:
+        raise bad_field("replicas", f"must be between 0 and {MAX_REPLICAS}")
+    profiles = with_profile_replicas(model, body)
+    wrong = problems(profiles)
+    if wrong:
+        raise bad_field("profile", "; ".join(wrong))
+    total = sum(p.replicas for p in profiles)
+    model = await _update(ctx, name, profiles=profiles, replicas=total)
+    log.info(
+        "model %s: profile %s wants %d replicas, by %s",
+        name,
+        body.profile,
+        body.replicas,
+        _who(request),
+    )
+    return json_response(_view(ctx, model))
+
+
+async def set_context(request: web.Request) -> web.Response:
+    """PUT /models/{name}/context {context}: tokens (0: as the model was trained)."""
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    model = _model_or_404(ctx, name)
+    body = await read_body(request, ContextIn)
+    if not 0 <= body.context <= MAX_CONTEXT:
+        raise bad_field("context", f"must be between 0 and {MAX_CONTEXT}")
+    if model.max_tokens and body.context and model.max_tokens > body.context:
+        raise bad_field("context", f"is below the model's max_tokens ({model.max_tokens})")
+    model = await _update(ctx, name, context=body.context)
+    log.info("model %s: context %d, by %s", name, body.context, _who(request))
+    return json_response(_view(ctx, model))
+
+
+class PlaceView(msgspec.Struct, kw_only=True):
+    """Where a replica runs (a placement, as `llmgw model plan` shows it)."""
+
+    id: str
+    node: str
+    devices: list[str]
+    context: int
+    memory: str
+
+
+class ProfilePlan(msgspec.Struct, kw_only=True):
+    """One profile of a plan: its replicas, and where one more would go or why not."""
+
+    name: str
+    kind: str
+    replicas: int
+    priority: int
+    placed: list[PlaceView]
+    verdicts: list[Verdict]
+
+
+class PlanView(msgspec.Struct, kw_only=True):
+    """GET /models/{name}/plan"""
+
+    model: str
+    estimates: bool  # False: the file's shape is unknown, placed by count only
+    note: str
+    parked: bool
+    profiles: list[ProfilePlan]
+    failed_on: list[str]  # nodes where the model failed to start
+
+
+async def get_plan(request: web.Request) -> web.Response:
+    """GET /models/{name}/plan: where each replica is and would go, or why not."""
+    ctx = _ctx(request)
+    sched = _scheduling(ctx)
+    model = _model_or_404(ctx, request.match_info["name"])
+    placements = [p for p in sched.placements() if p.model == model.name]
+    profiles = []
+    for profile, verdicts in sched.explain(model):
+        mine = [p for p in placements if (p.profile or DEFAULT) == profile.name]
+        placed = [
+            PlaceView(
+                id=p.id, node=p.node, devices=list(p.devices), context=p.context,
+                memory=gib(p.memory_bytes) if model.shape is not None else "unknown",
+            )
+            for p in sorted(mine, key=lambda p: p.id)
+        ]  # fmt: skip
+        profiles.append(
+            ProfilePlan(
+                name=profile.name, kind=profile.kind, replicas=profile.replicas,
+                priority=profile.priority, placed=placed, verdicts=verdicts,
+            )
+        )  # fmt: skip
+    view = PlanView(
+        model=model.name,
+        estimates=model.shape is not None,
+        note=model.shape_error,
+        parked=_parked(ctx, model),
+        profiles=profiles,
+        failed_on=sorted(f.node for f in sched.failures() if f.model == model.name),
+    )
+    return json_response(view)
 
 
 async def serve_model(request: web.Request) -> web.Response:
@@ -664,6 +928,10 @@ def api_routes() -> list[web.RouteDef]:
         web.delete("/models/{name}", remove_model),
         web.post("/models/{name}/serve", serve_model),
         web.post("/models/{name}/stop", stop_model),
+        web.post("/models/{name}/replicas", set_profile_replicas),
+        web.put("/models/{name}/context", set_context),
+        web.get("/models/{name}/plan", get_plan),
+        web.post("/nodes/{name}/{action:cordon|drain|uncordon}", set_node_flags),
         web.get("/keys", list_keys),
         web.post("/keys", create_key),
         web.delete("/keys/{key}", revoke_key),

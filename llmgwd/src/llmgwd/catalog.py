@@ -11,6 +11,9 @@ from typing import Literal
 
 import msgspec
 
+from llmgwd import profiles as profiles_
+from llmgwd.estimate import ModelShape
+from llmgwd.profiles import Profile
 from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 
 Role = Literal["user", "admin"]
@@ -29,8 +32,21 @@ class Model(msgspec.Struct, kw_only=True):
     max_tokens: int = 0  # the most completion tokens one request may ask for; 0: context
     price_prompt: float = 0.0  # per million prompt tokens, in the site's currency
     price_completion: float = 0.0  # per million completion tokens
-    replicas: int = 0
+    replicas: int = 0  # with profiles: their sum
     created_at: float = 0.0
+    # Fields after this one default, so records stored before them still decode.
+    profiles: list[Profile] = []  # []: the one profile profiles.single() makes of the above
+    shape: ModelShape | None = None  # read from its file when added; None: placed by count
+    shape_error: str = ""  # why the shape could not be read (shown by `llmgw model plan`)
+    on_demand: bool = False  # started by the first request, parked after idle_s without one
+    idle_s: int = 300
+
+
+def profiles_of(model: Model) -> list[Profile]:
+    """A model's profiles: its own, or the one a model without profiles has."""
+    if model.profiles:
+        return list(model.profiles)
+    return profiles_.single(model.engine, list(model.args), model.replicas, model.context)
 
 
 class KeyLimits(msgspec.Struct, frozen=True, kw_only=True):

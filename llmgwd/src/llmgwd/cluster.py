@@ -43,6 +43,7 @@ class NodeInfo:
     desired: tuple[wire.ReplicaSpec, ...] | None  # None: nothing decided for it yet
     connected: bool
     last_seen: float  # unix time of its last message (or of its disconnection)
+    silent_s: float = 0.0  # seconds since it was last heard from; 0 while connected
 
 
 @dataclass(eq=False)
@@ -130,7 +131,9 @@ class ClusterState:
                 if spec is None or status.state != "ready" or not 0 < status.port < 65536:
                     continue
                 url = f"http://{_host(entry.register.address)}:{status.port}"
-                found.append(Endpoint(status.id, model, name, url, spec.api_key))
+                found.append(
+                    Endpoint(status.id, model, name, url, spec.api_key, spec.priority, status.slots)
+                )
         return found
 
     def wanted(self, model: str) -> int:
@@ -216,6 +219,7 @@ class ClusterState:
             desired=desired,
             connected=entry.conn is not None,
             last_seen=entry.seen_unix,
+            silent_s=0.0 if entry.conn is not None else self._clock() - entry.seen,
         )
 
     def _changed(self, node: str) -> None:

@@ -126,7 +126,9 @@ class Daemon:
         await self.meter.load()  # budgets go on from what this month used before a restart
         self.usage.start()
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
-        self.reconciler = Reconciler(self.store, self.catalog, self.cluster, secret)
+        self.reconciler = Reconciler(
+            self.store, self.catalog, self.cluster, secret, grace_s=cfg.node_grace_s
+        )
         self.cluster.on_change = lambda _node: self.reconciler.poke()
         self.catalog.on_change(self.reconciler.poke)
         self._spawn(self.catalog.follow(revision))
@@ -140,6 +142,7 @@ class Daemon:
             token_ttl_s=cfg.join_token_ttl_s,
             name=cfg.name,
             usage=self.usage,
+            scheduling=self.reconciler,
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)
@@ -167,6 +170,7 @@ class Daemon:
             self.cluster,
             max_body_bytes=cfg.max_body_bytes,
             meter=self.meter,
+            on_demand=self.reconciler,
         )
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)

@@ -15,6 +15,8 @@ class Endpoint:
     node: str
     url: str  # http://ADDRESS:PORT, from the agent's report, never from a request
     api_key: str
+    priority: int = 0  # its profile's: the router fills higher ones first
+    slots: int = 0  # requests it serves at once, as the engine says (0: not known)
 
 
 class Pool(Protocol):

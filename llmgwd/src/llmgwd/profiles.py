@@ -10,6 +10,7 @@ from llmgwd.estimate import CacheType
 
 Engine = Literal["llama.cpp", "vllm"]
 Kind = Literal["gpu", "cpu"]
+DEFAULT = "default"  # the name of the one profile of a model without profiles
 
 
 class Profile(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,9 +79,16 @@ def by_priority(profiles: list[Profile]) -> list[Profile]:
 
 def single(engine: Engine, args: list[str], replicas: int, context: int = 0) -> list[Profile]:
     """The one profile a model without profiles has: the single-node slice's llama.cpp on
-    CPUs, with the model's own engine, arguments, replicas and context."""
+    CPUs, with the model's own engine, arguments, replicas and context, one core reserved
+    for each replica (so a node takes as many as it has cores, as before profiles)."""
     return [
         Profile(
-            name="default", kind="cpu", engine=engine, args=args, replicas=replicas, context=context
+            name=DEFAULT,
+            kind="cpu",
+            engine=engine,
+            args=args,
+            replicas=replicas,
+            context=context,
+            cores=1,
         )
     ]

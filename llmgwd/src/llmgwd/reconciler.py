@@ -1,47 +1,89 @@
-"""The leader's reconciler: wanted replica counts into placements, and each node's Desired set."""
+"""The leader's reconciler: the scheduler's placements kept in the store, and each node's set."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import secrets
-from collections import Counter
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import msgspec
 
-from llmgw.wire import ReplicaSpec
-from llmgwd.catalog import Catalog, Model, engine_key
+from llmgw.wire import Inventory, ReplicaSpec, ReplicaStatus
+from llmgwd import scheduler
+from llmgwd.catalog import Catalog, Model, engine_key, profiles_of
+from llmgwd.estimate import ModelShape
+from llmgwd.profiles import DEFAULT, Profile
+from llmgwd.scheduler import Demand, Placement, Removal, Verdict
 from llmgwd.store import Store, prefix_end
 
 log = logging.getLogger(__name__)
 
 PLACEMENTS = "/placements/"
+FAILURES = "/failures/"  # /failures/NODE/MODEL: where a model failed to start
+NODE_FLAGS = "/nodeflags/"  # /nodeflags/NODE: cordoned, draining
+
+FAILED_RESTARTS = 3  # a failed replica restarted this often has failed to start there
+FAILED_FOR_S = 30.0  # or one failed for this long
+FAILURE_TTL_S = 3600.0  # a failure is forgotten after this: the node may have been mended
+REPLACE_TIMEOUT_S = 120.0  # the longest a removal waits for its replacement to be ready
+
+# A model whose file llmgwd cannot read: placed by count only (no weights, no KV cache, any
+# context: the engine's own default is what it gets).
+UNKNOWN_SHAPE = ModelShape(
+    format="gguf",
+    architecture="unknown",
+    weights_bytes=0,
+    context_length=1 << 24,
+    layers=0,
+    head_count=0,
+    kv_heads=0,
+    key_length=0,
+    value_length=0,
+)
+_NO_INVENTORY = Inventory(cores=0, memory_bytes=0, memory_free_bytes=0)
+
+__all__ = ["Placement", "Reconciler"]
 
 
-class Placement(msgspec.Struct, frozen=True):
-    """Where one replica runs. Kept in the store so that a restarted llmgwd finds the same
-    replica ids on the same nodes, and the agents keep their engines instead of restarting."""
+class NodeFlags(msgspec.Struct, frozen=True):
+    """What an admin said of a node (`llmgw node cordon|drain|uncordon`)."""
 
-    id: str
-    model: str
+    cordoned: bool = False
+    draining: bool = False
+
+
+class Failure(msgspec.Struct, frozen=True):
+    """A model that failed to start on a node, and when."""
+
     node: str
+    model: str
+    at: float  # unix time
+    message: str = ""
 
 
-_dec = msgspec.json.Decoder(Placement)
-_enc = msgspec.json.Encoder()
+class NodeView(Protocol):
+    """One node as the cluster state reports it (cluster.NodeInfo)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def inventory(self) -> Inventory: ...
+    @property
+    def replicas(self) -> Sequence[ReplicaStatus]: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def silent_s(self) -> float: ...
 
 
 class Nodes(Protocol):
     """What the reconciler needs of the cluster state."""
 
-    def connected(self) -> list[str]:
-        """Names of the nodes whose agent is connected now."""
-        ...
-
-    def known(self) -> list[str]:
-        """Names of every node seen since start (connected or not)."""
+    def nodes(self) -> Sequence[NodeView]:
+        """Every node that registered since start (connected or not)."""
         ...
 
     def set_desired(self, node: str, specs: list[ReplicaSpec]) -> None:
@@ -49,60 +91,76 @@ class Nodes(Protocol):
         ...
 
 
-def replica_id(model: str) -> str:
-    """A new replica's id: the model's name and a short random part (unit names stay readable)."""
-    return f"{model}-{secrets.token_hex(3)}"
+_dec = msgspec.json.Decoder(Placement)
+_flags_dec = msgspec.json.Decoder(NodeFlags)
+_failure_dec = msgspec.json.Decoder(Failure)
+_enc = msgspec.json.Encoder()
 
 
-def plan(
-    models: list[Model], placements: list[Placement], nodes: list[str]
-) -> tuple[list[Placement], list[Placement]]:
-    """The placements to add and to remove so every model has its wanted count.
+def demands(model: Model, awake: bool = True) -> list[Demand]:
+    """What the scheduler is asked for a model: one Demand per profile (none wanted while
+    an on-demand model is parked)."""
+    shape = model.shape or UNKNOWN_SHAPE
+    out = []
+    for p in profiles_of(model):
+        if not awake:
+            p = msgspec.structs.replace(p, replicas=0)
+        out.append(Demand(model.name, p, shape, model.context))
+    return out
 
-    New replicas go to the connected node with the fewest replicas (of that model, then in
-    all), so replicas of one model spread across nodes.
-    """
-    by_model: dict[str, list[Placement]] = {}
-    for p in placements:
-        by_model.setdefault(p.model, []).append(p)
-    wanted = {m.name: m.replicas for m in models}
-    load = Counter(p.node for p in placements)
-    add: list[Placement] = []
-    remove = [p for p in placements if p.model not in wanted]
-    for m in models:
-        have = by_model.get(m.name, [])
-        if len(have) > m.replicas:
-            remove.extend(sorted(have, key=lambda p: p.id)[m.replicas :])
-            continue
-        mine = Counter(p.node for p in have)
-        for _ in range(m.replicas - len(have)):
-            if not nodes:
-                break
-            node = min(nodes, key=lambda n: (mine[n], load[n], n))
-            add.append(Placement(id=replica_id(m.name), model=m.name, node=node))
-            mine[node] += 1
-            load[node] += 1
-    return add, remove
+
+def profile_named(model: Model, name: str) -> Profile | None:
+    """A model's profile by name (an old placement without one runs the default)."""
+    name = name or DEFAULT
+    return next((p for p in profiles_of(model) if p.name == name), None)
+
+
+def _key(*parts: str) -> str:
+    return "/".join(parts)
 
 
 class Reconciler:
-    """Runs plan() whenever the catalog or the cluster changes, and pushes Desired sets."""
+    """Runs the scheduler whenever the catalog or the cluster changes, and pushes Desired sets.
 
-    def __init__(self, store: Store, catalog: Catalog, nodes: Nodes, secret: bytes) -> None:
+    Removals wait for their replacements: a replica is stopped once the model has as many
+    other replicas ready as it wants, or after REPLACE_TIMEOUT_S; one whose node is gone,
+    whose model is gone, or that failed where it runs is removed at once.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: Catalog,
+        nodes: Nodes,
+        secret: bytes,
+        *,
+        grace_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = store
         self._catalog = catalog
         self._nodes = nodes
         self._secret = secret
+        self._grace_s = grace_s
+        self._clock = clock
+        self._started = clock()
         self._wake = asyncio.Event()
         self._placements: dict[str, Placement] = {}
+        self._flags: dict[str, NodeFlags] = {}
+        self._failures: dict[tuple[str, str], Failure] = {}
+        self._failing_since: dict[str, float] = {}  # replica id -> first seen failed
+        self._leaving_since: dict[str, float] = {}  # replica id -> its removal first planned
+        self._last_used: dict[str, float] = {}  # on-demand model -> its last request
+        self.outcomes: list[scheduler.Outcome] = []  # the last pass's, for people
 
     def poke(self) -> None:
         """Something changed: reconcile soon (many pokes make one pass)."""
         self._wake.set()
 
     async def run(self, period_s: float = 5.0) -> None:
-        """Reconcile on every poke and every period, for ever."""
-        await self._load()
+        """Reconcile on every poke and every period (which catches grace periods ending and
+        idle models), for ever."""
+        await self.load()
         while True:
             self._wake.clear()
             try:
@@ -112,59 +170,251 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), period_s)
 
-    async def _load(self) -> None:
+    async def load(self) -> None:
+        """Read placements, node flags and failures from the store."""
         kvs, _ = await self._store.range(PLACEMENTS, prefix_end(PLACEMENTS))
-        self._placements = {p.id: p for p in (_dec.decode(kv.value) for kv in kvs)}
+        for kv in kvs:
+            p = _dec.decode(kv.value)
+            self._placements[p.id] = p if p.profile else msgspec.structs.replace(p, profile=DEFAULT)
+        kvs, _ = await self._store.range(NODE_FLAGS, prefix_end(NODE_FLAGS))
+        self._flags = {kv.key[len(NODE_FLAGS) :]: _flags_dec.decode(kv.value) for kv in kvs}
+        kvs, _ = await self._store.range(FAILURES, prefix_end(FAILURES))
+        for f in (_failure_dec.decode(kv.value) for kv in kvs):
+            self._failures[(f.node, f.model)] = f
+
+    # On-demand models
+
+    def awake(self, model: Model) -> bool:
+        """Whether a model's replicas are wanted now: always, unless it is on demand and has
+        had no request for its idle time."""
+        if not model.on_demand:
+            return True
+        used = self._last_used.get(model.name)
+        return used is not None and self._clock() - used < model.idle_s
+
+    def touch(self, name: str) -> None:
+        """A request for model name arrived: an on-demand model wakes (or stays awake)."""
+        model = self._catalog.get(name)
+        if model is None or not model.on_demand:
+            return
+        was_awake = self.awake(model)
+        self._last_used[name] = self._clock()
+        if not was_awake:
+            log.info("model %s woken by a request", name, extra={"model": name})
+            self.poke()
+
+    # Node flags
+
+    def flags(self, node: str) -> NodeFlags:
+        """What an admin said of node."""
+        return self._flags.get(node, NodeFlags())
+
+    async def set_flags(self, node: str, flags: NodeFlags) -> None:
+        """Cordon, drain or uncordon a node (kept in the store), and reconcile."""
+        if flags == NodeFlags():
+            await self._store.delete(NODE_FLAGS + node)
+            self._flags.pop(node, None)
+        else:
+            await self._store.put(NODE_FLAGS + node, _enc.encode(flags))
+            self._flags[node] = flags
+        self.poke()
+
+    # One pass
 
     async def reconcile(self) -> None:
-        """One pass: store the placement changes, then send every node its set."""
+        """One pass: note failures, schedule, store the changes, send every node its set."""
         models = self._catalog.all()
-        add, remove = plan(models, list(self._placements.values()), self._nodes.connected())
+        infos = {n.name: n for n in self._nodes.nodes()}
+        status = {r.id: r for n in infos.values() if n.connected for r in n.replicas}
+        await self._note_failures(status)
+        wanted = {m.name: demands(m, self.awake(m)) for m in models}
+        live = set(self._live_failures())
+        failed_here = {
+            p.id
+            for p in self._placements.values()
+            if (p.node, p.model) in live and getattr(status.get(p.id), "state", "") == "failed"
+        }
+        kept = [p for p in self._placements.values() if p.id not in failed_here]
+        plan = scheduler.schedule(
+            [d for ds in wanted.values() for d in ds],
+            self._scheduler_nodes(infos),
+            kept,
+            live,
+        )
+        self.outcomes = plan.outcomes
+        add, moved = self._moves(plan.add, failed_here)
         for p in add:
-            await self._store.put(PLACEMENTS + p.id, _enc.encode(p))
-            self._placements[p.id] = p
-            log.info(
-                "replica %s of %s placed on %s",
-                p.id,
-                p.model,
-                p.node,
-                extra={"model": p.model, "replica": p.id, "node": p.node},
-            )
-        for p in remove:
-            await self._store.delete(PLACEMENTS + p.id)
-            self._placements.pop(p.id, None)
-            log.info(
-                "replica %s of %s removed from %s",
-                p.id,
-                p.model,
-                p.node,
-                extra={"model": p.model, "replica": p.id, "node": p.node},
-            )
+            await self._put(p)
+        for p, reason in moved:
+            await self._delete(p, reason)
+        for r in self._due(plan.remove, status, wanted):
+            await self._delete(r.placement, r.reason)
         self.push(models)
+
+    def _scheduler_nodes(self, infos: dict[str, NodeView]) -> list[scheduler.Node]:
+        """The nodes to place on: those heard from within the grace period (only connected
+        ones take new replicas), and those with placements that have not registered since
+        llmgwd started, until the grace period from the start ends."""
+        out: list[scheduler.Node] = []
+        for name, n in infos.items():
+            if not n.connected and n.silent_s > self._grace_s:
+                continue  # gone: its replicas are placed elsewhere
+            f = self.flags(name)
+            out.append(scheduler.Node(name, n.inventory, f.cordoned or not n.connected, f.draining))
+        if self._clock() - self._started <= self._grace_s:
+            for name in sorted({p.node for p in self._placements.values()} - set(infos)):
+                out.append(scheduler.Node(name, _NO_INVENTORY, cordoned=True))
+        return out
+
+    def _live_failures(self) -> list[tuple[str, str]]:
+        now = time.time()
+        return [k for k, f in self._failures.items() if now - f.at < FAILURE_TTL_S]
+
+    async def _note_failures(self, status: dict[str, ReplicaStatus]) -> None:
+        """Remember (node, model) where a replica keeps failing: restarted FAILED_RESTARTS
+        times, or failed for FAILED_FOR_S."""
+        now = self._clock()
+        for p in self._placements.values():
+            st = status.get(p.id)
+            if st is None or st.state != "failed":
+                self._failing_since.pop(p.id, None)
+                continue
+            since = self._failing_since.setdefault(p.id, now)
+            key = (p.node, p.model)
+            fresh = key in self._live_failures()
+            if fresh or (st.restarts < FAILED_RESTARTS and now - since < FAILED_FOR_S):
+                continue
+            f = Failure(p.node, p.model, time.time(), st.message)
+            await self._store.put(_key(FAILURES.rstrip("/"), p.node, p.model), _enc.encode(f))
+            self._failures[key] = f
+            log.warning(
+                "model %s failed to start on node %s (%s); placing it elsewhere where it fits",
+                p.model,
+                p.node,
+                st.message,
+                extra={"model": p.model, "node": p.node, "replica": p.id},
+            )
+
+    def _moves(
+        self, add: list[Placement], failed_here: set[str]
+    ) -> tuple[list[Placement], list[tuple[Placement, str]]]:
+        """A failed replica is moved where its replacement went to another node; where the
+        scheduler found no other place, the failed one stays (its agent keeps trying)."""
+        add = list(add)
+        moved: list[tuple[Placement, str]] = []
+        for rid in sorted(failed_here):
+            p = self._placements[rid]
+            same = [a for a in add if (a.model, a.profile) == (p.model, p.profile)]
+            elsewhere = [a for a in same if a.node != p.node]
+            if elsewhere:
+                moved.append((p, f"it failed to start there; moved to {elsewhere[0].node}"))
+                continue
+            for a in same[:1]:  # it would have been placed where it failed: keep the old one
+                add.remove(a)
+        return add, moved
+
+    def _due(
+        self,
+        removals: Iterable[Removal],
+        status: dict[str, ReplicaStatus],
+        wanted: dict[str, list[Demand]],
+    ) -> list[Removal]:
+        """The removals to make now: at once where the replica cannot serve or the model is
+        gone; else once the model's other replicas are ready, or REPLACE_TIMEOUT_S passed."""
+        now = self._clock()
+        planned = {r.placement.id for r in removals}
+        for rid in list(self._leaving_since):
+            if rid not in planned:
+                del self._leaving_since[rid]
+        out: list[Removal] = []
+        for r in removals:
+            p = r.placement
+            since = self._leaving_since.setdefault(p.id, now)
+            want = sum(max(d.profile.replicas, 0) for d in wanted.get(p.model, []))
+            ready = sum(
+                1
+                for q in self._placements.values()
+                if q.model == p.model
+                and q.id not in planned
+                and getattr(status.get(q.id), "state", "") == "ready"
+            )
+            at_once = p.model not in wanted or " is gone" in r.reason or want == 0
+            if at_once or ready >= want or now - since >= REPLACE_TIMEOUT_S:
+                out.append(r)
+        return out
+
+    async def _put(self, p: Placement) -> None:
+        await self._store.put(PLACEMENTS + p.id, _enc.encode(p))
+        self._placements[p.id] = p
+        log.info(
+            "replica %s of %s (profile %s) placed on %s",
+            p.id,
+            p.model,
+            p.profile,
+            p.node,
+            extra={"model": p.model, "replica": p.id, "node": p.node},
+        )
+
+    async def _delete(self, p: Placement, reason: str) -> None:
+        await self._store.delete(PLACEMENTS + p.id)
+        self._placements.pop(p.id, None)
+        self._leaving_since.pop(p.id, None)
+        self._failing_since.pop(p.id, None)
+        log.info(
+            "replica %s of %s removed from %s: %s",
+            p.id,
+            p.model,
+            p.node,
+            reason,
+            extra={"model": p.model, "replica": p.id, "node": p.node},
+        )
 
     def push(self, models: list[Model]) -> None:
         """Send each known node the specs of the replicas placed on it."""
         by_name = {m.name: m for m in models}
-        per_node: dict[str, list[ReplicaSpec]] = {n: [] for n in self._nodes.known()}
+        per_node: dict[str, list[ReplicaSpec]] = {n.name: [] for n in self._nodes.nodes()}
         for p in sorted(self._placements.values(), key=lambda p: p.id):
             m = by_name.get(p.model)
-            if m is not None:
-                per_node.setdefault(p.node, []).append(self.spec(p, m))
+            profile = profile_named(m, p.profile) if m is not None else None
+            if m is not None and profile is not None:
+                per_node.setdefault(p.node, []).append(self.spec(p, m, profile))
         for node, specs in per_node.items():
             self._nodes.set_desired(node, specs)
 
-    def spec(self, p: Placement, m: Model) -> ReplicaSpec:
-        """What the node needs to run replica p of model m."""
+    def spec(self, p: Placement, m: Model, profile: Profile) -> ReplicaSpec:
+        """What the node needs to run replica p of model m: the context the scheduler found
+        room for (where the model's shape is known), and its cards."""
+        context = (p.context if m.shape is not None else 0) or profile.context or m.context
         return ReplicaSpec(
             id=p.id,
             model=m.name,
             engine=m.engine,
             source=m.source,
-            args=list(m.args),
-            context=m.context,
+            args=list(profile.args),
+            context=context,
             api_key=engine_key(self._secret, p.id),
+            devices=list(p.devices),
+            profile=profile.name,
+            priority=profile.priority,
         )
+
+    # Views
 
     def placements(self) -> list[Placement]:
         """Where every replica is, now."""
         return list(self._placements.values())
+
+    def failures(self) -> list[Failure]:
+        """Where models failed to start (and are not placed again while anything else fits)."""
+        return [self._failures[k] for k in sorted(self._failures)]
+
+    def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
+        """For each profile of model: where one more replica would go, or why not, per node
+        and card (`llmgw model plan`)."""
+        infos = {n.name: n for n in self._nodes.nodes()}
+        nodes = self._scheduler_nodes(infos)
+        placements = self.placements()
+        failures = self._live_failures()
+        return [
+            (d.profile, scheduler.explain(d, nodes, placements, failures)) for d in demands(model)
+        ]

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from llmgw.cli.common import API, Settings, api_path, call, pass_settings
-from llmgw.cli.output import echo_json, echo_table, json_option
+from llmgw.cli.output import echo_json, echo_table, json_option, size
 
 
 @click.group()
@@ -46,6 +46,20 @@ def model() -> None:
     default=0,
     help="The most completion tokens a request may ask for (default: the context).",
 )
+@click.option(
+    "--on-demand",
+    is_flag=True,
+    help="Start it on its first request (which waits for it) and park it when idle.",
+)
+@click.option(
+    "--idle",
+    "idle_s",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --on-demand: park it after this long without a request.",
+)
 @json_option
 @pass_settings
 def add(
@@ -56,9 +70,12 @@ def add(
     args: tuple[str, ...],
     context: int,
     max_tokens: int,
+    on_demand: bool,
+    idle_s: int,
     as_json: bool,
 ) -> None:
-    """Add model NAME to the catalog; it is not served until `llmgw model serve`."""
+    """Add model NAME to the catalog; it is not served until `llmgw model serve` (an
+    on-demand model: until its first request)."""
     body = {
         "name": name,
         "source": source,
@@ -66,12 +83,19 @@ def add(
         "args": list(args),
         "context": context,
         "max_tokens": max_tokens,
+        "on_demand": on_demand,
+        "idle_s": idle_s,
     }
     answer = call(settings, "POST", f"{API}/models", body)
     if as_json:
         echo_json(answer)
+        return
+    if on_demand:
+        click.echo(f"Added model {name}, on demand: its first request starts it.")
     else:
         click.echo(f"Added model {name}. Serve it with: llmgw model serve {name} --replicas 1")
+    if answer.get("shape_note"):
+        click.echo(f"Note: {answer['shape_note']}.")
 
 
 def _summary(m: dict[str, Any]) -> str:
@@ -146,12 +170,95 @@ def remove(settings: Settings, name: str, as_json: bool) -> None:
         click.echo(f"Removed model {name}.")
 
 
+@model.command()
+@click.argument("name")
+@click.argument("count", type=click.IntRange(min=0))
+@click.option(
+    "--profile", required=True, help="The profile (made if new: gpu* on cards, else CPUs)."
+)
+@click.option("--kind", type=click.Choice(["cpu", "gpu"]), help="A new profile's kind.")
+@click.option("--priority", type=int, help="The router fills higher priorities first.")
+@json_option
+@pass_settings
+def replicas(
+    settings: Settings,
+    name: str,
+    count: int,
+    profile: str,
+    kind: str | None,
+    priority: int | None,
+    as_json: bool,
+) -> None:
+    """Run COUNT replicas of model NAME's profile; new ones start before old ones stop."""
+    body: dict[str, Any] = {"profile": profile, "replicas": count}
+    if kind:
+        body["kind"] = kind
+    if priority is not None:
+        body["priority"] = priority
+    answer = call(settings, "POST", api_path("models", name, "replicas"), body)
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"{_summary(answer)}; profile {profile}: {count}")
+
+
+@model.command()
+@click.argument("name")
+@click.argument("tokens", type=click.IntRange(min=0))
+@json_option
+@pass_settings
+def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
+    """Give model NAME's replicas a context of TOKENS (0: as trained, where it fits)."""
+    answer = call(settings, "PUT", api_path("models", name, "context"), {"context": tokens})
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"Model {name}: context {tokens or 'as trained'}.")
+
+
+def _verdict_row(v: dict[str, Any]) -> list[Any]:
+    fits = "fits" if v["fits"] else "no"
+    memory = size(v["memory_bytes"]) if v["fits"] else ""
+    speed = f"{v['tokens_per_s']:.0f}" if v["tokens_per_s"] else ""
+    return [v["node"], v["place"] or "-", fits, v["context"] or "", memory, speed, v["reason"]]
+
+
+@model.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def plan(settings: Settings, name: str, as_json: bool) -> None:
+    """Say where each replica of model NAME is, and where one more would go or why not:
+    per node and card, the memory it takes, the context that fits, and tokens/s on CPUs."""
+    answer = call(settings, "GET", api_path("models", name, "plan"))
+    if as_json:
+        echo_json(answer)
+        return
+    if not answer["estimates"]:
+        click.echo(f"No estimates: {answer['note']}.")
+    if answer["parked"]:
+        click.echo("Parked (on demand): its next request starts it.")
+    if answer["failed_on"]:
+        click.echo(f"Failed to start on: {', '.join(answer['failed_on'])}.")
+    for p in answer["profiles"]:
+        click.echo(f"Profile {p['name']} ({p['kind']}, priority {p['priority']}): "
+                   f"{len(p['placed'])} of {p['replicas']} replicas placed")  # fmt: skip
+        for r in p["placed"]:
+            on = f" on {', '.join(r['devices'])}" if r["devices"] else ""
+            click.echo(f"  {r['id']}: node {r['node']}{on}, context {r['context'] or 'default'}"
+                       f", memory {r['memory']}")  # fmt: skip
+        headers = ["NODE", "PLACE", "FITS", "CONTEXT", "MEMORY", "TOKENS/S", "WHY"]
+        echo_table(headers, [_verdict_row(v) for v in p["verdicts"]], "  No nodes.")
+
+
 def status_of(m: dict[str, Any]) -> str:
     """One word (and the first failure's reason) for how a model is doing."""
     reps = m.get("replica_status", [])
     failed = [r for r in reps if r["state"] == "failed"]
     if failed:
         return f"failed: {failed[0]['message']}" if failed[0]["message"] else "failed"
+    if m.get("parked"):
+        return "stopping (parking)" if reps else "parked"
     if m["replicas"] == 0:
         return "stopping" if reps else "stopped"
     return "ready" if m["ready"] >= m["replicas"] else "starting"
@@ -164,7 +271,8 @@ def models(settings: Settings, as_json: bool) -> None:
     """List the models and how their replicas are doing.
 
     One line a model: engine, replicas ready of wanted, context length, status (stopped,
-    starting, ready, stopping, or failed with the first failure's reason) and source.
+    starting, ready, stopping, parked for an on-demand model without requests, or failed
+    with the first failure's reason) and source.
     """
     answer = call(settings, "GET", f"{API}/models")
     if as_json:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from llmgw.cli.common import API, Settings, call, pass_settings
+from llmgw.cli.common import API, Settings, api_path, call, pass_settings
 from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
 
 
@@ -20,7 +20,7 @@ def echo_join_command(token: dict[str, Any]) -> None:
 
 @click.group()
 def node() -> None:
-    """Join nodes to the cluster."""
+    """Join nodes to the cluster, and cordon, drain or uncordon them."""
 
 
 @node.command()
@@ -66,6 +66,51 @@ def join(settings: Settings, url: str, join_token: str, as_json: bool) -> None:
     click.echo(f"{verb} the cluster at {url}" + (f" as node {name}." if name else "."))
 
 
+def _flag(action: str, settings: Settings, name: str, as_json: bool) -> None:
+    answer = call(settings, "POST", api_path("nodes", name, action))
+    if as_json:
+        echo_json(answer)
+        return
+    said = {"cordon": "cordoned: it takes no new replicas",
+            "drain": "draining: its replicas are placed elsewhere, then stopped here",
+            "uncordon": "uncordoned: it takes new replicas again"}  # fmt: skip
+    click.echo(f"Node {name} {said[action]}.")
+
+
+@node.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def cordon(settings: Settings, name: str, as_json: bool) -> None:
+    """Place no new replicas on node NAME; those there keep running."""
+    _flag("cordon", settings, name, as_json)
+
+
+@node.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def drain(settings: Settings, name: str, as_json: bool) -> None:
+    """Move the replicas of node NAME elsewhere: each stops once its replacement is ready."""
+    _flag("drain", settings, name, as_json)
+
+
+@node.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def uncordon(settings: Settings, name: str, as_json: bool) -> None:
+    """Let node NAME take new replicas again (after cordon or drain)."""
+    _flag("uncordon", settings, name, as_json)
+
+
+def _state(n: dict[str, Any]) -> str:
+    state = "connected" if n["connected"] else "disconnected"
+    if n.get("draining"):
+        return f"{state}, draining"
+    return f"{state}, cordoned" if n.get("cordoned") else state
+
+
 def _replicas(n: dict[str, Any]) -> str:
     reps = n.get("replicas", [])
     return f"{sum(r['state'] == 'ready' for r in reps)}/{len(reps)}"
@@ -77,8 +122,8 @@ def _replicas(n: dict[str, Any]) -> str:
 def nodes(settings: Settings, as_json: bool) -> None:
     """List the nodes, their resources and replicas.
 
-    One line a node: address, whether it is connected, when it was last heard from, its
-    cores and memory, and its replicas (ready of all).
+    One line a node: address, whether it is connected (and cordoned or draining), when it
+    was last heard from, its cores and memory, and its replicas (ready of all).
     """
     answer = call(settings, "GET", f"{API}/nodes")
     if as_json:
@@ -88,7 +133,7 @@ def nodes(settings: Settings, as_json: bool) -> None:
         [
             n["name"],
             n["address"],
-            "connected" if n["connected"] else "disconnected",
+            _state(n),
             ago(n["last_seen"]),
             n["cores"],
             size(n["memory_bytes"]),

@@ -55,3 +55,14 @@ def test_counts_return_to_zero_even_when_the_request_fails() -> None:
     except RuntimeError:
         pass
     assert balancer.outstanding("a") == 0
+
+
+def test_the_higher_priority_profile_is_filled_first() -> None:
+    gpu = Endpoint("g", "m", "n", "http://x:1", "k", priority=10)
+    cpu = Endpoint("c", "m", "n", "http://x:2", "k", priority=0)
+    balancer = Balancer(Pool([cpu, gpu]), slots=2)
+    assert balancer.pick("m") == gpu
+    with balancer.hold(gpu):
+        assert balancer.pick("m") == gpu  # a slot left: still the card
+        with balancer.hold(gpu):
+            assert balancer.pick("m") == cpu  # the card is full: the CPUs take the rest

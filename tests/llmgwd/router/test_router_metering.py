@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from llmgwd.catalog import ApiKey, KeyLimits, Model
 from llmgwd.pricing import cost, from_pico
-from llmgwd.router import Router
+from llmgwd.router import Balancer, Router
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.usage import Counts
@@ -101,7 +101,10 @@ async def m(engine: FakeEngine) -> AsyncIterator[Metered]:  # noqa: F811
     models = (MODEL, TINY, FREE)
     pool = FakePool({n: [endpoint(engine.url, n)] for n in models}, dict.fromkeys(models, 1))
     keys, meter = LimitedKeys(), Meter()
-    router = Router(keys, PricedModels(), pool, max_body_bytes=64 * 1024, meter=meter)
+    balancer = Balancer(pool, slots=RACERS)  # racers all reach the engine: none waits in line
+    router = Router(
+        keys, PricedModels(), pool, max_body_bytes=64 * 1024, meter=meter, balancer=balancer
+    )
     async with serve(router) as url, aiohttp.ClientSession() as http:
         yield Metered(Gateway(url, engine, pool, router, http), meter, keys)
 

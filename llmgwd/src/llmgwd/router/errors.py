@@ -176,6 +176,13 @@ def model_unavailable(message: str, retry_after_s: int) -> ApiError:
     )
 
 
+def model_busy(message: str, retry_after_s: int) -> ApiError:
+    """503: every replica of the model is full and the request waited its turn in vain."""
+    return ApiError(
+        503, message, "server_error", code="model_busy", headers={"Retry-After": str(retry_after_s)}
+    )
+
+
 def max_tokens_too_large(param: str, value: int, cap: int) -> ApiError:
     """400: max_tokens (or max_completion_tokens) over what the catalog allows the model."""
     return invalid_value(

@@ -15,6 +15,7 @@ from llmgwd.pool import Endpoint
 from llmgwd.router import errors
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.usage_events import Tally, tally_of
+from llmgwd.router.waitlist import Busy
 
 log = logging.getLogger("llmgwd.router")
 
@@ -28,8 +29,12 @@ _SSE_HEADERS = {
 }
 
 
+_ENGINE_FAULTS = (502, 504)  # our answers for an engine that broke the exchange or went silent
+
+
 class _Unreachable(Exception):
-    """The replica refused or timed out on connect: nothing was sent."""
+    """The replica did not take the request: it refused or timed out on connect, or answered
+    503 (llama.cpp's answer while it loads) before any byte: another replica may take it."""
 
 
 class Upstream:
@@ -87,18 +92,49 @@ class Upstream:
     async def _try_replicas(
         self, request: web.Request, model: str, path: str, body: bytes, stream: bool
     ) -> web.StreamResponse:
-        """One replica after another until one accepts the connection."""
+        """One replica after another until one takes the request, each on a free slot."""
         tried: list[str] = []
-        while (endpoint := self._balancer.pick(model, exclude=tried)) is not None:
-            with self._balancer.hold(endpoint):
-                try:
-                    return await self._exchange(request, endpoint, path, body, stream)
-                except _Unreachable:
-                    tried.append(endpoint.replica_id)
+        while (endpoint := await self._acquire(model, tried)) is not None:
+            answer = await self._attempt(request, endpoint, path, body, stream)
+            if answer is not None:
+                return answer
+            tried.append(endpoint.replica_id)
         raise errors.model_unavailable(
-            f"No replica of model '{errors.quote(model)}' could be reached; retry later.",
+            f"No replica of model '{errors.quote(model)}' could take the request; retry later.",
             self._retry_after_s,
         )
+
+    async def _acquire(self, model: str, tried: list[str]) -> Endpoint | None:
+        """A slot on a replica not tried yet, waited for in line when all are full."""
+        try:
+            return await self._balancer.acquire(model, exclude=tried)
+        except Busy as e:
+            why = "its queue is full" if e.why == "full" else "no slot freed while it waited"
+            message = f"The model '{errors.quote(model)}' is busy ({why}); retry later."
+            raise errors.model_busy(message, self._retry_after_s) from None
+
+    async def _attempt(
+        self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
+    ) -> web.StreamResponse | None:
+        """One replica's try on the slot kept for it: its answer, or None when another replica
+        may take the request. What failed counts toward taking the replica out of the pool."""
+        ejections = self._balancer.ejections
+        try:
+            answer = await self._exchange(request, endpoint, path, body, stream)
+        except _Unreachable:
+            ejections.failed(endpoint.replica_id)
+            return None
+        except errors.ApiError as e:
+            if e.status in _ENGINE_FAULTS:
+                ejections.failed(endpoint.replica_id)
+            raise
+        finally:
+            self._balancer.release(endpoint)
+        if request.get(errors.OUTCOME) == "upstream_broke":  # a stream it cut short
+            ejections.failed(endpoint.replica_id)
+        else:
+            ejections.succeeded(endpoint.replica_id)
+        return answer
 
     async def _exchange(
         self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
@@ -108,6 +144,12 @@ class Upstream:
         upstream = await self._connect(request, endpoint, path, body, stream)
         tally = tally_of(request) or Tally()  # what the answer says it used, for the meter
         try:
+            if upstream.status == 503:  # loading (or full): nothing was done, no byte passed on
+                log.warning(
+                    "replica %s of %s on %s answered 503, rid=%s",
+                    endpoint.replica_id, endpoint.model, endpoint.node, request[errors.REQUEST_ID],
+                )  # fmt: skip
+                raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
                 return await self._relay_stream(request, upstream, endpoint, tally)
             return await self._relay_whole(upstream, endpoint, tally)

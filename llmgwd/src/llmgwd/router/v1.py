@@ -14,11 +14,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Pool
-from llmgwd.router import errors
+from llmgwd.router import embeddings, errors
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
-from llmgwd.router.token_bounds import estimate
+from llmgwd.router.token_bounds import Estimate, estimate
 from llmgwd.router.usage_events import TALLY, ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -91,6 +91,7 @@ class Router:
         retry_after_s: int = 5,
         disconnect_poll_s: float = 0.2,
         meter: Meter | None = None,
+        balancer: Balancer | None = None,
         on_demand: OnDemand | None = None,
         wake_timeout_s: float = 120.0,
         wake_poll_s: float = 0.2,
@@ -104,7 +105,7 @@ class Router:
         self._pool = pool
         self._max_body_bytes = max_body_bytes
         self._retry_after_s = retry_after_s
-        self.balancer = Balancer(pool)
+        self.balancer = balancer if balancer is not None else Balancer(pool)
         self.meter = meter if meter is not None else Meter()
         self._upstream = Upstream(
             self.balancer,
@@ -122,6 +123,7 @@ class Router:
         self.app.router.add_get("/models/{model:.+}", self._get_model)
         self.app.router.add_post("/chat/completions", self._chat)
         self.app.router.add_post("/completions", self._completions)
+        self.app.router.add_post("/embeddings", self._embeddings)
 
     async def close(self) -> None:
         """Close the upstream session (also done when the mounting app cleans up)."""
@@ -150,8 +152,15 @@ class Router:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "completions", _check_completion)
 
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "embeddings", embeddings.check, embeddings.bound)
+
     async def _complete(
-        self, request: web.Request, path: str, check: Callable[[Document], None]
+        self,
+        request: web.Request,
+        path: str,
+        check: Callable[[Document], None],
+        bound: Callable[[Document, Model, int], Estimate] = estimate,
     ) -> web.StreamResponse:
         """Check everything a client can get wrong, admit the request against its key's limits
         and budgets, hand the body to the proxy, then settle what the answer used."""
@@ -167,7 +176,7 @@ class Router:
         if model.on_demand and self._on_demand is not None:
             await self._wake(model.name)
         self._require_ready(model)
-        bounds = estimate(doc, model, len(raw))
+        bounds = bound(doc, model, len(raw))
         for field in ROUTING_KEYS:
             doc.pop(field, None)
         doc["model"] = model.name
@@ -223,9 +232,12 @@ class Router:
 
     async def _until_ready(self, name: str) -> bool:
         # Polled: the pool is what agents last reported, and it has no event to wait on.
+        # A request waiting keeps the model awake, as one arriving does.
+        assert self._on_demand is not None
         for _ in range(max(1, int(self._wake_timeout_s / self._wake_poll_s))):
             if self._pool.ready(name):
                 return True
+            self._on_demand.touch(name)
             await asyncio.sleep(self._wake_poll_s)
         return bool(self._pool.ready(name))
 

@@ -1,0 +1,112 @@
+"""POST /v1/embeddings through the router, with the official openai client and test_router_v1's
+fake engine: passed on with the engine's key, checked first, counted, held to the key's limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from llmgwd.usage import Counts
+from tests.llmgwd.router import test_router_metering as metering
+from tests.llmgwd.router import test_router_v1 as v1
+from tests.llmgwd.router.test_router_v1 import (
+    EMBED_TOKENS,
+    EMBEDDING,
+    ENGINE_KEY,
+    MODEL,
+    USER_SECRET,
+    Gateway,
+    assert_error_shape,
+)
+
+engine, gw, m = v1.engine, v1.gw, metering.m  # their fixtures, for the tests here
+
+PATH = "/v1/embeddings"
+
+
+async def test_embeddings_through_the_official_client(gw: Gateway) -> None:
+    async with gw.openai() as client:
+        answer = await client.embeddings.create(model=MODEL, input=["one", "two"])
+    assert [d.embedding for d in answer.data] == [[0.0, *EMBEDDING], [1.0, *EMBEDDING]]
+    assert [d.index for d in answer.data] == [0, 1]
+    assert answer.usage.prompt_tokens == 2 * EMBED_TOKENS
+    (seen,) = gw.engine.seen
+    assert seen.path == PATH
+    assert seen.body["input"] == ["one", "two"] and seen.body["model"] == MODEL
+    assert seen.headers["Authorization"] == f"Bearer {ENGINE_KEY}"
+    assert not any(USER_SECRET in v for v in seen.headers.values())
+
+
+async def test_embeddings_as_floats_of_one_text(gw: Gateway) -> None:
+    async with gw.openai() as client:
+        answer = await client.embeddings.create(model=MODEL, input="one", encoding_format="float")
+    assert [d.embedding for d in answer.data] == [[0.0, *EMBEDDING]]
+    assert gw.engine.seen[0].body["encoding_format"] == "float"
+
+
+async def test_embeddings_count_their_prompt_tokens(gw: Gateway) -> None:
+    async with gw.openai() as client:
+        await client.embeddings.create(model=MODEL, input=["one", "two", "three"])
+    records = await gw.router.meter.usage.records("")
+    assert [(r.model, r.counts) for r in records] == [
+        (MODEL, Counts(requests=1, prompt_tokens=3 * EMBED_TOKENS, completion_tokens=0))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"input": "x"}, "model", "missing_required_parameter"),
+        ({"model": 7, "input": "x"}, "model", "invalid_type"),
+        ({"model": MODEL}, "input", "missing_required_parameter"),
+        ({"model": MODEL, "input": 5}, "input", "invalid_type"),
+        ({"model": MODEL, "input": []}, "input", "invalid_value"),
+        ({"model": MODEL, "input": ["a", None]}, "input[1]", "invalid_type"),
+        ({"model": MODEL, "input": [[1, "a"]]}, "input[0]", "invalid_type"),
+        ({"model": MODEL, "input": ["a", 1]}, "input[1]", "invalid_value"),
+        ({"model": MODEL, "input": "x", "stream": True}, "stream", "invalid_value"),
+    ],
+)
+async def test_bad_embedding_bodies_get_400_naming_the_field(
+    gw: Gateway, body: dict[str, Any], param: str, code: str
+) -> None:
+    status, answer, _ = await gw.post(PATH, body)
+    assert status == 400
+    assert_error_shape(answer, code, param)
+    assert not gw.engine.seen
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3], [[1, 2], [3]], ["a", "b"]])
+async def test_token_ids_and_texts_are_all_inputs(gw: Gateway, value: list[Any]) -> None:
+    status, _, _ = await gw.post(PATH, {"model": MODEL, "input": value})
+    assert status == 200
+    assert gw.engine.seen[0].body["input"] == value
+
+
+async def test_embeddings_need_a_key(gw: Gateway) -> None:
+    status, answer, _ = await gw.post(PATH, {"model": MODEL, "input": "x"}, key=None)
+    assert status == 401
+    assert_error_shape(answer, "invalid_api_key")
+
+
+async def test_an_engine_started_without_embeddings_has_its_refusal_passed_on(
+    gw: Gateway,
+) -> None:
+    gw.engine.embeddings = False  # llama-server without --embeddings
+    async with gw.openai() as client:
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.embeddings.create(model=MODEL, input="one")
+    assert caught.value.status_code == 501
+    assert "--embeddings" in caught.value.message
+
+
+async def test_embeddings_are_held_to_the_keys_rate_limit(m: metering.Metered) -> None:
+    m.keys.limit(rpm=1)
+    first, _, resp = await m.gw.post(PATH, {"model": MODEL, "input": "x"})
+    second, answer, _ = await m.gw.post(PATH, {"model": MODEL, "input": "x"})
+    assert (first, second) == (200, 429)
+    assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+    assert answer["error"]["code"] == "rate_limit_exceeded"
+    assert len(m.engine.seen) == 1
