@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Generate man/llmgw.1 from the click command tree and man/llmgw.yaml.5 from config.py.
+
+    .venv/bin/python man/gen.py          rewrite both pages
+    .venv/bin/python man/gen.py --check  exit 1 if either differs from what is committed
+
+tests/test_man.py runs the check, so a command, option or setting added without the
+page failing is impossible. llmgwd.8 and llmgw-agentd.8 are written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import re
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from llmgw import config  # noqa: E402
+from llmgw.cli.main import main as cli  # noqa: E402
+
+# The pages' date: change it with their content, by hand, so the output stays stable.
+DATE = "2026-12-02"
+SOURCE = "llmgw"
+
+# What each setting does. A setting missing here gets the comment at the end of its line
+# in config.py (`name: str = ""  # what it is`); tests/test_man.py fails on a setting with
+# neither, and on an entry here for a setting that does not exist.
+SETTINGS = {
+    "server.name": "The cluster's name, shown by `llmgw status` and on its answers.",
+    "server.state_dir": (
+        "Where llmgwd keeps the cluster: its store (SQLite), the cluster CA and secret, and "
+        "the mirror's files. Kept on upgrade and on package removal; removed on purge."
+    ),
+    "server.socket": (
+        "llmgwd's Unix socket, which the llmgw command talks to (HTTP over the socket). "
+        "A caller that is root or in socket_group is admin without a key."
+    ),
+    "server.socket_group": "The group the socket is given: its members use llmgw without a key.",
+    "server.client.listen": "HOST:PORT of the client port: /v1 (OpenAI-compatible) and /api/v1.",
+    "server.client.max_body_bytes": (
+        "The largest request body the client port accepts, in bytes; a larger one is "
+        "answered 413 in OpenAI's error shape."
+    ),
+    "server.client.tls_cert": (
+        "A PEM certificate (chain) for the client port, readable by the llmgw user; "
+        "empty: plain HTTP."
+    ),
+    "server.client.tls_key": (
+        "The PEM private key of tls_cert; empty: the key is in tls_cert's file."
+    ),
+    "server.cluster.listen": (
+        "HOST:PORT of the cluster port, which agents dial: mutual TLS with the cluster's own CA."
+    ),
+    "server.join_token_ttl_s": (
+        "How long a join token from `llmgw node token` is good for, in seconds."
+    ),
+    "server.log_level": "debug, info, warning or error: the least severe message logged.",
+    "server.cluster.advertise": (
+        "The cluster port's URL as nodes reach it (https://HOST:7710), printed in join "
+        "commands; empty: `llmgw server init` sets it from the host's main address."
+    ),
+    "server.node_grace_s": (
+        "How long, in seconds, a node that stopped reporting keeps its replicas in the "
+        "router's pool before they are taken out."
+    ),
+    "agent.node_name": "This node's name in the cluster; empty: the host name.",
+    "agent.address": (
+        "The address this node's engines listen on and the control plane reaches them at; "
+        "empty: engines listen on every address and the control plane uses the one the "
+        "agent's connection comes from."
+    ),
+    "agent.engines.llama.cpp.binary": (
+        "An existing llama-server to run; empty: the one the agent builds into its cache."
+    ),
+    "agent.engines.llama.cpp.threads": "Threads each llama-server uses; 0: llama-server's default.",
+    "agent.state_dir": (
+        "Where the agent keeps the node's certificate and key, its model cache and the "
+        "engines' environments. Kept on upgrade and on package removal; removed on purge."
+    ),
+    "agent.socket": (
+        "llmgw-agentd's Unix socket, which `llmgw node join` talks to. A caller that is root "
+        "or in socket_group may use it."
+    ),
+    "agent.socket_group": "The group the socket is given: its members may use it.",
+    "agent.port_range": (
+        "The first and last TCP port that engines on this node listen on, one port an engine."
+    ),
+    "agent.heartbeat_s": "Seconds between the agent's reports of the node to the control plane.",
+    "agent.log_level": "debug, info, warning or error: the least severe message logged.",
+}
+
+
+# -- roff ----------------------------------------------------------------------------------
+
+
+def esc(text: str) -> str:
+    """Text safe in a roff line: backslashes, dashes and a leading dot or quote escaped."""
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return re.sub(r"^([.'])", r"\\&\1", text)
+
+
+def prose(text: str) -> str:
+    """A help paragraph: `code` in bold, each sentence on new lines of at most 80 bytes
+    (roff's preference, and mandoc's style check)."""
+    out = re.sub(r"`([^`]+)`", lambda m: "\\fB" + m.group(1) + "\\fR", esc(" ".join(text.split())))
+    lines = []
+    for sentence in re.split(r"(?<=[.:;])\s+(?=[A-Z\\(])", out):
+        wrapped = textwrap.wrap(sentence, 79, break_long_words=False, break_on_hyphens=False)
+        lines += [_fix_leading(line) for line in wrapped]
+    return "\n".join(lines)
+
+
+def _fix_leading(line: str) -> str:
+    return "\\&" + line if line.startswith((".", "'")) else line
+
+
+def finish(lines: list[str]) -> str:
+    """The page's text: long text lines (never a macro, a .TP tag or an example) wrapped."""
+    out: list[str] = []
+    example = False
+    for chunk in lines:
+        for line in chunk.split("\n"):
+            example = (example or line == ".EX") and line != ".EE"
+            tag = bool(out) and out[-1] == ".TP"
+            if len(line.encode()) <= 80 or line.startswith(".") or example or tag:
+                out.append(line)
+                continue
+            wrapped = textwrap.wrap(line, 79, break_long_words=False, break_on_hyphens=False)
+            out += [_fix_leading(w) for w in wrapped]
+    return "\n".join(out) + "\n"
+
+
+def paragraphs(text: str | None) -> list[str]:
+    """A docstring's paragraphs, each as roff text."""
+    return [prose(p) for p in inspect.cleandoc(text or "").split("\n\n") if p.strip()]
+
+
+def bold_opts(record: str) -> str:
+    """'--from file:PATH' as \\fB\\-\\-from\\fR \\fIfile:PATH\\fR."""
+    names, _, metavar = record.partition(" ")
+    parts = ", ".join(f"\\fB{esc(n.strip())}\\fR" for n in names.split(","))
+    return parts + (f" \\fI{esc(metavar)}\\fR" if metavar else "")
+
+
+# -- llmgw(1) ------------------------------------------------------------------------------
+
+
+def commands(
+    group: click.Group, ctx: click.Context
+) -> Iterator[tuple[click.Command, click.Context]]:
+    """Every command under group, depth first, in the order --help lists them."""
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is None or cmd.hidden:
+            continue
+        sub = click.Context(cmd, info_name=name, parent=ctx)
+        yield cmd, sub
+        if isinstance(cmd, click.Group):
+            yield from commands(cmd, sub)
+
+
+def options(cmd: click.Command, ctx: click.Context) -> list[str]:
+    """roff .TP items for a command's options (not -h/--help, which every command has)."""
+    items = []
+    helper = cmd.get_help_option(ctx)
+    for param in cmd.get_params(ctx):
+        if not isinstance(param, click.Option) or param is helper:
+            continue
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        opts, help_text = record
+        items.append(f".TP\n{bold_opts(opts)}\n{prose(help_text)}")
+    return items
+
+
+def usage(cmd: click.Command, ctx: click.Context) -> str:
+    path = ctx.command_path
+    pieces = " ".join(cmd.collect_usage_pieces(ctx))
+    return f"\\fB{esc(path)}\\fR {esc(pieces)}".rstrip()
+
+
+def render_llmgw() -> str:
+    ctx = click.Context(cli, info_name="llmgw")
+    out = [
+        f'.TH LLMGW 1 {DATE} "{SOURCE}" "llmgw manual"',
+        '.\\" Generated by man/gen.py from the llmgw command: edit the CLI, then run it.',
+        ".SH NAME",
+        "llmgw \\- run an on\\-premise, OpenAI\\-compatible LLM cluster",
+        ".SH SYNOPSIS",
+        ".B llmgw",
+        "[\\fIGLOBAL OPTIONS\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]...",
+        ".SH DESCRIPTION",
+    ]
+    # The first paragraph is the one-line summary NAME already gives.
+    body = paragraphs(cli.help)[1:]
+    out += [body[0], *(f".PP\n{p}" for p in body[1:])]
+    out += [".SH GLOBAL OPTIONS", *options(cli, ctx)]
+    out += [
+        ".TP\n\\fB\\-h\\fR, \\fB\\-\\-help\\fR",
+        "Show a command's help and exit (after any command).",
+        ".SH COMMANDS",
+    ]
+    for cmd, sub in commands(cli, ctx):
+        if isinstance(cmd, click.Group):
+            out += [f'.SS "{sub.command_path}"', *paragraphs(cmd.help)]
+            continue
+        out += [f'.SS "{sub.command_path}"', usage(cmd, sub)]
+        for p in paragraphs(cmd.help):
+            out.append(f".PP\n{p}")
+        out += options(cmd, sub)
+    out += [
+        ".SH ENVIRONMENT",
+        ".TP\n\\fBLLMGW_SOCKET\\fR\nllmgwd's socket, as \\fB\\-\\-socket\\fR.",
+        ".TP\n\\fBLLMGW_AGENT_SOCKET\\fR",
+        "llmgw\\-agentd's socket, as \\fB\\-\\-agent\\-socket\\fR.",
+        ".TP\n\\fBLLMGW_JOIN_TOKEN\\fR",
+        "The token of \\fBllmgw node join\\fR, as its \\fB\\-\\-token\\fR.",
+        ".SH FILES",
+        f".TP\n\\fI{esc(str(config.SERVER_CONFIG))}\\fR\nllmgwd's configuration, written by "
+        "\\fBllmgw server init\\fR; see \\fBllmgw.yaml\\fR(5).",
+        f".TP\n\\fI{esc(str(config.AGENT_CONFIG))}\\fR\nllmgw\\-agentd's configuration; "
+        "see \\fBllmgw.yaml\\fR(5).",
+        f".TP\n\\fI{esc(config.ServerConfig().socket)}\\fR, "
+        f"\\fI{esc(config.AgentConfig().socket)}\\fR\nThe daemons' sockets.",
+        ".SH EXIT STATUS",
+        ".TP\n0\nDone.",
+        ".TP\n1\nThe daemon refused; its reason is on standard error.",
+        ".TP\n2\nA usage error.",
+        ".TP\n3\nThe daemon cannot be reached.",
+        ".TP\n4\nNo such model, key or other thing named.",
+        ".SH SHELL COMPLETION",
+        "The packages install completion for bash and zsh.",
+        'Elsewhere, \\fBeval "$(_LLMGW_COMPLETE=bash_source llmgw)"\\fR in \\fI~/.bashrc\\fR '
+        "(or \\fBzsh_source\\fR in \\fI~/.zshrc\\fR) turns it on.",
+        ".SH SEE ALSO",
+        "\\fBllmgwd\\fR(8), \\fBllmgw\\-agentd\\fR(8), \\fBllmgw.yaml\\fR(5), "
+        "\\fBjournalctl\\fR(1), \\fBsystemctl\\fR(1)",
+    ]
+    return finish(out)
+
+
+# -- llmgw.yaml(5) -------------------------------------------------------------------------
+
+
+def field_comments() -> dict[tuple[str, str], str]:
+    """(class, field) -> the comment at the end of its line in config.py."""
+    path = Path(inspect.getfile(config))
+    source = path.read_text()
+    lines = source.splitlines()
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                line = lines[item.end_lineno - 1 if item.end_lineno else item.lineno - 1]
+                m = re.search(r"#\s*(.+)$", line)
+                if m:
+                    found[(node.name, item.target.id)] = m.group(1).strip()
+    return found
+
+
+def settings(
+    cls: type[msgspec.Struct], prefix: str, key: str = ""
+) -> Iterator[tuple[str, str, str, Any, str]]:
+    """(setting id, dotted key, type, default, comment) of each leaf setting of cls."""
+    comments = field_comments()
+    for f in msgspec.structs.fields(cls):
+        name = f.encode_name
+        dotted = f"{key}.{name}" if key else name
+        if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
+            yield from settings(f.type, prefix, dotted)
+            continue
+        default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+        yield (
+            f"{prefix}.{dotted}",
+            dotted,
+            type_name(f.type),
+            default,
+            comments.get((cls.__name__, f.name), ""),
+        )
+
+
+def type_name(t: Any) -> str:
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    if t in names:
+        return names[t]
+    args = getattr(t, "__args__", ())
+    if getattr(t, "__origin__", None) is tuple and args:
+        return "[" + ", ".join(type_name(a) for a in args) + "]"
+    return str(t)
+
+
+def yaml_value(value: Any) -> str:
+    if value == "":
+        return '""'
+    if isinstance(value, tuple):
+        value = list(value)
+    text: str = yaml.safe_dump(value, default_flow_style=True, width=1000)
+    return text.strip().removesuffix("...").strip()
+
+
+def describe(setting: str, comment: str) -> str:
+    text = SETTINGS.get(setting) or comment
+    if not text:
+        raise KeyError(f"{setting}: no description (add one to SETTINGS or config.py)")
+    return text if text.endswith(".") else text + "."
+
+
+def setting_items(cls: type[msgspec.Struct], prefix: str) -> list[str]:
+    items = []
+    for setting, dotted, kind, default, comment in settings(cls, prefix):
+        head = f"\\fB{esc(dotted)}\\fR: {kind} (default: \\fB{esc(yaml_value(default))}\\fR)"
+        items.append(f".TP\n{head}\n{prose(describe(setting, comment))}")
+    return items
+
+
+def render_yaml() -> str:
+    out = [
+        f'.TH LLMGW.YAML 5 {DATE} "{SOURCE}" "llmgw manual"',
+        '.\\" Generated by man/gen.py from src/llmgw/config.py: edit that, then run it.',
+        ".SH NAME",
+        "llmgw.yaml, server.yaml, agent.yaml \\- llmgw's configuration files",
+        ".SH SYNOPSIS",
+        f"\\fI{esc(str(config.SERVER_CONFIG))}\\fR",
+        ".br",
+        f"\\fI{esc(str(config.AGENT_CONFIG))}\\fR",
+        ".SH DESCRIPTION",
+        "\\fBllmgwd\\fR(8) reads \\fIserver.yaml\\fR and \\fBllmgw\\-agentd\\fR(8) reads "
+        "\\fIagent.yaml\\fR, once, when they start: \\fBsystemctl restart\\fR applies a change.",
+        "Both are YAML mappings; a dotted key below is a nested mapping "
+        "(\\fBclient.listen\\fR is \\fBlisten\\fR under \\fBclient\\fR).",
+        "A key left out takes its default.",
+        "A key that is not listed here is an error, never ignored: the daemon says which "
+        "key, on which line, and exits with status 78.",
+        "\\fBllmgwd \\-\\-check\\fR and \\fBllmgw\\-agentd \\-\\-check\\fR check a file "
+        "without starting.",
+        ".PP",
+        "\\fBllmgw server init\\fR writes \\fIserver.yaml\\fR.",
+        "The agent runs with the defaults until a site writes \\fIagent.yaml\\fR.",
+        "The directory \\fI/etc/llmgw\\fR is root:llmgw, mode 0750: files there may name "
+        "keys, and llmgwd (user llmgw) reads them through its group.",
+        ".SH SERVER.YAML",
+        *setting_items(config.ServerConfig, "server"),
+        ".SH AGENT.YAML",
+        *setting_items(config.AgentConfig, "agent"),
+        ".SH EXAMPLE",
+        ".EX",
+        "# /etc/llmgw/agent.yaml: a node with its own llama\\-server build",
+        "address: 10.0.0.12",
+        "engines:",
+        "  llama.cpp:",
+        "    binary: /usr/local/lib/llmgw/llama\\-server",
+        "    threads: 8",
+        ".EE",
+        ".SH SEE ALSO",
+        "\\fBllmgw\\fR(1), \\fBllmgwd\\fR(8), \\fBllmgw\\-agentd\\fR(8)",
+    ]
+    return finish(out)
+
+
+PAGES = {"llmgw.1": render_llmgw, "llmgw.yaml.5": render_yaml}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="only say whether the pages are current")
+    a = p.parse_args()
+    stale = []
+    for name, render in PAGES.items():
+        text = render()
+        path = HERE / name
+        if a.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"stale: {', '.join(stale)}: run man/gen.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
