@@ -96,6 +96,11 @@ class _Replica:
         return unit_name(self.spec.id)
 
 
+def _fields(r: _Replica) -> dict[str, str]:
+    """The journal fields of a replica's log lines (journalctl LLMGW_MODEL=... finds them)."""
+    return {"model": r.spec.model, "replica": r.spec.id, "unit": r.unit}
+
+
 def unit_name(replica_id: str) -> str:
     """The transient unit of a replica."""
     return f"{UNIT_PREFIX}{replica_id}.service"
@@ -170,8 +175,14 @@ class Replicas:
         """How every replica of this node is doing, for a heartbeat."""
         out = [
             ReplicaStatus(
-                id=r.spec.id, model=r.spec.model, state=r.state, port=r.port, unit=r.unit,
-                message=r.message, restarts=r.restarts, slots=r.slots,
+                id=r.spec.id,
+                model=r.spec.model,
+                state=r.state,
+                port=r.port,
+                unit=r.unit,
+                message=r.message,
+                restarts=r.restarts,
+                slots=r.slots,
             )
             for r in self._replicas.values()
         ]
@@ -199,7 +210,7 @@ class Replicas:
             self._replicas[r.spec.id] = r
             unit = units.pop(r.unit, None)
             if unit is not None and unit.active_state in RUNNING_STATES:
-                log.info("adopting %s (port %d)", r.unit, r.port)
+                log.info("adopting %s (port %d)", r.unit, r.port, extra=_fields(r))
                 self._supervise(r, launch=False)
             elif unit is not None and unit.active_state == "failed":
                 r.state, r.message = "failed", "the engine failed while the agent was away"
@@ -219,7 +230,7 @@ class Replicas:
             return
         port = 0
         if r is not None:
-            log.info("%s: its spec changed, starting it again", r.unit)
+            log.info("%s: its spec changed, starting it again", r.unit, extra=_fields(r))
             port = r.port
             await self._remove(spec.id)
         try:
@@ -234,7 +245,9 @@ class Replicas:
         self._supervise(r, launch=True)
 
     def _reject(self, spec: ReplicaSpec, e: EngineError) -> None:
-        log.warning("replica %s refused: %s", spec.id, e)
+        log.warning(
+            "replica %s refused: %s", spec.id, e, extra={"model": spec.model, "replica": spec.id}
+        )
         self._rejected[spec.id] = ReplicaStatus(spec.id, spec.model, "failed", message=str(e))
 
     async def _remove(self, rid: str) -> None:
@@ -243,7 +256,7 @@ class Replicas:
         await self._stop_unit(r.unit)
         (self._records / f"{rid}.json").unlink(missing_ok=True)
         self._key_file(rid).unlink(missing_ok=True)
-        log.info("%s: stopped, no longer wanted here", r.unit)
+        log.info("%s: stopped, no longer wanted here", r.unit, extra=_fields(r))
 
     async def _stop_unit(self, unit: str) -> None:
         try:
@@ -282,10 +295,10 @@ class Replicas:
                 if reason is None:
                     reason, was_ready = await self._serve(r)
             except Exception as e:  # a bus or file error must not end supervision
-                log.exception("%s: supervision failed", r.unit)
+                log.exception("%s: supervision failed", r.unit, extra=_fields(r))
                 reason = f"could not be supervised: {e}"
             delay = self._backoff[0] if was_ready else delay
-            log.warning("%s: engine %s; restarting in %gs", r.unit, reason, delay)
+            log.warning("%s: engine %s; restarting in %gs", r.unit, reason, delay, extra=_fields(r))
             self._set(r, "failed", f"engine {reason}; restarting in {delay:g}s")
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
@@ -384,7 +397,7 @@ class Replicas:
         if (r.state, r.message) == (state, message):
             return
         if r.state != state:
-            log.info("%s: %s -> %s %s", r.unit, r.state, state, message)
+            log.info("%s: %s -> %s %s", r.unit, r.state, state, message, extra=_fields(r))
         r.state, r.message = state, message
         self._changed()
 
