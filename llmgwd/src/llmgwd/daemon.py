@@ -31,6 +31,8 @@ from llmgwd.usage import Usage
 
 log = logging.getLogger("llmgwd")
 
+CLIENT_BACKLOG = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Pki:
@@ -184,7 +186,10 @@ class Daemon:
 
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
-        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        # aiohttp's default backlog (128) overflowed with a few hundred clients connecting at
+        # once (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.
+        site = web.TCPSite(runner, host, port, ssl_context=tls, backlog=CLIENT_BACKLOG)
+        await site.start()
         self._runners.append(runner)
 
     async def _serve_local(self, ctx: api.ApiContext) -> None:
