@@ -19,7 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from integration.harness import REPO, PrivateSystemd
-from integration.llmgw_node import MODEL, Node
+from integration.llmgw_node import MODEL, Node, gguf
 from llmgw import pki
 
 CLIENT_PORT = 17700  # not 7700: a quickstart cluster may run on this machine too
@@ -269,3 +269,40 @@ def test_joining_again_where_it_is_is_harmless(node: Node) -> None:
     assert "Already joined" in r.stdout
     r = node.llmgw("node", "join", "https://127.0.0.1:1", "--token", "x.y", check=False)
     assert r.returncode == 1 and "already joined" in r.stderr
+
+
+def test_slots_are_reported_and_a_model_with_embeddings_embeds(
+    node: Node, client: openai.OpenAI
+) -> None:
+    # llama-server's /props (asked with the engine's key) reaches the router's caps.
+    node.wait_ready(1)  # an earlier test restarted llmgwd: its agent may not be back yet
+    assert [r["slots"] for r in node.model()["replica_status"]] == [4]  # llama-server's default
+    embed = "smollm2-embed"
+    node.llmgw("model", "add", embed, "--from", f"file:{gguf()}", "--engine", "llama.cpp",
+               "--arg=--embeddings", "--arg=--pooling", "--arg=mean", "--arg=--parallel",
+               "--arg=2")  # fmt: skip
+    node.llmgw("model", "serve", embed, "--replicas", "1")
+    try:
+        node.wait(lambda: node.model(embed)["ready"] >= 1, f"{embed} ready", timeout=180)
+        assert [r["slots"] for r in node.model(embed)["replica_status"]] == [2]
+        answer = client.embeddings.create(model=embed, input=["A red apple.", "Blue sky."])
+        assert len(answer.data) == 2 and len(answer.data[0].embedding) > 100
+        assert answer.data[0].embedding != answer.data[1].embedding
+        assert answer.usage.prompt_tokens > 0
+        # A model started without --embeddings: the engine's refusal, passed on.
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.embeddings.create(model=MODEL, input="A red apple.")
+        assert refused.value.status_code == 501 and "--embeddings" in refused.value.message
+    finally:
+        node.llmgw("model", "stop", embed)
+        node.wait(lambda: len(node.engine_units()) == 1, f"{embed} stopped")
+
+
+def test_the_agent_logs_with_journal_fields(node: Node) -> None:
+    out = node.ps.run(
+        ["journalctl", "--no-pager", "-u", "llmgw-agentd", f"LLMGW_MODEL={MODEL}", "-o", "json"]
+    ).stdout
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert lines, "no agent line carries LLMGW_MODEL"
+    assert all(entry["LLMGW_REPLICA"].startswith(MODEL) for entry in lines)
+    assert node.key not in out

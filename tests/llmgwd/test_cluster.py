@@ -230,12 +230,14 @@ async def test_agent_registers_gets_desired_and_its_replica_joins_the_pool(
 
     # The agent starts it; a replica the control plane did not ask for is never routed to.
     rogue = wire.ReplicaStatus(id="rogue", model="smol", state="ready", port=20002)
-    agent.statuses = [wire.ReplicaStatus(id="smol-1", model="smol", state="ready", port=20001)]
+    agent.statuses = [
+        wire.ReplicaStatus(id="smol-1", model="smol", state="ready", port=20001, slots=2)
+    ]
     agent.statuses.append(rogue)
     await eventually(lambda: state.ready("smol"))
     assert state.ready("smol") == [
-        Endpoint("smol-1", "smol", "n1", "http://127.0.0.1:20001", "k-1")
-    ]
+        Endpoint("smol-1", "smol", "n1", "http://127.0.0.1:20001", "k-1", slots=2)
+    ]  # its slots as its agent reported them: the router's cap
     node = state.node("n1")
     assert node is not None and node.address == "127.0.0.1" and node.inventory == INVENTORY
 

@@ -1,5 +1,4 @@
-"""POST /v1/embeddings through the router, with the official openai client and test_router_v1's
-fake engine: passed on with the engine's key, checked first, counted, held to the key's limits."""
+"""POST /v1/embeddings through the router, with the openai client and test_router_v1's engine."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Balancing through the /v1 router, against the fake engines of test_router_v1: each replica's
-slots as its cap, a bounded line when all are full, another replica on a 503, and a replica
-that keeps failing taken out of the pool for a while."""
+"""Balancing against test_router_v1's fake engines: slots as caps, the line, 503s, ejection."""
 
 from __future__ import annotations
 
@@ -193,6 +191,33 @@ async def test_a_client_that_leaves_while_waiting_gives_up_its_place(engine: Fak
         assert [(await t)[0] for t in (first, staying)] == [200, 200]
     assert texts(engine) == ["first", "staying"]
     assert router.balancer.outstanding("r1") == 0
+
+
+async def test_a_freed_slot_goes_to_the_first_waiter_that_has_not_tried_its_replica() -> None:
+    pool = FakePool({MODEL: [Endpoint(r, MODEL, "n", "http://x:1", "k", slots=1) for r in "ab"]})
+    balancer = Balancer(pool)
+    first, second = await balancer.acquire(MODEL), await balancer.acquire(MODEL)
+    assert first is not None and second is not None and first != second
+    retrying = asyncio.create_task(balancer.acquire(MODEL, exclude={first.replica_id}))
+    await until(lambda: balancer.queued(MODEL) == 1)
+    later = asyncio.create_task(balancer.acquire(MODEL))
+    await until(lambda: balancer.queued(MODEL) == 2)
+    balancer.release(first)  # the one retrying already failed there: the later one takes it
+    assert await later == first and not retrying.done()
+    balancer.release(second)
+    assert await retrying == second
+
+
+async def test_a_waiter_whose_replicas_all_leave_the_pool_stops_waiting() -> None:
+    only = Endpoint("r", MODEL, "n", "http://x:1", "k", slots=1)
+    pool = FakePool({MODEL: [only]})
+    balancer = Balancer(pool, recheck_s=0.01)
+    with balancer.hold(only):
+        waiting = asyncio.create_task(balancer.acquire(MODEL))
+        await until(lambda: balancer.queued(MODEL) == 1)
+        pool.endpoints[MODEL] = []  # its node went away
+        assert await waiting is None  # the router answers 503, model not ready
+    assert balancer.queued(MODEL) == 0
 
 
 # Failures before the first byte.

@@ -13,7 +13,14 @@ Keys.authenticate may return a revoked key (revoked=True) so the 401 can say "re
 so the client app's client_max_size does not limit /v1 (an HTTPRequestEntityTooLarge from
 it still answers 413 in OpenAI's shape). A client that leaves mid-request has its engine
 request closed whether or not the daemon's AppRunner sets handler_cancellation.
-`router.balancer` counts the requests in flight per replica.
+Routes: /models, /chat/completions, /completions and /embeddings.
+
+`router.balancer` (pass `balancer=Balancer(pool, queue_size=..., queue_timeout_s=...)` to set
+it up) counts the requests in flight per replica and never sends one more than its slots (as
+its engine reported them; 4 when unknown). While all are full, requests wait in a bounded
+first-come line per model, then get a 503 `model_busy` with Retry-After. A refused connect or
+a 503 before any byte goes to another replica; a replica failing 3 times in a row is left out
+for 10 s, doubling while it keeps failing (`balancer.ejections`).
 
 `meter` (llmgwd.router.metering.Meter over the daemon's llmgwd.usage.Usage) applies each key's
 rate limits and budgets before a request reaches an engine and counts what the answer used;

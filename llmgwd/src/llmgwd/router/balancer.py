@@ -90,13 +90,13 @@ class Balancer:
         None when no replica outside exclude is ready and in the pool (there is none, or all
         are out for failing); raises waitlist.Busy when the line is full or the wait too long.
         """
-        if not self._usable(model, exclude):
-            return None
         if not self._waitlist.count(model):  # nobody waits before this one
             endpoint = self._choose(model, exclude)
             if endpoint is not None:
                 self._take(endpoint)
                 return endpoint
+        if not self._usable(model, exclude):
+            return None
         waiter = self._waitlist.join(model, frozenset(exclude))
         served = False
         try:
