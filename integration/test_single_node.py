@@ -298,11 +298,15 @@ def test_slots_are_reported_and_a_model_with_embeddings_embeds(
         node.wait(lambda: len(node.engine_units()) == 1, f"{embed} stopped")
 
 
-def test_the_agent_logs_with_journal_fields(node: Node) -> None:
-    out = node.ps.run(
-        ["journalctl", "--no-pager", "-u", "llmgw-agentd", f"LLMGW_MODEL={MODEL}", "-o", "json"]
-    ).stdout
-    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
-    assert lines, "no agent line carries LLMGW_MODEL"
-    assert all(entry["LLMGW_REPLICA"].startswith(MODEL) for entry in lines)
-    assert node.key not in out
+def test_the_daemons_log_with_journal_fields(node: Node) -> None:
+    for unit in ("llmgw-agentd", "llmgwd"):
+        out = node.ps.run(
+            ["journalctl", "--no-pager", "-u", unit, f"LLMGW_MODEL={MODEL}", "-o", "json"]
+        ).stdout
+        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+        assert lines, f"no {unit} line carries LLMGW_MODEL"
+        assert all(entry["LLMGW_REPLICA"].startswith(MODEL) for entry in lines)
+        assert node.key not in out
+    # Each /v1 request's line carries its id, as the x-request-id header gives it.
+    out = node.ps.run(["journalctl", "--no-pager", "-u", "llmgwd", "-o", "json"]).stdout
+    assert any("LLMGW_REQUEST" in json.loads(line) for line in out.splitlines() if line.strip())

@@ -348,7 +348,12 @@ def _log_request(
     if error is not None:
         parts.append(f"error={error.detail.code or error.detail.type}: {error.detail.message}")
     exc_info = (type(unexpected), unexpected, unexpected.__traceback__) if unexpected else None
-    log.log(level, _one_line(" ".join(parts)), exc_info=exc_info)
+    # Journal fields (LLMGW_REQUEST...); the model only once a replica served it, so a
+    # client's made-up model name never becomes a field value.
+    fields: dict[str, object] = {"request": request[REQUEST_ID], "key_id": request.get(KEY_ID)}
+    if request.get(REPLICA):
+        fields |= {"model": request.get(MODEL), "replica": request[REPLICA]}
+    log.log(level, _one_line(" ".join(parts)), exc_info=exc_info, extra=fields)
 
 
 def _one_line(text: str) -> str:
