@@ -64,6 +64,11 @@ class _Node:
     seen: float  # on ClusterState's clock, for the grace period
     seen_unix: float  # for people
     conn: _Conn | None = None
+    # The engines' URL host, parsed once per registration rather than on every request.
+    host: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.host = _host(self.register.address)
 
     def touch(self, now: float) -> None:
         self.seen = now
@@ -130,7 +135,7 @@ class ClusterState:
                 # Without a spec there is no key to give: the replica is not ours to use.
                 if spec is None or status.state != "ready" or not 0 < status.port < 65536:
                     continue
-                url = f"http://{_host(entry.register.address)}:{status.port}"
+                url = f"http://{entry.host}:{status.port}"
                 found.append(
                     Endpoint(status.id, model, name, url, spec.api_key, spec.priority, status.slots)
                 )
