@@ -34,11 +34,11 @@ from tests.llmgw_agentd.fake_nvml import FakeNvml  # noqa: E402
 
 GGUF = ROOT / "tests/llmgwd/gguf"
 # (recording, count, cores, RAM): 250 DGX H100 nodes, 150 A100 nodes with one card in
-# MIG mode, 200 workstations (RTX 4090 + A6000), 400 CPU-only nodes.
+# MIG mode, 200 GeForce nodes (8x RTX 4090), 400 CPU-only nodes.
 FLEET = [
     ("dgx-h100-8x80gb", 250, 112, 2048 * GIB),
     ("a100-80gb-mig", 150, 64, 1024 * GIB),
-    ("rtx4090-a6000", 200, 16, 128 * GIB),
+    ("rtx4090-8x24gb", 200, 16, 128 * GIB),
     (None, 400, 64, 512 * GIB),
 ]
 
