@@ -367,3 +367,34 @@ async def test_replicas_stay_in_the_pool_for_the_grace_period(
     assert len(state.ready("smol")) == 1
     clock.now += 2
     assert state.ready("smol") == []
+
+
+async def test_a_node_not_back_within_its_grace_period_is_reported_lost_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    lost: list[str] = []
+    changes_before: list[int] = []  # how many changes were told before each loss
+
+    def on_lost(node: str) -> None:
+        lost.append(node)
+        changes_before.append(len(cluster.changes))
+
+    await cluster.runner.cleanup()
+    await cluster.start(ClusterState(grace_s=0.3, on_lost=on_lost))
+    state = cluster.state
+    async with aiohttp.ClientSession() as s:
+        for name in ("a", "b"):
+            ctx = link_ssl_context(node_dir(tmp_path, cluster.ca, name))
+            async with s.ws_connect(f"{cluster.url}/agent", ssl=ctx) as ws:
+                await ws.send_bytes(register(name))
+                await eventually(lambda n=name: n in state.connected())  # type: ignore[misc]
+        await eventually(lambda: state.connected() == [])
+        # b comes back within its grace period; a does not.
+        ctx = link_ssl_context(node_dir(tmp_path, cluster.ca, "b"))
+        async with s.ws_connect(f"{cluster.url}/agent", ssl=ctx) as ws:
+            await ws.send_bytes(register("b"))
+            await eventually(lambda: state.connected() == ["b"])
+            await eventually(lambda: lost == ["a"])
+            await asyncio.sleep(0.5)
+            assert lost == ["a"]  # once, and b (connected again) is not lost
+            assert "a" in cluster.changes[changes_before[0] :]  # the reconciler is told at once

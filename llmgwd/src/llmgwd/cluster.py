@@ -64,6 +64,7 @@ class _Node:
     seen: float  # on ClusterState's clock, for the grace period
     seen_unix: float  # for people
     conn: _Conn | None = None
+    lost_timer: asyncio.TimerHandle | None = None  # set while disconnected, within the grace
     # The engines' URL host, parsed once per registration rather than on every request.
     host: str = field(init=False)
 
@@ -83,10 +84,12 @@ class ClusterState:
         grace_s: float = 60.0,
         *,
         on_change: OnChange | None = None,
+        on_lost: OnChange | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.grace_s = grace_s
         self.on_change = on_change
+        self.on_lost = on_lost  # called once a disconnected node's grace period ends
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._desired: dict[str, tuple[wire.ReplicaSpec, ...]] = {}
@@ -152,6 +155,8 @@ class ClusterState:
         address = msg.address or conn.peer
         register = msg if msg.address else msgspec.structs.replace(msg, address=address)
         old = self._nodes.get(conn.node)
+        if old is not None and old.lost_timer is not None:
+            old.lost_timer.cancel()
         self._nodes[conn.node] = _Node(
             register, tuple(msg.replicas), msg.inventory, self._clock(), time.time(), conn
         )
@@ -180,12 +185,29 @@ class ClusterState:
             return
         entry.conn = None
         entry.touch(self._clock())
-        log.info("node %s disconnected", conn.node)
+        loop = asyncio.get_running_loop()
+        entry.lost_timer = loop.call_later(self.grace_s, self._lost, conn.node, entry)
+        log.info("node %s disconnected; lost unless back within %gs", conn.node, self.grace_s)
         self._changed(conn.node)
+
+    def _lost(self, node: str, entry: _Node) -> None:
+        """The grace period of a node still disconnected has ended."""
+        entry.lost_timer = None
+        if self._nodes.get(node) is not entry or entry.conn is not None:
+            return
+        log.warning("node %s lost: not heard from for %gs", node, self.grace_s)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(node)
+            except Exception:
+                log.exception("on_lost hook failed for node %s", node)
+        self._changed(node)
 
     async def _close_all(self) -> None:
         """Close every agent connection (the server is stopping)."""
         for entry in self._nodes.values():
+            if entry.lost_timer is not None:
+                entry.lost_timer.cancel()
             if entry.conn is not None:
                 close = entry.conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopping")
                 self._spawn(close)
@@ -211,7 +233,7 @@ class ClusterState:
                 )
 
     def _alive(self, entry: _Node) -> bool:
-        return entry.conn is not None or self._clock() - entry.seen <= self.grace_s
+        return entry.conn is not None or self._clock() - entry.seen < self.grace_s
 
     def _info(self, name: str, entry: _Node) -> NodeInfo:
         desired = self._desired.get(name)

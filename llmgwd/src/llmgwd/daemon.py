@@ -174,6 +174,7 @@ class Daemon:
             meter=self.meter,
             on_demand=self.reconciler,
         )
+        self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
         app.add_subapp(api.API_PREFIX, api.api_subapp(ctx, api.key_auth(self.catalog)))

@@ -637,6 +637,69 @@ async def test_engine_breaking_mid_stream_ends_with_an_error_event(
     assert "engine failed" in caught.value.message
 
 
+# A node lost with requests in flight (cut off: no reset comes back, so only llmgwd can end them).
+
+
+@asynccontextmanager
+async def another_engine(**options: Any) -> AsyncIterator[FakeEngine]:
+    fake = FakeEngine(**options)
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    fake.url = str(server.make_url("")).rstrip("/")
+    try:
+        yield fake
+    finally:
+        await server.close()
+
+
+def on_node(ep: Endpoint, node: str) -> Endpoint:
+    return Endpoint(ep.replica_id, ep.model, node, ep.url, ep.api_key)
+
+
+async def until(check: Any) -> None:
+    async with asyncio.timeout(5):
+        while not check():  # noqa: ASYNC110 (the engine's state has no event to wait on)
+            await asyncio.sleep(0.01)
+
+
+async def test_a_request_in_flight_on_a_lost_node_is_answered_by_another_replica(
+    gw: Gateway,
+) -> None:
+    async with another_engine(gate=asyncio.Event()) as silent:  # takes the request, never answers
+        lost = on_node(endpoint(silent.url, "lost"), "n2")
+        gw.pool.endpoints[MODEL] = [lost]
+        async with gw.openai() as client:
+            call = asyncio.create_task(client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}]))  # fmt: skip
+            await until(lambda: silent.in_flight == 1)
+            gw.router.node_lost("n1")  # another node: nothing of this request's changes
+            await asyncio.sleep(0.1)
+            assert not call.done()
+            gw.pool.endpoints[MODEL] = [endpoint(gw.engine.url, "live")]  # n2 out of the pool
+            gw.router.node_lost("n2")
+            answer = await asyncio.wait_for(call, 5)
+        assert answer.choices[0].message.content == "hello from the engine"
+        assert len(gw.engine.seen) == 1
+        await until(lambda: silent.in_flight == 0)  # its connection dropped
+        assert gw.router.balancer.outstanding("lost") == 0
+
+
+async def test_a_stream_begun_on_a_lost_node_ends_with_an_error_event(gw: Gateway) -> None:
+    async with another_engine(hang_after_first=True) as silent:
+        gw.pool.endpoints[MODEL] = [on_node(endpoint(silent.url, "lost"), "n2")]
+        texts: list[str] = []
+        async with gw.openai() as client:
+            stream = await client.completions.create(model=MODEL, prompt="x", stream=True)
+            with pytest.raises(openai.APIError) as caught:
+                async for chunk in stream:
+                    texts.append(chunk.choices[0].text)
+                    gw.router.node_lost("n2")
+        assert texts == ["t0 "]
+        assert "lost" in caught.value.message
+        await asyncio.wait_for(silent.cancelled.wait(), 5)
+        assert gw.router.balancer.outstanding("lost") == 0
+
+
 # Logs.
 
 

@@ -1,11 +1,14 @@
 """The upstream call: one shared client session, another replica on a refused connect, streaming
-passed through chunk by chunk, and the engine's request dropped as soon as the client leaves."""
+passed through chunk by chunk, the engine's request dropped as soon as the client leaves, and
+the requests in flight on a node that is lost sent to another replica."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -37,6 +40,45 @@ class _Unreachable(Exception):
     503 (llama.cpp's answer while it loads) before any byte: another replica may take it."""
 
 
+@dataclass(eq=False, slots=True)
+class _Flight:
+    """One exchange with a replica, and whether the node it runs on was declared lost."""
+
+    task: asyncio.Task[Any]
+    abandoned: bool = False
+
+
+@dataclass
+class _Flights:
+    """The exchanges in flight per node: a node cut off sends no reset, so its requests would
+    otherwise wait out the read timeout."""
+
+    by_node: dict[str, set[_Flight]] = field(default_factory=dict)
+
+    @contextmanager
+    def entered(self, node: str) -> Iterator[_Flight]:
+        """Count the current task's exchange as in flight on node for the block."""
+        task = asyncio.current_task()
+        assert task is not None  # only ever called from a request's handler
+        flight = _Flight(task)
+        flights = self.by_node.setdefault(node, set())
+        flights.add(flight)
+        try:
+            yield flight
+        finally:
+            flights.discard(flight)
+            if not flights and self.by_node.get(node) is flights:  # abandon may have taken it
+                del self.by_node[node]
+
+    def abandon(self, node: str) -> int:
+        """Interrupt every exchange in flight on node; how many there were."""
+        flights = self.by_node.pop(node, set())
+        for flight in flights:
+            flight.abandoned = True
+            flight.task.cancel()
+        return len(flights)
+
+
 class Upstream:
     """Sends requests to engine replicas chosen by the balancer and relays their answers."""
 
@@ -59,6 +101,15 @@ class Upstream:
         )
         self._retry_after_s = retry_after_s
         self._poll_s = disconnect_poll_s
+        self._flights = _Flights()
+
+    def node_lost(self, node: str) -> int:
+        """The node is gone (cut off past its grace period): each request in flight there goes
+        to another replica, or, if its stream had begun, ends with an error event. How many."""
+        moved = self._flights.abandon(node)
+        if moved:
+            log.warning("node %s lost with %d request(s) in flight there", node, moved)
+        return moved
 
     def session(self) -> aiohttp.ClientSession:
         """The one session shared by all requests, made on first use inside the running loop."""
@@ -120,10 +171,16 @@ class Upstream:
         may take the request. What failed counts toward taking the replica out of the pool."""
         ejections = self._balancer.ejections
         try:
-            answer = await self._exchange(request, endpoint, path, body, stream)
+            with self._flights.entered(endpoint.node) as flight:
+                answer = await self._exchange(request, endpoint, path, body, stream)
         except _Unreachable:
             ejections.failed(endpoint.replica_id)
             return None
+        except asyncio.CancelledError:
+            # uncancel: one cancel is ours; any other (the client left, shutdown) goes on.
+            if not flight.abandoned or flight.task.uncancel() > 0:
+                raise
+            return await self._abandoned(request, endpoint)
         except errors.ApiError as e:
             if e.status in _ENGINE_FAULTS:
                 ejections.failed(endpoint.replica_id)
@@ -135,6 +192,27 @@ class Upstream:
         else:
             ejections.succeeded(endpoint.replica_id)
         return answer
+
+    async def _abandoned(
+        self, request: web.Request, endpoint: Endpoint
+    ) -> web.StreamResponse | None:
+        """After node_lost: None (another replica may answer) unless the stream had begun."""
+        rid = request[errors.REQUEST_ID]
+        started = errors.started_stream(request)
+        if started is None:
+            log.warning(
+                "replica %s of %s: node %s lost with the request in flight; sent elsewhere, rid=%s",
+                endpoint.replica_id, endpoint.model, endpoint.node, rid,
+            )  # fmt: skip
+            return None
+        log.warning(
+            "replica %s of %s: node %s lost mid-stream, rid=%s",
+            endpoint.replica_id, endpoint.model, endpoint.node, rid,
+        )  # fmt: skip
+        request[errors.OUTCOME] = "upstream_broke"
+        failure = errors.upstream_failed("The node serving the model was lost mid-answer.")
+        await started.write(failure.sse_event())
+        return started
 
     async def _exchange(
         self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool

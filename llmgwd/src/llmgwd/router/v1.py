@@ -125,6 +125,10 @@ class Router:
         self.app.router.add_post("/completions", self._completions)
         self.app.router.add_post("/embeddings", self._embeddings)
 
+    def node_lost(self, node: str) -> None:
+        """A node was declared lost: its requests in flight are sent to other replicas."""
+        self._upstream.node_lost(node)
+
     async def close(self) -> None:
         """Close the upstream session (also done when the mounting app cleans up)."""
         for task in self._waking.values():
