@@ -221,6 +221,25 @@ async def test_an_on_demand_model_wakes_on_a_request_and_parks_when_idle(
     assert nodes.where() == []
 
 
+async def test_an_on_demand_model_in_use_stays_awake_over_a_restart(store: SqliteStore) -> None:
+    nodes, clock = FakeNodes("a"), Clock()
+    rec = await start(store, nodes, smol(replicas=1, on_demand=True, idle_s=60), clock=clock)
+    rec.touch("m")
+    await rec.reconcile()
+    assert len(nodes.where()) == 1
+    # llmgwd restarts just after the request: it neither parks the model at once...
+    again, clock2 = FakeNodes("a"), Clock()
+    rec2 = await start(store, again, clock=clock2)
+    assert len(again.where()) == 1
+    clock2.now += 59
+    await rec2.reconcile()
+    assert len(again.where()) == 1
+    # ...nor keeps it awake past its idle time.
+    clock2.now += 2
+    await rec2.reconcile()
+    assert again.where() == []
+
+
 async def test_a_model_without_a_readable_file_is_placed_by_count(store: SqliteStore) -> None:
     nodes = FakeNodes("a")
     m = Model(name="m", source="file:/m.gguf", replicas=2, context=1024)

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 PLACEMENTS = "/placements/"
 FAILURES = "/failures/"  # /failures/NODE/MODEL: where a model failed to start
 NODE_FLAGS = "/nodeflags/"  # /nodeflags/NODE: cordoned, draining
+LAST_USED = "/lastused/"  # /lastused/MODEL: an on-demand model's last request, so a restart
+# of llmgwd neither parks a model in use nor wakes a parked one
 
 FAILED_RESTARTS = 3  # a failed replica restarted this often has failed to start there
 FAILED_FOR_S = 30.0  # or one failed for this long
@@ -64,6 +66,12 @@ class Failure(msgspec.Struct, frozen=True):
     message: str = ""
 
 
+class LastUsed(msgspec.Struct, frozen=True):
+    """When an on-demand model last had a request."""
+
+    at: float  # unix time
+
+
 class NodeView(Protocol):
     """One node as the cluster state reports it (cluster.NodeInfo)."""
 
@@ -94,6 +102,7 @@ class Nodes(Protocol):
 _dec = msgspec.json.Decoder(Placement)
 _flags_dec = msgspec.json.Decoder(NodeFlags)
 _failure_dec = msgspec.json.Decoder(Failure)
+_used_dec = msgspec.json.Decoder(LastUsed)
 _enc = msgspec.json.Encoder()
 
 
@@ -151,6 +160,7 @@ class Reconciler:
         self._failing_since: dict[str, float] = {}  # replica id -> first seen failed
         self._leaving_since: dict[str, float] = {}  # replica id -> its removal first planned
         self._last_used: dict[str, float] = {}  # on-demand model -> its last request
+        self._used_saved: dict[str, float] = {}  # what the store holds of _last_used
         self.outcomes: list[scheduler.Outcome] = []  # the last pass's, for people
 
     def poke(self) -> None:
@@ -181,6 +191,11 @@ class Reconciler:
         kvs, _ = await self._store.range(FAILURES, prefix_end(FAILURES))
         for f in (_failure_dec.decode(kv.value) for kv in kvs):
             self._failures[(f.node, f.model)] = f
+        kvs, _ = await self._store.range(LAST_USED, prefix_end(LAST_USED))
+        for kv in kvs:
+            ago = max(0.0, time.time() - _used_dec.decode(kv.value).at)
+            name = kv.key[len(LAST_USED) :]
+            self._last_used[name] = self._used_saved[name] = self._clock() - ago
 
     # On-demand models
 
@@ -203,6 +218,18 @@ class Reconciler:
             log.info("model %s woken by a request", name, extra={"model": name})
             self.poke()
 
+    async def _save_last_used(self) -> None:
+        """Store what changed of the last requests (once a pass, not once a request)."""
+        for name, used in list(self._last_used.items()):
+            if self._catalog.get(name) is None:
+                await self._store.delete(LAST_USED + name)
+                del self._last_used[name]
+                self._used_saved.pop(name, None)
+            elif self._used_saved.get(name) != used:
+                at = time.time() - (self._clock() - used)
+                await self._store.put(LAST_USED + name, _enc.encode(LastUsed(at)))
+                self._used_saved[name] = used
+
     # Node flags
 
     def flags(self, node: str) -> NodeFlags:
@@ -224,6 +251,7 @@ class Reconciler:
     async def reconcile(self) -> None:
         """One pass: note failures, schedule, store the changes, send every node its set."""
         models = self._catalog.all()
+        await self._save_last_used()
         infos = {n.name: n for n in self._nodes.nodes()}
         status = {r.id: r for n in infos.values() if n.connected for r in n.replicas}
         await self._note_failures(status)
