@@ -10,7 +10,6 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
 from openai.types.chat import ChatCompletionMessageParam
 
 from llmgwd.pool import Endpoint
@@ -26,6 +25,7 @@ from tests.llmgwd.router.test_router_v1 import (
     FakeModels,
     FakePool,
     assert_error_shape,
+    running,
     serve,
 )
 
@@ -39,18 +39,6 @@ def replica(fake: FakeEngine, rid: str, slots: int = 0) -> Endpoint:
 
 def body(text: str) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}]}
-
-
-@asynccontextmanager
-async def running(fake: FakeEngine) -> AsyncIterator[FakeEngine]:
-    """A fake engine on a port of its own (several in one test: not the engine fixture)."""
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    fake.url = str(server.make_url("")).rstrip("/")
-    try:
-        yield fake
-    finally:
-        await server.close()
 
 
 @pytest.fixture

@@ -641,8 +641,8 @@ async def test_engine_breaking_mid_stream_ends_with_an_error_event(
 
 
 @asynccontextmanager
-async def another_engine(**options: Any) -> AsyncIterator[FakeEngine]:
-    fake = FakeEngine(**options)
+async def running(fake: FakeEngine) -> AsyncIterator[FakeEngine]:
+    """A fake engine on a port of its own (several in one test: not the engine fixture)."""
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     fake.url = str(server.make_url("")).rstrip("/")
@@ -665,7 +665,8 @@ async def until(check: Any) -> None:
 async def test_a_request_in_flight_on_a_lost_node_is_answered_by_another_replica(
     gw: Gateway,
 ) -> None:
-    async with another_engine(gate=asyncio.Event()) as silent:  # takes the request, never answers
+    silent_engine = FakeEngine(gate=asyncio.Event())  # takes the request, never answers
+    async with running(silent_engine) as silent:
         lost = on_node(endpoint(silent.url, "lost"), "n2")
         gw.pool.endpoints[MODEL] = [lost]
         async with gw.openai() as client:
@@ -685,7 +686,7 @@ async def test_a_request_in_flight_on_a_lost_node_is_answered_by_another_replica
 
 
 async def test_a_stream_begun_on_a_lost_node_ends_with_an_error_event(gw: Gateway) -> None:
-    async with another_engine(hang_after_first=True) as silent:
+    async with running(FakeEngine(hang_after_first=True)) as silent:
         gw.pool.endpoints[MODEL] = [on_node(endpoint(silent.url, "lost"), "n2")]
         texts: list[str] = []
         async with gw.openai() as client:
