@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import socket
@@ -653,7 +654,7 @@ async def running(fake: FakeEngine) -> AsyncIterator[FakeEngine]:
 
 
 def on_node(ep: Endpoint, node: str) -> Endpoint:
-    return Endpoint(ep.replica_id, ep.model, node, ep.url, ep.api_key)
+    return dataclasses.replace(ep, node=node)
 
 
 async def until(check: Any) -> None:
