@@ -117,13 +117,15 @@ class RateLimits:
             pair = self._windows[key_id] = (Window(), Window())
         return pair
 
-    def check(self, key_id: str, limits: KeyLimits, tokens: int, now: float) -> Refusal | None:
-        """The first limit one more request of tokens would break, or None."""
+    def check(
+        self, key_id: str, limits: KeyLimits, tokens: int, now: float, requests: int = 1
+    ) -> Refusal | None:
+        """The first limit a request of tokens, counting as requests, would break, or None."""
         if not (limits.rpm or limits.tpm):
             return None
-        requests, toks = self._of(key_id)
+        reqs, toks = self._of(key_id)
         for kind, window, limit, need in (
-            ("requests", requests, limits.rpm, 1),
+            ("requests", reqs, limits.rpm, requests),
             ("tokens", toks, limits.tpm, tokens),
         ):
             if limit and window.used(now) + need > limit:
@@ -131,12 +133,15 @@ class RateLimits:
                 return Refusal(kind, limit, window.used(now), need, wait)
         return None
 
-    def take(self, key_id: str, limits: KeyLimits, tokens: int, now: float) -> int | None:
-        """Count one request and reserve its tokens; returns the second to settle against."""
+    def take(
+        self, key_id: str, limits: KeyLimits, tokens: int, now: float, requests: int = 1
+    ) -> int | None:
+        """Count the request (as requests) and reserve its tokens; returns the second to settle
+        against."""
         if not (limits.rpm or limits.tpm):
             return None
-        requests, toks = self._of(key_id)
-        requests.add(now, 1)
+        reqs, toks = self._of(key_id)
+        reqs.add(now, requests)
         return toks.add(now, tokens)
 
     def settle(self, key_id: str, second: int, reserved: int, used: int, now: float) -> None:

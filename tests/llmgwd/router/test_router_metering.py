@@ -381,4 +381,4 @@ def test_reservation_bounds_every_choice() -> None:
 
     model = PricedModels().models[MODEL]
     doc: dict[str, Any] = {"model": MODEL, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 10}
-    assert estimate(doc, model, 99) == Estimate(prompt=99, completion=60)
+    assert estimate(doc, model, 99) == Estimate(prompt=99, completion=60, requests=3)

@@ -13,7 +13,8 @@ Keys.authenticate may return a revoked key (revoked=True) so the 401 can say "re
 so the client app's client_max_size does not limit /v1 (an HTTPRequestEntityTooLarge from
 it still answers 413 in OpenAI's shape). A client that leaves mid-request has its engine
 request closed whether or not the daemon's AppRunner sets handler_cancellation.
-Routes: /models, /chat/completions, /completions and /embeddings.
+Routes: /models, /chat/completions, /completions and /embeddings. Only the fields each route
+allows (llmgwd.router.fields) reach an engine; any other is a 400 naming it.
 
 `router.balancer` (pass `balancer=Balancer(pool, queue_size=..., queue_timeout_s=...)` to set
 it up) counts the requests in flight per replica and never sends one more than its slots (as

@@ -100,11 +100,11 @@ class Meter:
         exhausted = self.budgets.check(key.id, key.limits, tokens, picos, self._today.at(ts))
         if exhausted is not None:
             raise _quota_error(key, exhausted, ts)
-        refusal = self.limits.check(key.id, key.limits, tokens, now)
+        refusal = self.limits.check(key.id, key.limits, tokens, now, estimate.requests)
         if refusal is not None:
             raise _rate_error(key, refusal, self.limits.states(key.id, key.limits, now))
         reservation = Reservation(self, key, model, estimate, picos)
-        reservation.second = self.limits.take(key.id, key.limits, tokens, now)
+        reservation.second = self.limits.take(key.id, key.limits, tokens, now, estimate.requests)
         self.budgets.take(key.id, tokens, picos)
         if reservation.second is not None:
             reservation.headers = rate_headers(self.limits.states(key.id, key.limits, now))
@@ -159,10 +159,15 @@ def _rate_error(key: ApiKey, refusal: Refusal, states: list[State]) -> errors.Ap
     label = _LABELS[refusal.kind]
     headers = rate_headers(states)
     if refusal.retry_after_s is None:
+        reduce = (
+            "Send fewer prompts in one request (each counts as a request)."
+            if refusal.kind == "requests"
+            else "Reduce max_tokens or the prompt (a prompt counts as at most its size in bytes "
+            "until the engine reports its tokens)."
+        )
         message = (
             f"Request too large for {label} on key {key.id}: Limit {refusal.limit}, Requested "
-            f"{refusal.requested}. Reduce max_tokens or the prompt (a prompt counts as at most "
-            "its size in bytes until the engine reports its tokens)."
+            f"{refusal.requested}. {reduce}"
         )
         return errors.rate_limited(message, refusal.kind, {**headers, **_NO_RETRY})
     wait = refusal.retry_after_s

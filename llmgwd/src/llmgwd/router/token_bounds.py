@@ -5,10 +5,12 @@ Two bounds, each safe in its own direction:
   Byte-level BPE (GPT-2's kind: Llama 3, Qwen, SmolLM2) never makes more tokens than the text
   has bytes, and the body's JSON carries every byte of the text plus keys and quotes, which
   cover the chat template's few tokens per message.
-- below, to refuse: the prompt has at least as many tokens as its text has words (runs of
-  non-space), since tokenizers that split on whitespace first (GPT-2's pre-tokenizer,
-  SentencePiece's default) never join two words in one token. Only a prompt whose word count
-  alone passes the context is refused: it is certainly too long.
+- below, to refuse: each word (run of non-space) of the prompt's text is at least one token,
+  and at least one per TOKEN_CHARS_MAX of its characters, since tokenizers that split on
+  whitespace first (GPT-2's pre-tokenizer, SentencePiece's default) never join two words in
+  one token, and no token is longer than the longest of its vocabulary. Only a prompt whose
+  floor alone passes the context is refused: it is certainly too long, and the engine does not
+  spend time tokenizing it.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgwd.catalog import Model
-from llmgwd.router import errors
+from llmgwd.router import errors, fields
 
-# Reserved per choice when neither the request nor the catalog bounds the answer: settled to
-# the real count, but not a bound (set the model's context or max_tokens in the catalog).
+# Reserved per choice, and written as max_tokens, when neither the request nor the catalog
+# bounds the answer (set the model's context or max_tokens in the catalog to change it).
 UNBOUNDED_COMPLETION = 4096
+# More characters than any token of a vocabulary has: SmolLM2's longest word-like token (a run
+# of '#') is 80; runs of whitespace, which are longer, are not counted in words.
+TOKEN_CHARS_MAX = 256
 
 Document = dict[str, Any]
 _LIMIT_PARAMS = ("max_tokens", "max_completion_tokens")
@@ -29,10 +34,12 @@ _LIMIT_PARAMS = ("max_tokens", "max_completion_tokens")
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """The most tokens a request may use: its prompt's and all its choices' completions."""
+    """The most tokens a request may use: its prompt's and all its choices' completions; and
+    how many requests it counts as against a requests-per-minute limit (one per prompt)."""
 
     prompt: int
     completion: int
+    requests: int = 1
 
     @property
     def total(self) -> int:
@@ -43,12 +50,13 @@ class Estimate:
 def estimate(doc: Document, model: Model, body_bytes: int) -> Estimate:
     """Check the request against the model's limits and bound its tokens.
 
-    doc must have passed the router's body checks; it may be changed: the completion limit is
-    written as max_tokens (and max_completion_tokens, when given) whenever the request or the
-    catalog sets one, so the engine holds to what was reserved.
+    doc must have passed the router's body checks (router.fields); it is changed: the completion
+    limit reserved is written as max_tokens (and max_completion_tokens, when given), so the
+    engine holds to what was reserved.
     """
     check_context(doc, model, body_bytes)
-    return Estimate(prompt=body_bytes, completion=completion_limit(doc, model) * choices(doc))
+    completion = completion_limit(doc, model) * choices(doc)
+    return Estimate(prompt=body_bytes, completion=completion, requests=fields.prompts(doc))
 
 
 def completion_limit(doc: Document, model: Model) -> int:
@@ -62,12 +70,8 @@ def completion_limit(doc: Document, model: Model) -> int:
         if cap and value > cap:
             raise errors.max_tokens_too_large(param, value, cap)
         asked.append(value)
-    if asked:
-        limit = min(asked)
-    elif model.max_tokens:
-        limit = model.max_tokens
-    else:  # the engine stops at the context's end, when the catalog knows it
-        return model.context or UNBOUNDED_COMPLETION
+    # Unasked, the engine would stop only at the context's end: the bound reserved goes instead.
+    limit = min(asked) if asked else model.max_tokens or model.context or UNBOUNDED_COMPLETION
     for param in _LIMIT_PARAMS:  # both, so whichever the engine reads holds to the limit
         if param == "max_tokens" or doc.get(param) is not None:
             doc[param] = limit
@@ -76,18 +80,14 @@ def completion_limit(doc: Document, model: Model) -> int:
 
 def choices(doc: Document) -> int:
     """How many completions the request makes: n (or best_of) times its prompts."""
-    count = max(_int(doc.get("n")), _int(doc.get("best_of")))
-    prompt = doc.get("prompt")
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        count *= len(prompt)  # several prompts (texts or token lists), each its own answer
-    return count
+    return max(_int(doc.get("n")), _int(doc.get("best_of"))) * fields.prompts(doc)
 
 
 def check_context(doc: Document, model: Model, body_bytes: int) -> None:
-    """400 when the prompt is certainly longer than the model's context."""
+    """400 when the prompt (or an embedding's input) is certainly longer than the context."""
     if not model.context or body_bytes <= model.context:
         return  # the upper bound fits already: nothing to count
-    param = "messages" if "messages" in doc else "prompt"
+    param = next((p for p in ("messages", "input") if p in doc), "prompt")
     at_least = prompt_floor(doc)
     if at_least > model.context:
         raise errors.context_length_exceeded(param, at_least, model.context)
@@ -98,7 +98,7 @@ def prompt_floor(doc: Document) -> int:
     messages = doc.get("messages")
     if isinstance(messages, list):
         return sum(_words(m.get("content")) for m in messages if isinstance(m, dict))
-    prompt = doc.get("prompt")
+    prompt = doc.get("prompt", doc.get("input"))
     if isinstance(prompt, str):
         return _words(prompt)
     if isinstance(prompt, list) and prompt:
@@ -109,9 +109,10 @@ def prompt_floor(doc: Document) -> int:
 
 
 def _words(content: object) -> int:
-    """Words of a message's content: a text, or parts of which some are texts."""
+    """Fewest tokens of a message's content (a text, or parts of which some are texts): each
+    word one at least, and one per TOKEN_CHARS_MAX of its characters."""
     if isinstance(content, str):
-        return len(content.split())
+        return sum(-(-len(word) // TOKEN_CHARS_MAX) for word in content.split())
     if isinstance(content, list):
         return sum(_words(part.get("text")) for part in content if isinstance(part, dict))
     return 0

@@ -1,4 +1,4 @@
-"""The /v1 handlers: key check, body checks, model lookup, then the proxy."""
+"""The /v1 handlers: key check, body checks (router.fields), model lookup, then the proxy."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Pool
-from llmgwd.router import embeddings, errors
+from llmgwd.router import embeddings, errors, fields
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
@@ -151,10 +151,10 @@ class Router:
         return _json(_card(model))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "chat/completions", _check_chat)
+        return await self._complete(request, "chat/completions", fields.chat)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "completions", _check_completion)
+        return await self._complete(request, "completions", fields.completion)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "embeddings", embeddings.check, embeddings.bound)
@@ -163,26 +163,27 @@ class Router:
         self,
         request: web.Request,
         path: str,
-        check: Callable[[Document], None],
+        check: Callable[[Document], str],
         bound: Callable[[Document, Model, int], Estimate] = estimate,
     ) -> web.StreamResponse:
-        """Check everything a client can get wrong, admit the request against its key's limits
-        and budgets, hand the body to the proxy, then settle what the answer used."""
+        """Check everything a client can get wrong (only the route's allowed fields pass),
+        admit the request against its key's limits and budgets, hand the body to the proxy,
+        then settle what the answer used."""
         key = self._authenticate(request)
         raw = await _read_body(request, self._max_body_bytes)
         doc = _parse_object(raw)
-        name = _check_common(doc)
+        for field in ROUTING_KEYS:  # ignored, never refused: clients' libraries add them
+            doc.pop(field, None)
+        name = check(doc)
         request[errors.MODEL] = name
-        check(doc)
         model = self._models.get(name)
         if model is None:
             raise errors.model_not_found(name)
+        fields.for_engine(doc, model, path)
         if model.on_demand and self._on_demand is not None:
             await self._wake(model.name)
         self._require_ready(model)
         bounds = bound(doc, model, len(raw))
-        for field in ROUTING_KEYS:
-            doc.pop(field, None)
         doc["model"] = model.name
         stream = doc.get("stream") is True
         reservation = self.meter.admit(key, model, bounds)
@@ -291,56 +292,6 @@ def _parse_object(body: bytes) -> Document:
             f"The request body must be a JSON object, not {errors.json_type(doc)}."
         )
     return doc
-
-
-def _check_common(doc: Document) -> str:
-    """Fields both completion kinds share; returns the model name."""
-    model = doc.get("model")
-    if model is None:
-        raise errors.missing_parameter("model")
-    if not isinstance(model, str):
-        raise errors.invalid_type("model", "a string", model)
-    if not model:
-        raise errors.invalid_value("model", "'model' must not be empty.")
-    stream = doc.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise errors.invalid_type("stream", "a boolean", stream)
-    for name in ("max_tokens", "max_completion_tokens"):
-        _check_positive_int(doc, name)
-    return model
-
-
-def _check_positive_int(doc: Document, name: str) -> None:
-    value = doc.get(name)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.invalid_type(name, "an integer", value)
-    if value < 1:
-        raise errors.invalid_value(name, f"'{name}' must be at least 1, got {value}.")
-
-
-def _check_chat(doc: Document) -> None:
-    """POST /v1/chat/completions: messages is a non-empty array of objects."""
-    messages = doc.get("messages")
-    if messages is None:
-        raise errors.missing_parameter("messages")
-    if not isinstance(messages, list):
-        raise errors.invalid_type("messages", "an array", messages)
-    if not messages:
-        raise errors.invalid_value("messages", "'messages' must contain at least one message.")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise errors.invalid_type(f"messages[{i}]", "an object", message)
-
-
-def _check_completion(doc: Document) -> None:
-    """POST /v1/completions: a prompt, as text or an array (of texts or token ids)."""
-    prompt = doc.get("prompt")
-    if prompt is None:
-        raise errors.missing_parameter("prompt")
-    if not isinstance(prompt, str | list):
-        raise errors.invalid_type("prompt", "a string or an array", prompt)
 
 
 def _card(model: Model) -> ModelCard:
