@@ -4,6 +4,7 @@ SmolLM2, and the official openai client against /v1."""
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import subprocess
 import threading
@@ -310,3 +311,34 @@ def test_the_daemons_log_with_journal_fields(node: Node) -> None:
     # Each /v1 request's line carries its id, as the x-request-id header gives it.
     out = node.ps.run(["journalctl", "--no-pager", "-u", "llmgwd", "-o", "json"]).stdout
     assert any("LLMGW_REQUEST" in json.loads(line) for line in out.splitlines() if line.strip())
+
+
+def raw_exchange(node: Node, request: bytes) -> tuple[int, bytes]:
+    """Bytes the http clients refuse to send; the status and the whole answer."""
+    with socket.create_connection(("127.0.0.1", node.client_port), timeout=60) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1]), answer
+
+
+def test_a_bad_authorization_header_leaves_no_byte_of_the_key_in_the_journal(node: Node) -> None:
+    secret = node.llmgw("key", "create", "leak-canary", "--json")["key"]
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    for header, status in (
+        (f"Authorization: Bearer {secret}".encode() + b"A" * 20_000, 431),
+        (f"Authorization: Bearer {secret}\x01".encode(), 400),
+    ):
+        got, answer = raw_exchange(node, head + header + b"\r\n\r\n")
+        assert got == status and b"application/json" in answer
+        assert secret.encode()[9:17] not in answer  # not even the start of the key
+    for _ in range(100):  # journald takes the lines in a moment
+        out = node.ps.run(["journalctl", "--no-pager", "-u", "llmgwd", "-o", "json"]).stdout
+        if out.count("refused a request from") >= 2:
+            break
+        time.sleep(0.2)
+    assert out.count("refused a request from") >= 2
+    # Not the key, and no 6 characters of it beyond its common prefix.
+    tail = secret.removeprefix("sk-llmgw-")
+    assert not [tail[i : i + 6] for i in range(len(tail) - 5) if tail[i : i + 6] in out]

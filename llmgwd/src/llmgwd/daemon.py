@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
-from llmgwd import api, cluster
+from llmgwd import api, clientport, cluster
 from llmgwd.catalog import Catalog
 from llmgwd.reconciler import Reconciler
 from llmgwd.router import Router
@@ -30,8 +30,6 @@ from llmgwd.store.sqlite import SqliteStore
 from llmgwd.usage import Usage
 
 log = logging.getLogger("llmgwd")
-
-CLIENT_BACKLOG = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,20 +176,9 @@ class Daemon:
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
         app.add_subapp(api.API_PREFIX, api.api_subapp(ctx, api.key_auth(self.catalog)))
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=10.0)
-        await runner.setup()
         host, port = split_listen(cfg.listen)
-        tls = None
-        if cfg.tls_cert:
-            import ssl
-
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
-        # aiohttp's default backlog (128) overflowed with a few hundred clients connecting at
-        # once (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.
-        site = web.TCPSite(runner, host, port, ssl_context=tls, backlog=CLIENT_BACKLOG)
-        await site.start()
-        self._runners.append(runner)
+        self.client_runner = await clientport.serve(app, cfg, host, port)
+        self._runners.append(self.client_runner)
 
     async def _serve_local(self, ctx: api.ApiContext) -> None:
         path = Path(self.config.socket)

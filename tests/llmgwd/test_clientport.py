@@ -1,0 +1,264 @@
+"""The client port as a client meets it on a real socket: aiohttp's own refusals in our error
+shapes with no byte of a key in them or in a log, heads and bodies that trickle are cut off,
+one address's connections are capped, /api/v1's body limit holds, CORS allows only the listed
+origins, and the Server header says llmgw."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from llmgw.config import ClientPort, ClusterPort, ServerConfig
+from llmgwd.daemon import Daemon
+
+CANARY = "sk-llmgw-CANARYc4n4ryC4N4RY"  # a key-shaped secret that must never come back
+OPENAI_KEYS = {"message", "type", "param", "code"}
+
+
+@dataclass
+class Port:
+    """A running llmgwd and its client port."""
+
+    daemon: Daemon
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@asynccontextmanager
+async def llmgwd(tmp_path: Path, **client: Any) -> AsyncIterator[Port]:
+    config = ServerConfig(
+        state_dir=str(tmp_path / "state"),
+        socket=str(tmp_path / "llmgwd.sock"),
+        client=ClientPort(listen="127.0.0.1:0", **client),
+        cluster=ClusterPort(listen="127.0.0.1:0", advertise="https://127.0.0.1:17710"),
+    )
+    d = Daemon(config)
+    await d.start()
+    try:
+        yield Port(d, d.client_runner.addresses[0][1])
+    finally:
+        await d.stop()
+
+
+@dataclass
+class Answer:
+    """An HTTP answer read off a raw socket."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    raw: bytes
+
+    def error(self) -> dict[str, Any]:
+        assert self.headers["content-type"].startswith("application/json"), self.raw[:300]
+        doc = json.loads(self.body)
+        assert set(doc) == {"error"}
+        detail: dict[str, Any] = doc["error"]
+        return detail
+
+
+def parse(raw: bytes) -> Answer:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return Answer(int(lines[0].split()[1]), headers, body, raw)
+
+
+async def exchange(port: int, request: bytes) -> Answer:
+    """Send request bytes on a new connection; the answer is all read until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    raw = await asyncio.wait_for(reader.read(), 60)
+    writer.close()
+    return parse(raw)
+
+
+def all_logged(caplog: pytest.LogCaptureFixture) -> str:
+    """Every record as a handler would write it, tracebacks included."""
+    formatter = logging.Formatter("%(name)s %(message)s")
+    return "\n".join(formatter.format(r) + repr(r.__dict__) for r in caplog.records)
+
+
+# Finding 7: a malformed or oversized Authorization header.
+
+HEADERS = {
+    "oversized": (f"Authorization: Bearer {CANARY}" + "x" * 20_000).encode(),
+    "control byte": f"Authorization: Bearer {CANARY}\x01".encode(),
+    "space before colon": f"Authorization : Bearer {CANARY}".encode(),
+    "bare CR": f"Authorization: Bearer {CANARY}\rX-Other: 1".encode(),
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/v1/models"])
+@pytest.mark.parametrize("header", sorted(HEADERS))
+async def test_a_bad_authorization_header_is_answered_in_json_and_never_echoed_or_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, header: str, path: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with llmgwd(tmp_path) as port:
+        request = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+        answer = await exchange(port.port, request + HEADERS[header] + b"\r\n\r\n")
+    assert answer.status == (431 if header == "oversized" else 400)
+    error = answer.error()
+    assert set(error) == OPENAI_KEYS  # OpenAI's shape; /api/v1's keys are among them
+    assert error["code"] in ("request_header_fields_too_large", "malformed_request")
+    assert answer.headers["server"] == "llmgw"
+    assert b"CANARY" not in answer.raw and b"Bearer" not in answer.raw
+    assert "CANARY" not in all_logged(caplog)
+    assert "refused a request from 127.0.0.1" in caplog.text  # it was logged, safely
+
+
+# Finding 8: time limits on reading a request, and a cap on one address's connections.
+
+
+async def test_connections_trickling_their_heads_are_closed(tmp_path: Path) -> None:
+    async def trickle(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        read = asyncio.ensure_future(reader.read())
+        while not read.done():  # one more header byte every 50 ms, until the server hangs up
+            try:
+                writer.write(b"X")
+                await writer.drain()
+            except ConnectionError:
+                break
+            await asyncio.wait([read], timeout=0.05)
+        writer.close()
+        return await asyncio.wait_for(read, 60)
+
+    async with llmgwd(tmp_path, head_timeout_s=0.5) as port:
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(trickle(port.port) for _ in range(50)), return_exceptions=True), 120
+        )
+        # All 50 were closed without an answer (or reset while the client still wrote).
+        assert all(a == b"" or isinstance(a, ConnectionError) for a in answers), answers
+
+
+async def test_an_idle_keep_alive_connection_outlives_the_head_timeout(tmp_path: Path) -> None:
+    async with llmgwd(tmp_path, head_timeout_s=0.2) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port.port)
+        for _ in range(2):  # the second request comes after several head timeouts of idling
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            status = await asyncio.wait_for(reader.readline(), 60)
+            assert status.startswith(b"HTTP/1.1 401")
+            length = 0
+            while (line := await reader.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            await asyncio.sleep(1.0)
+        writer.close()
+
+
+async def test_a_stalled_body_is_refused_with_408(tmp_path: Path) -> None:
+    async with llmgwd(tmp_path, body_timeout_s=0.3) as port:
+        _, secret = await port.daemon.catalog.create_key("root", role="admin")
+        head = (
+            "POST /api/v1/keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {secret}\r\nContent-Length: 100\r\n\r\n"
+        )
+        answer = await exchange(port.port, head.encode() + b'{"name": "')  # then nothing
+    assert answer.status == 408
+    assert answer.error()["code"] == "timeout"
+
+
+async def test_one_address_holds_at_most_its_cap_of_connections(tmp_path: Path) -> None:
+    async with llmgwd(tmp_path, max_connections_per_address=3, uncapped_addresses=()) as port:
+        held = [await asyncio.open_connection("127.0.0.1", port.port) for _ in range(3)]
+        for reader, writer in held:  # each is served, so each is counted by now
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await asyncio.wait_for(reader.readline(), 60)).startswith(b"HTTP/1.1 401")
+        get = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        refused = await exchange(port.port, get)
+        assert refused.status == 429
+        assert refused.error()["code"] == "too_many_connections"
+        assert refused.headers["server"] == "llmgw"
+        held[0][1].close()
+        for _ in range(600):  # once the server saw that close, a new one is let in
+            again = await exchange(port.port, get)
+            if again.status != 429:
+                break
+            await asyncio.sleep(0.05)
+        assert again.status == 401
+        for _, writer in held[1:]:
+            writer.close()
+
+
+async def test_loopback_is_not_capped_unless_the_settings_say_so(tmp_path: Path) -> None:
+    async with llmgwd(tmp_path, max_connections_per_address=1) as port:
+        held = [await asyncio.open_connection("127.0.0.1", port.port) for _ in range(3)]
+        for reader, writer in held:
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert parse(await asyncio.wait_for(reader.read(), 60)).status == 401
+            writer.close()
+
+
+# Finding 13: /api/v1's own 64 KB limit.
+
+
+async def test_api_refuses_a_100_kb_body_with_413_in_its_shape(tmp_path: Path) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            yield b" " * 1024
+
+    async with llmgwd(tmp_path) as port:
+        _, secret = await port.daemon.catalog.create_key("root", role="admin")
+        auth = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as s:
+            for body in (b" " * 100 * 1024, chunks()):  # declared, then chunked
+                async with s.post(f"{port.url}/api/v1/keys", data=body, headers=auth) as r:
+                    assert r.status == 413
+                    error = (await r.json())["error"]
+                    assert error["code"] == "request_too_large"
+                    assert "param" in error and "65536" in error["message"]
+            async with s.post(f"{port.url}/api/v1/keys", json={"name": "x"}, headers=auth) as r:
+                assert r.status == 201  # a small body still goes through
+
+
+# Finding 15: CORS for the listed origins only, and the Server header.
+
+
+async def test_cors_allows_only_the_listed_origins(tmp_path: Path) -> None:
+    listed, other = "https://chat.example.org", "https://evil.example.com"
+    preflight = {"Access-Control-Request-Method": "POST"}
+    async with llmgwd(tmp_path, cors_origins=(listed,)) as port, aiohttp.ClientSession() as s:
+        for origin, allowed in ((other, None), (listed, listed)):
+            url = f"{port.url}/v1/chat/completions"
+            async with s.options(url, headers={"Origin": origin, **preflight}) as r:
+                assert r.headers.get("Access-Control-Allow-Origin") == allowed
+                assert "Access-Control-Allow-Credentials" not in r.headers
+                if allowed:
+                    assert r.status == 204
+                    assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+            async with s.get(f"{port.url}/v1/models", headers={"Origin": origin}) as r:
+                assert r.status == 401
+                assert r.headers.get("Access-Control-Allow-Origin") == allowed
+                assert "Access-Control-Allow-Credentials" not in r.headers
+                assert r.headers["Server"] == "llmgw"
+
+
+async def test_no_origin_is_allowed_by_default_and_the_server_is_just_llmgw(
+    tmp_path: Path,
+) -> None:
+    async with llmgwd(tmp_path) as port, aiohttp.ClientSession() as s:
+        origin = {"Origin": "https://evil.example.com", "Access-Control-Request-Method": "POST"}
+        for method, path in (("OPTIONS", "/v1/models"), ("GET", "/api/v1/models"), ("GET", "/")):
+            async with s.request(method, port.url + path, headers=origin) as r:
+                assert not any(h.lower().startswith("access-control-") for h in r.headers)
+                assert r.headers["Server"] == "llmgw"
+                assert (await r.json())["error"]["message"]  # JSON, even for a 404 at /
