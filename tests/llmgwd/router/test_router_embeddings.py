@@ -90,15 +90,18 @@ async def test_embeddings_need_a_key(gw: Gateway) -> None:
     assert_error_shape(answer, "invalid_api_key")
 
 
-async def test_an_engine_started_without_embeddings_has_its_refusal_passed_on(
+async def test_embeddings_on_a_model_without_them_say_which_model_lacks_what(
     gw: Gateway,
 ) -> None:
-    gw.engine.embeddings = False  # llama-server without --embeddings
+    gw.engine.embeddings = False  # llama-server without --embeddings: 501 "Start it with ..."
+    status, answer, _ = await gw.post(PATH, {"model": MODEL, "input": "one"})
+    assert status == 400
+    assert_error_shape(answer, "model_not_supported", "model")
+    assert answer["error"]["message"] == f"The model '{MODEL}' does not support embeddings."
     async with gw.openai() as client:
-        with pytest.raises(openai.APIStatusError) as caught:
+        with pytest.raises(openai.BadRequestError) as caught:
             await client.embeddings.create(model=MODEL, input="one")
-    assert caught.value.status_code == 501
-    assert "--embeddings" in caught.value.message
+    assert "--embeddings" not in caught.value.message and "Start it" not in caught.value.message
 
 
 async def test_embeddings_are_held_to_the_keys_rate_limit(m: metering.Metered) -> None:

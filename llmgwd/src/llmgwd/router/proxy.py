@@ -1,6 +1,7 @@
-"""The upstream call: one shared client session, another replica on a refused connect, streaming
-passed through chunk by chunk, the engine's request dropped as soon as the client leaves, and
-the requests in flight on a node that is lost sent to another replica."""
+"""The upstream call: one shared client session, another replica on a refused connect, a pooled
+connection the engine had closed replaced by a fresh one, streaming passed through chunk by
+chunk, the engine's request dropped as soon as the client leaves, and the requests in flight on
+a node that is lost sent to another replica."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import logging
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from llmgwd.pool import Endpoint
-from llmgwd.router import errors
+from llmgwd.router import answers, errors
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.usage_events import Tally, tally_of
 from llmgwd.router.waitlist import Busy
@@ -24,6 +26,14 @@ log = logging.getLogger("llmgwd.router")
 
 # Failures where the engine cannot have seen the request: safe to send it to another replica.
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+# How a pooled connection the engine had closed fails before any byte of an answer: its FIN
+# seen (disconnected), or its reset (llama-server closes a connection after every streamed
+# answer while its headers promised keep-alive; any server may close an idle one).
+_STALE_ERRORS = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientConnectionResetError,
+    aiohttp.ClientOSError,
+)
 _MAX_TAIL = 1 << 20  # a partial SSE event longer than this is passed on anyway
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -102,6 +112,7 @@ class Upstream:
         self._retry_after_s = retry_after_s
         self._poll_s = disconnect_poll_s
         self._flights = _Flights()
+        self._fresh: aiohttp.ClientSession | None = None
 
     def node_lost(self, node: str) -> int:
         """The node is gone (cut off past its grace period): each request in flight there goes
@@ -117,14 +128,27 @@ class Upstream:
             # limit=0: concurrent streams must not queue behind a connection cap;
             # keep-alive below llama-server's 5 s so a pooled connection is not stale.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, trace_configs=[_reuse_tracing()]
+            )
         return self._session
 
+    def fresh_session(self) -> aiohttp.ClientSession:
+        """A session that opens a new connection for every request: for the one retry of a
+        request whose pooled connection was found closed."""
+        if self._fresh is None:
+            connector = aiohttp.TCPConnector(limit=0, force_close=True)
+            self._fresh = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._fresh
+
     async def close(self) -> None:
-        """Close the session if this object made it."""
+        """Close the sessions this object made."""
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
+        if self._fresh is not None:
+            await self._fresh.close()
+            self._fresh = None
 
     async def forward(
         self, request: web.Request, model: str, path: str, body: bytes, stream: bool
@@ -229,8 +253,8 @@ class Upstream:
                 )  # fmt: skip
                 raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
-                return await self._relay_stream(request, upstream, endpoint, tally)
-            return await self._relay_whole(upstream, endpoint, tally)
+                return await self._relay_stream(request, upstream, endpoint, path, tally)
+            return await self._relay_whole(upstream, endpoint, path, tally)
         finally:
             # A no-op after a complete answer; otherwise drops the connection so the
             # engine stops generating for a client that is gone.
@@ -240,15 +264,10 @@ class Upstream:
         self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
     ) -> aiohttp.ClientResponse:
         """POST to the replica with its own key; the client's headers are never passed on."""
-        headers = {
-            "Authorization": f"Bearer {endpoint.api_key}",
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream" if stream else "application/json",
-            "x-request-id": request[errors.REQUEST_ID],
-        }
+        headers = self._headers(request, endpoint, stream)
         url = f"{endpoint.url.rstrip('/')}/v1/{path}"
         try:
-            return await self.session().post(url, data=body, headers=headers)
+            return await self._post(request, endpoint, url, body, headers)
         except _CONNECT_ERRORS as e:
             log.warning(
                 "replica %s of %s on %s unreachable, rid=%s: %s",
@@ -264,10 +283,52 @@ class Upstream:
         except aiohttp.ClientError as e:
             raise _engine_failed(endpoint, e) from None
 
+    def _headers(self, request: web.Request, endpoint: Endpoint, stream: bool) -> dict[str, str]:
+        """The engine's own key, never the client's headers. A stream asks for its connection
+        to be closed after it: llama-server closes it anyway without saying so in its headers,
+        and a connection both sides know is closing never goes back to the pool."""
+        headers = {
+            "Authorization": f"Bearer {endpoint.api_key}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+            "x-request-id": request[errors.REQUEST_ID],
+        }
+        if stream:
+            headers["Connection"] = "close"
+        return headers
+
+    async def _post(
+        self,
+        request: web.Request,
+        endpoint: Endpoint,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> aiohttp.ClientResponse:
+        """The POST on a pooled connection; once more on a fresh one when the pooled one turns
+        out closed before any byte of an answer (the engine never had the request, so this is
+        no failure of the replica). A fresh connection failing so is the engine's failure."""
+        probe = SimpleNamespace(reused=False)
+        try:
+            return await self.session().post(
+                url, data=body, headers=headers, trace_request_ctx=probe
+            )
+        except _STALE_ERRORS as e:
+            if not probe.reused or isinstance(e, _CONNECT_ERRORS):
+                raise
+            log.info(
+                "replica %s of %s on %s: pooled connection found closed (%s); sent again on a "
+                "fresh one, rid=%s",
+                endpoint.replica_id, endpoint.model, endpoint.node, type(e).__name__,
+                request[errors.REQUEST_ID],
+            )  # fmt: skip
+        return await self.fresh_session().post(url, data=body, headers=headers)
+
     async def _relay_whole(
-        self, upstream: aiohttp.ClientResponse, endpoint: Endpoint, tally: Tally
+        self, upstream: aiohttp.ClientResponse, endpoint: Endpoint, path: str, tally: Tally
     ) -> web.Response:
-        """A non-streamed answer (or any error answer): the engine's body and status as they are."""
+        """A non-streamed answer with OpenAI's fields only, or the engine's refusal in OpenAI's
+        shape (an answer all the same: it does not count against the replica)."""
         try:
             data = await upstream.read()
         except aiohttp.ServerTimeoutError:
@@ -275,23 +336,34 @@ class Upstream:
         except aiohttp.ClientError as e:
             raise _engine_failed(endpoint, e) from None
         tally.whole(upstream.status, data)
-        content_type = upstream.headers.get("Content-Type", "application/json")
-        headers = {"Content-Type": content_type}
-        return web.Response(status=upstream.status, body=data, headers=headers)
+        if upstream.status == 200:
+            content_type = upstream.headers.get("Content-Type", "application/json")
+            body = answers.success_body(data, endpoint.model)
+            return web.Response(status=200, body=body, headers={"Content-Type": content_type})
+        error = answers.engine_error(upstream.status, data, endpoint.model, path)
+        log.info(
+            "replica %s of %s answered %d; the client gets %d (%s)",
+            endpoint.replica_id, endpoint.model, upstream.status, error.status,
+            error.detail.code,
+        )  # fmt: skip
+        return error.response()
 
     async def _relay_stream(
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         endpoint: Endpoint,
+        path: str,
         tally: Tally,
     ) -> web.StreamResponse:
-        """Server-sent events written as they arrive; an engine failure ends them with an error."""
+        """Server-sent events written as they arrive, each cleaned by router/answers.py; an
+        engine failure ends them with an error."""
         out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
         await out.prepare(request)
         request[errors.STREAM] = out
         tally.stream_started()
         events = _Events()
+        cleaned = answers.Stream(endpoint.model, path, tally)
         while True:
             try:
                 chunk = await upstream.content.readany()
@@ -306,9 +378,9 @@ class Upstream:
                 return out
             if not chunk:
                 break
-            if ready := tally.relay(events.feed(chunk)):  # the usage chunk may be held back
+            if ready := cleaned.relay(events.feed(chunk)):  # the usage chunk may be held back
                 await out.write(ready)
-        if rest := tally.relay(events.rest()):
+        if rest := cleaned.relay(events.rest()):
             await out.write(rest)
         return out
 
@@ -362,6 +434,23 @@ def _event_end(data: bytes) -> int:
     """The offset just past the last blank line (event boundary) in data, or 0."""
     ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
     return max(ends, default=0)
+
+
+def _reuse_tracing() -> aiohttp.TraceConfig:
+    """Marks a request's probe (its trace_request_ctx) when it is given a pooled connection."""
+
+    async def reused(
+        _session: aiohttp.ClientSession,
+        context: SimpleNamespace,
+        _params: aiohttp.TraceConnectionReuseconnParams,
+    ) -> None:
+        probe = context.trace_request_ctx
+        if isinstance(probe, SimpleNamespace):
+            probe.reused = True
+
+    config = aiohttp.TraceConfig()
+    config.on_connection_reuseconn.append(reused)
+    return config
 
 
 def _client_gone(request: web.Request) -> bool:

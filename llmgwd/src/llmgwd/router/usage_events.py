@@ -1,5 +1,6 @@
 """Usage read from the engine's answer as the proxy relays it; a stream's usage chunk is passed
-on only to a client that asked for it (the router always asks the engine)."""
+on only to a client that asked for it (the router always asks the engine). The chunks come
+decoded from router/answers.py, which reads each event once."""
 
 from __future__ import annotations
 
@@ -7,9 +8,6 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-
-_MARK = b'"usage"'  # only events holding this are decoded: a JSON key, or a text "usage"
-_END = b"\n\n"  # llama.cpp and vLLM end events so; another ending is passed on unread
 
 
 class _Usage(msgspec.Struct):
@@ -52,35 +50,25 @@ class Tally:
         self.answered = True
         self.events = 0
 
-    def relay(self, block: bytes) -> bytes:
-        """Whole events from the engine, as the client gets them: counted, usage read from
-        them, and the usage chunk dropped unless the client asked for it."""
-        self.events = (self.events or 0) + block.count(_END)
-        if _MARK not in block:
-            return block
-        parts = block.split(_END)
-        last = parts.pop()  # b"" after a complete last event
-        return b"".join(self._event(part + _END) for part in parts) + last
+    def count(self, events: int) -> None:
+        """Stream events relayed (an answer cut short is counted by them)."""
+        self.events = (self.events or 0) + events
 
-    def _event(self, event: bytes) -> bytes:
-        if _MARK not in event or not event.startswith(b"data:"):
-            return event
-        try:
-            chunk: Any = msgspec.json.decode(event[5:])
-        except msgspec.DecodeError:
-            return event
-        usage = chunk.get("usage") if isinstance(chunk, dict) else None
+    def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """One decoded stream chunk: its usage read, and dropped unless the client asked for
+        it; None for a chunk the engine sent only because the router asked."""
+        usage = chunk.get("usage")
         if not isinstance(usage, dict):
-            return event
+            return chunk
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if isinstance(prompt, int) and isinstance(completion, int):
             self.usage = (prompt, completion)
         if self.pass_usage:
-            return event
+            return chunk
         if not chunk.get("choices"):
-            return b""  # the chunk the engine sent only because the router asked
+            return None
         del chunk["usage"]  # llama.cpp's /completions puts it on the last text chunk
-        return b"data: " + msgspec.json.encode(chunk) + _END
+        return chunk
 
 
 TALLY = web.RequestKey("llmgw_tally", Tally)  # set by the /v1 handler for the proxy

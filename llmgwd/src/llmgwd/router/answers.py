@@ -1,0 +1,174 @@
+"""What of an engine's answer a client sees: OpenAI's fields only (no timings, no cached-token
+counts, no engine build or file path), and engine refusals in OpenAI's shape, 400 for what was
+the client's fault, with no engine internals (flags, library exceptions) in their messages."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from llmgwd.router import errors
+from llmgwd.router.usage_events import Tally
+
+Document = dict[str, Any]
+
+_END = b"\n\n"  # llama.cpp and vLLM end events so; another ending is passed on unread
+
+# The top-level fields of OpenAI's completion, chunk and embedding answers. Anything else an
+# engine adds (llama.cpp's timings, prompt_progress, completion_probabilities, __verbose,
+# system_fingerprint; vLLM's prompt_logprobs, kv_transfer_params) stays with the router.
+_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage", "data"})
+# The usage counts a client sees: not prompt_tokens_details, whose cached_tokens would tell a
+# key whether another key sent the same prompt (DESIGN.md, "What a client sees of an engine").
+_USAGE = frozenset(
+    {"prompt_tokens", "completion_tokens", "total_tokens", "completion_tokens_details"}
+)
+
+# llama.cpp answers 500 for these mistakes in the client's body (std::runtime_error while it
+# reads the request): they are the client's fault, so 400.
+_CLIENT_FAULTS = (
+    "Failed to parse",
+    "Unsupported param",
+    "Only no echo",
+    '"prompt"',
+    "Cannot use both",
+    "Invalid base64",
+    "Invalid uri",
+    "Failed to download",
+    "Failed to load image",
+)
+# What a model lacks, by the engine's words for it (llama.cpp names the flag it was not
+# started with; the client is told what the model does not do, never how to start it).
+_LACKS = (
+    ("tools param requires", "tools"),
+    ("tool_choice param requires", "tool_choice"),
+    ("image input is not supported", "image input"),
+    ("Multimodal data provided", "image or audio input"),
+    ("audio input is not supported", "audio input"),
+    ("video input is not supported", "video input"),
+)
+_PROMPT_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
+_LIBRARY_NOISE = re.compile(r"\[json\.exception\.[a-z_]+\.\d+\]\s*")  # nlohmann::json's tags
+_FLAG = re.compile(r"(^|\s|`)--?[a-z]")  # a command-line flag: never quoted to a client
+_FIELD = re.compile(r"^Field '([A-Za-z0-9_.\[\]]{1,64})'")  # llama.cpp names the bad field so
+
+
+def clean(doc: Document, model: str) -> Document:
+    """An answer or stream chunk with OpenAI's fields only, named by the catalog's model."""
+    out = {k: v for k, v in doc.items() if k in _FIELDS}
+    if "model" in out:
+        out["model"] = model  # llama.cpp puts the model file's path on the node there
+    usage = out.get("usage")
+    if isinstance(usage, dict):
+        out["usage"] = {k: v for k, v in usage.items() if k in _USAGE}
+    return out
+
+
+def success_body(data: bytes, model: str) -> bytes:
+    """A 200 answer's body as the client gets it; one that is not a JSON object, as it is."""
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return data
+    if not isinstance(doc, dict):
+        return data
+    return msgspec.json.encode(clean(doc, model))
+
+
+def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
+    """The engine's refusal (status is not 200) as the client is told it."""
+    found = _error_object(data)
+    message, kind = _text(found, "message"), _text(found, "type")
+    if kind == "exceed_context_size_error":
+        prompt, context = found.get("n_prompt_tokens"), found.get("n_ctx")
+        if isinstance(prompt, int) and isinstance(context, int):
+            return errors.context_length_exceeded(
+                _PROMPT_PARAM.get(path, "messages"), prompt, context
+            )
+    lacks = _lacks(status, kind, message, path)
+    if lacks:
+        return errors.model_not_supported(model, lacks)
+    client_fault = 400 <= status < 500 and status not in (401, 403)
+    if client_fault or message.startswith(_CLIENT_FAULTS):
+        text = _clean_message(message)
+        field = _FIELD.match(text)
+        return errors.engine_refused(text, param=field.group(1) if field else None)
+    return errors.upstream_failed("The model's engine failed on this request.")
+
+
+def _error_object(data: bytes) -> Document:
+    """The error object of an engine's body: {"error": {...}} (llama.cpp, OpenAI) or the body
+    itself (vLLM's {"object": "error", "message": ...}); {} for anything else."""
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    inner = doc.get("error")
+    if isinstance(inner, dict):
+        return inner
+    return doc if "message" in doc else {}
+
+
+def _text(found: Document, key: str) -> str:
+    value = found.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _lacks(status: int, kind: str, message: str, path: str) -> str:
+    """What the model does not do, when that is why the engine refused; else ""."""
+    unsupported = status == 501 or kind == "not_supported_error"
+    if path == "embeddings" and (unsupported or status == 404):
+        return "embeddings"
+    for words, what in _LACKS:
+        if words in message:
+            return what
+    return f"/v1/{path}" if unsupported else ""
+
+
+def _clean_message(message: str) -> str:
+    """The engine's words without its library's tags, hints or flags, cut short."""
+    text = _LIBRARY_NOISE.sub("", message)
+    text = text.split(" - hint:")[0].split(", try increasing")[0].strip()
+    if not text or _FLAG.search(text) or "Start it with" in text:
+        return "The model's engine refused the request."
+    return errors.quote(text)
+
+
+class Stream:
+    """A stream's events as the client gets them: usage read (and dropped unless the client
+    asked), each chunk cleaned, an engine's error event put in OpenAI's shape."""
+
+    def __init__(self, model: str, path: str, tally: Tally) -> None:
+        self._model = model
+        self._path = path
+        self._tally = tally
+
+    def relay(self, block: bytes) -> bytes:
+        """Whole events from the engine (a trailing partial one is passed on as it is)."""
+        self._tally.count(block.count(_END))
+        parts = block.split(_END)
+        last = parts.pop()  # b"" after a complete last event
+        return b"".join(self._event(part) for part in parts) + last
+
+    def _event(self, event: bytes) -> bytes:
+        if not event.startswith(b"data:"):
+            return event + _END
+        try:
+            doc = msgspec.json.decode(event[5:])
+        except msgspec.DecodeError:  # [DONE]
+            return event + _END
+        if not isinstance(doc, dict):
+            return event + _END
+        if "error" in doc:
+            code = doc["error"].get("code") if isinstance(doc["error"], dict) else None
+            status = code if isinstance(code, int) else 500
+            raw = msgspec.json.encode(doc)
+            return engine_error(status, raw, self._model, self._path).sse_event()
+        kept = self._tally.chunk(doc)
+        if kept is None:
+            return b""  # the usage chunk the engine sent only because the router asked
+        return b"data: " + msgspec.json.encode(clean(kept, self._model)) + _END
