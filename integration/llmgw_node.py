@@ -80,10 +80,12 @@ class Node:
         binary: str = "/usr/local/lib/llmgw/llama-server",
         agent_extra: str = "",
     ) -> None:
-        """/etc/llmgw/agent.yaml: where engines listen, the engine binary, and more lines."""
+        """/etc/llmgw/agent.yaml: where engines listen ("": where the link comes from), the
+        engine binary, and more lines."""
+        line = f"address: {address}\n" if address else ""
         self.ps.write_file(
             "/etc/llmgw/agent.yaml",
-            f"address: {address}\nengines:\n  llama.cpp:\n    binary: {binary}\n{agent_extra}",
+            f"{line}engines:\n  llama.cpp:\n    binary: {binary}\n{agent_extra}",
         )
 
     def init_server(self, host: str = "127.0.0.1", agent: bool = True, extra: str = "") -> str:

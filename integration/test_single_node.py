@@ -37,7 +37,7 @@ def llama_server() -> str:
 @pytest.fixture(scope="module")
 def node(systemd: PrivateSystemd) -> Iterator[Node]:
     n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
-    n.install(llama_server())
+    n.install(llama_server(), address="")  # engines listen where the agent's link comes from
     token = n.init_server()
     n.join(token)
     n.serve_model(1)
@@ -342,3 +342,32 @@ def test_a_bad_authorization_header_leaves_no_byte_of_the_key_in_the_journal(nod
     # Not the key, and no 6 characters of it beyond its common prefix.
     tail = secret.removeprefix("sk-llmgw-")
     assert not [tail[i : i + 6] for i in range(len(tail) - 5) if tail[i : i + 6] in out]
+
+
+def engine_unit(node: Node) -> str:
+    out = node.ps.systemctl("list-units", "--plain", "--no-legend", "llmgw-engine-*").stdout
+    return out.split()[0]
+
+
+def test_the_engine_has_a_memory_limit_from_its_estimate(node: Node) -> None:
+    unit = engine_unit(node)
+    limit = node.ps.systemctl("show", "-P", "MemoryMax", unit).stdout.strip()
+    assert limit != "infinity" and int(limit) < 2 << 30  # SmolLM2's estimate, not the node's
+    cgroup = node.ps.systemctl("show", "-P", "ControlGroup", unit).stdout.strip()
+    kernel = node.ps.run(  # cgroup v1's file, else v2's: the kernel holds the engine to it
+        f"cat /sys/fs/cgroup/memory{cgroup}/memory.limit_in_bytes 2>/dev/null"
+        f" || cat /sys/fs/cgroup{cgroup}/memory.max"
+    ).stdout.strip()
+    assert kernel == limit
+    # No swap (enforced where the unified hierarchy is; systemd keeps it for v1 too).
+    assert node.ps.systemctl("show", "-P", "MemorySwapMax", unit).stdout.strip() == "0"
+    pid = node.ps.systemctl("show", "-P", "MainPID", unit).stdout.strip()
+    rss_kib = node.ps.run(["ps", "-o", "rss=", "-p", pid]).stdout.strip()
+    print(f"{unit}: MemoryMax={int(limit) >> 20} MiB, resident {int(rss_kib) >> 10} MiB")
+
+
+def test_the_engine_listens_on_loopback_only(node: Node) -> None:
+    # The agent joined over 127.0.0.1 with no address in agent.yaml: loopback, never 0.0.0.0.
+    out = node.ps.run(["ss", "-H", "-ltnp"]).stdout
+    engine = [line.split()[3] for line in out.splitlines() if "llama-server" in line]
+    assert engine and all(a.startswith("127.0.0.1:") for a in engine), out

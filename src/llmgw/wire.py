@@ -81,6 +81,9 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     devices: list[str] = []  # GPU or MIG UUIDs: the engine's CUDA_VISIBLE_DEVICES; [] on CPUs
     profile: str = ""  # the model's profile this replica runs (for people and the router)
     priority: int = 0  # the profile's: the router fills higher ones first (no restart)
+    # The unit's MemoryMax (engine_memory.limit of the placement's estimate); 0: the node's
+    # default (a model placed by count, or a control plane older than this field).
+    memory_max_bytes: int = 0
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
@@ -88,14 +91,15 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
 
     def fingerprint(self) -> str:
         """What, when it changes, means the running engine must be started again: not the
-        profile's name or priority, nor devices while there are none (so an engine started
-        before these fields existed is kept)."""
+        profile's name or priority, nor devices or a memory limit while there are none (so an
+        engine started before these fields existed is kept until one is given)."""
         import hashlib
 
         data = msgspec.to_builtins(self)
         del data["priority"], data["profile"]
-        if not data["devices"]:
-            del data["devices"]
+        for unset in ("devices", "memory_max_bytes"):
+            if not data[unset]:
+                del data[unset]
         return hashlib.sha256(msgspec.json.encode(data)).hexdigest()[:16]
 
 

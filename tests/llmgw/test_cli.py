@@ -116,7 +116,7 @@ def rows(output: str) -> list[list[str]]:
 
 def test_model_commands(daemon: Daemon) -> None:
     r = daemon.cli(
-        "model", "add", "smol", "--from", "file:/m/smol.gguf", "--arg", "-t", "--arg", "2"
+        "model", "add", "smol", "--from", "file:/m/smol.gguf", "--arg", "--temp", "--arg", "0.2"
     )
     assert r.exit_code == 0, r.output
     assert "llmgw model serve smol --replicas 1" in r.stdout
@@ -140,7 +140,7 @@ def test_model_commands(daemon: Daemon) -> None:
     ]
     assert rows(daemon.cli("models").stdout)[1][2:5] == ["1/2", "default", "starting"]
     [m] = json.loads(daemon.cli("models", "--json").stdout)
-    assert (m["name"], m["args"], m["ready"]) == ("smol", ["-t", "2"], 1)
+    assert (m["name"], m["args"], m["ready"]) == ("smol", ["--temp", "0.2"], 1)
     assert m["replica_status"] == [
         {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0, "slots": 4}
     ]

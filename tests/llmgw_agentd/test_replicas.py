@@ -13,9 +13,9 @@ import aiohttp
 import msgspec
 import pytest
 
-from llmgw.config import AgentConfig
+from llmgw.config import AgentConfig, Engines
 from llmgw.wire import ReplicaSpec, ReplicaStatus
-from llmgw_agentd.replicas import Replicas
+from llmgw_agentd.replicas import CommandBuilder, Replicas
 from llmgw_agentd.systemd import Systemd
 from tests.llmgw_agentd.fake_systemd import FakeSystemd, fake_systemd
 
@@ -24,9 +24,14 @@ KEY = "sk-test-0123456789"
 
 
 def engine_command(spec: ReplicaSpec, host: str, port: int, key: str | None) -> list[str]:
-    """The stand-in engine, with the spec's args (e.g. --load-s) passed on."""
+    """The stand-in engine, with the spec's args (e.g. --parallel) passed on."""
     argv = [sys.executable, FAKE_ENGINE, "--host", host, "--port", str(port), *spec.args]
     return argv + (["--api-key-file", key] if key else [])
+
+
+def slow_command(spec: ReplicaSpec, host: str, port: int, key: str | None) -> list[str]:
+    """The stand-in engine, loading for a while (an option llama-server would refuse)."""
+    return [*engine_command(spec, host, port, key), "--load-s", "0.3"]
 
 
 def spec(rid: str = "r1", **kw: object) -> ReplicaSpec:
@@ -55,13 +60,13 @@ class Node:
     def on_change(self) -> None:
         self.changes += 1
 
-    async def new_replicas(self) -> Replicas:
+    async def new_replicas(self, command: CommandBuilder = engine_command) -> Replicas:
         r = Replicas(
             self.config,
             bus_address=self.address,
             runtime_dir=self.tmp / "run",
             on_change=self.on_change,
-            command=engine_command,
+            command=command,
             probe_interval=0.05,
             backoff=(0.1, 0.4),
         )
@@ -110,8 +115,8 @@ async def get(port: int, path: str, key: str) -> int:
 
 
 async def test_an_engine_starts_and_becomes_ready(node: Node) -> None:
-    replicas = await node.new_replicas()
-    await replicas.apply([spec(args=["--load-s", "0.3"])])
+    replicas = await node.new_replicas(slow_command)
+    await replicas.apply([spec()])
     first = await until(replicas, lambda s: "r1" in s)
     assert first["r1"].state == "starting"  # /health answers 503 while it loads
     got = (await until(replicas, ready()))["r1"]
@@ -271,3 +276,44 @@ async def test_a_ready_engine_reports_its_slots_from_props(node: Node) -> None:
     got = await until(replicas, lambda s: ready("r1")(s) and ready("r2")(s))
     assert got["r1"].slots == 3  # /props wants the key: the agent sends the replica's
     assert got["r2"].slots == 4  # the engine's default
+
+
+async def test_the_unit_has_the_specs_memory_limit_and_no_swap(node: Node) -> None:
+    replicas = await node.new_replicas()
+    await replicas.apply([spec(memory_max_bytes=3 << 30)])
+    await until(replicas, ready())
+    props = node.fake.units["llmgw-engine-r1.service"].properties
+    assert props["MemoryMax"] == 3 << 30 and props["MemorySwapMax"] == 0
+
+
+async def test_a_spec_without_a_limit_gets_the_nodes_default(node: Node) -> None:
+    node.config = msgspec.structs.replace(node.config, engines=Engines(memory_max_bytes=5 << 30))
+    replicas = await node.new_replicas()
+    await replicas.apply([spec()])  # a model placed by count, or an older control plane
+    await until(replicas, ready())
+    assert node.fake.units["llmgw-engine-r1.service"].properties["MemoryMax"] == 5 << 30
+
+
+def argv_host(node: Node, unit: str = "llmgw-engine-r1.service") -> str:
+    ((_, argv, _),) = node.fake.units[unit].properties["ExecStart"]
+    return str(argv[argv.index("--host") + 1])
+
+
+async def test_engines_listen_where_the_control_plane_reaches_the_node(node: Node) -> None:
+    node.config = msgspec.structs.replace(node.config, address="")  # learnt from the link
+    replicas = await node.new_replicas()
+    await replicas.apply([spec()])  # before the link said anything: loopback, never 0.0.0.0
+    port = (await until(replicas, ready()))["r1"].port
+    assert argv_host(node) == "127.0.0.1"
+    replicas.set_host("127.0.0.2")  # the link's own end: the node's cluster address
+    await replicas.apply([spec()])
+    got = await until(replicas, lambda s: ready()(s) and len(node.fake.started) == 2)
+    assert argv_host(node) == "127.0.0.2" and got["r1"].port == port  # moved, same port
+
+
+async def test_a_configured_address_wins_over_the_links(node: Node) -> None:
+    replicas = await node.new_replicas()
+    replicas.set_host("10.9.9.9")
+    await replicas.apply([spec()])
+    await until(replicas, ready())
+    assert argv_host(node) == "127.0.0.1"  # agent.yaml's address

@@ -115,9 +115,9 @@ MODEL = {"name": "smol", "source": "file:/models/smol.gguf", "engine": "llama.cp
 
 
 async def test_model_add_serve_stop_list(client: aiohttp.ClientSession, nodes: FakeNodes) -> None:
-    status, added = await call(client, "POST", "/models", {**MODEL, "args": ["-t", "2"]})
+    status, added = await call(client, "POST", "/models", {**MODEL, "args": ["--temp", "0.2"]})
     assert status == 201
-    assert (added["name"], added["replicas"], added["args"]) == ("smol", 0, ["-t", "2"])
+    assert (added["name"], added["replicas"], added["args"]) == ("smol", 0, ["--temp", "0.2"])
 
     status, served = await call(client, "POST", "/models/smol/serve", {"replicas": 2})
     assert (status, served["replicas"]) == (200, 2)
@@ -180,6 +180,12 @@ async def test_duplicate_model_is_a_conflict(client: aiohttp.ClientSession) -> N
         ({"context": "big"}, "context"),
         ({"args": ["--port", "1"]}, "args"),
         ({"args": "-t 2"}, "args"),
+        ({"args": ["--ctx_size", "99"]}, "args"),
+        ({"args": ["--ctx-size=99"]}, "args"),
+        ({"args": ["-c", "99"]}, "args"),
+        ({"args": ["--host", "0.0.0.0"]}, "args"),
+        ({"args": ["--lora", "/etc/shadow"]}, "args"),
+        ({"args": ["--temp", "hot"]}, "args"),
         ({"colour": "blue"}, "colour"),
     ],
 )
@@ -453,3 +459,12 @@ def test_cluster_nodes_adapts_the_cluster_state() -> None:
         5.0,
     )
     assert n.replicas == [wire.ReplicaStatus("r1", "smol", "ready")]
+
+
+async def test_a_refused_engine_argument_is_named_with_why(client: aiohttp.ClientSession) -> None:
+    status, body = await call(client, "POST", "/models", {**MODEL, "args": ["--ctx_size", "99"]})
+    assert (status, body["error"]["code"], body["error"]["param"]) == (400, "invalid_field", "args")
+    assert body["error"]["message"] == (
+        "args: argument --ctx_size (--ctx-size) is not allowed: the scheduler sets the context"
+        " (llmgw model context, or a profile's)"
+    )

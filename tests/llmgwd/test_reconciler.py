@@ -12,6 +12,7 @@ import pytest
 
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgwd.catalog import Catalog, Model, engine_key
+from llmgwd.estimate import memory_bytes
 from llmgwd.gguf_meta import shape_of
 from llmgwd.profiles import Profile
 from llmgwd.reconciler import NodeFlags, Reconciler
@@ -266,3 +267,19 @@ def test_the_spec_decodes_from_an_older_agent() -> None:
     old = b'{"id":"r","model":"m","engine":"llama.cpp","source":"file:/m"}'
     spec = msgspec.json.decode(old, type=ReplicaSpec)
     assert spec.devices == [] and spec.priority == 0
+
+
+async def test_each_replica_gets_a_memory_limit_from_its_estimate(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    await start(store, nodes, smol(replicas=1))
+    [spec] = nodes.desired["a"]
+    ram = memory_bytes(SMOL, spec.context, gpu=False)  # what the scheduler placed it with
+    extra = spec.memory_max_bytes - (ram + ram // 4 + (512 << 20))  # a quarter and 512 MiB
+    assert 0 <= extra < 1 << 20 and spec.memory_max_bytes % (1 << 20) == 0
+    assert spec.memory_max_bytes < 2 * GIB  # SmolLM2: bounded, far below the node's 16 GiB
+
+
+async def test_a_model_placed_by_count_leaves_the_limit_to_the_node(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    await start(store, nodes, Model(name="m", source="file:/m.gguf", replicas=1))
+    assert [s.memory_max_bytes for s in nodes.desired["a"]] == [0]  # the agent's default

@@ -96,6 +96,7 @@ class Agent:
             replicas=self.replicas.statuses,
             on_desired=self.replicas.apply,
             address=self.config.address,
+            on_address=self.replicas.set_host,
             heartbeat_s=self.config.heartbeat_s,
         )
         self._link_task = asyncio.create_task(self._link.run())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import random
 import ssl
@@ -33,6 +34,7 @@ MAX_CA_BYTES = 64 << 10
 MAX_MESSAGE_BYTES = 4 << 20
 
 OnDesired = Callable[[list[wire.ReplicaSpec]], Awaitable[None]]
+OnAddress = Callable[[str], None]
 Outcome = Literal["failed", "refused", "lost"]
 
 
@@ -186,6 +188,7 @@ class Link:
         replicas: Callable[[], Sequence[wire.ReplicaStatus]],
         on_desired: OnDesired,
         address: str | Callable[[], str] = "",
+        on_address: OnAddress | None = None,
         heartbeat_s: float = 5.0,
     ) -> None:
         self._url = f"{server.rstrip('/')}/agent"
@@ -196,6 +199,7 @@ class Link:
         self._replicas = replicas
         self._on_desired = on_desired
         self._address = address
+        self._on_address = on_address
         self._heartbeat_s = heartbeat_s
         self._poked = asyncio.Event()
         self._desired: list[wire.ReplicaSpec] | None = None
@@ -275,9 +279,9 @@ class Link:
     def _register(self, ws: aiohttp.ClientWebSocketResponse) -> wire.Register:
         address = self._address() if callable(self._address) else self._address
         if not address:
-            # The local end of the socket that reaches the control plane.
-            sockname = ws.get_extra_info("sockname")
-            address = str(sockname[0]) if sockname else ""
+            address = engine_address(ws.get_extra_info("sockname"), ws.get_extra_info("peername"))
+        if self._on_address is not None:
+            self._on_address(address)  # before any Desired: engines listen there
         return wire.Register(
             node=self.node,
             address=address,
@@ -354,6 +358,31 @@ class Link:
         else:
             log.debug("%s; retrying", problem)
         self._last_problem = problem
+
+
+def engine_address(sockname: object, peername: object) -> str:
+    """Where this node's engines listen and the control plane reaches them: the local end of
+    the link's socket (the node's cluster address), or loopback where the control plane
+    runs on this host (the link is over loopback, or from one of the host's addresses to
+    itself). "" when the socket does not say."""
+    local = _ip(sockname)
+    if local is None:
+        return ""
+    if local.is_loopback or local == _ip(peername):
+        return "::1" if local.version == 6 else "127.0.0.1"
+    return str(local)
+
+
+def _ip(name: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A socket name's address, an IPv4-mapped IPv6 one as IPv4 (None: not an IP socket)."""
+    if not isinstance(name, tuple) or not name:
+        return None
+    try:
+        ip = ipaddress.ip_address(str(name[0]).partition("%")[0])
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
 
 
 def _describe(e: BaseException) -> str:

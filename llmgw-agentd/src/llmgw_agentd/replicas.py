@@ -17,6 +17,7 @@ import aiohttp
 import msgspec
 from dbus_fast import Variant
 
+from llmgw import engine_memory
 from llmgw.config import AgentConfig
 from llmgw.wire import ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgw_agentd import engines
@@ -32,6 +33,8 @@ RUNTIME_DIR = Path("/run/llmgw-agent")
 # dynamic user, and expands the variable in ExecStart itself.
 KEY_CREDENTIAL = "key"
 KEY_ARG = "${CREDENTIALS_DIRECTORY}/" + KEY_CREDENTIAL
+LOOPBACK = "127.0.0.1"  # where engines listen before the link has said anything better
+ANY = "0.0.0.0"  # where older agents' engines listen: the first apply starts them again
 UNHEALTHY_PROBES = 3  # missed /health answers before a ready engine is reported failed
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -75,13 +78,15 @@ class EngineRecord(msgspec.Struct):
     fingerprint: str
     port: int
     spec: ReplicaSpec  # with api_key blanked: the key lives only in its 0600 file
+    host: str = ""  # where it listens; "": every address (an agent older than this field)
 
 
 @dataclass(eq=False)
 class _Replica:
-    spec: ReplicaSpec  # api_key blanked
+    spec: ReplicaSpec  # api_key blanked, memory_max_bytes filled in
     fingerprint: str
     port: int
+    host: str  # the address it listens on
     state: ReplicaState = "starting"
     message: str = ""
     restarts: int = 0
@@ -133,7 +138,8 @@ class Replicas:
         self._keys = runtime_dir / "keys"
         self._on_change = on_change
         self._command = command or self._engine_command
-        self._host = config.address or "0.0.0.0"
+        # Where engines listen: the configured address, else the one the link learns.
+        self._host = config.address or LOOPBACK
         self._interval = probe_interval
         self._backoff = backoff
         self._replicas: dict[str, _Replica] = {}
@@ -143,6 +149,12 @@ class Replicas:
         self._http: aiohttp.ClientSession | None = None
 
     # The agent's side
+
+    def set_host(self, address: str) -> None:
+        """The address the control plane reaches this node at (the link's own end): engines
+        started from now on listen there and nowhere else; ignored when agent.yaml sets one."""
+        if not self._config.address and address:
+            self._host = address
 
     async def start(self) -> None:
         """Connect to systemd and adopt the engines already running; stops nothing."""
@@ -206,7 +218,7 @@ class Replicas:
             record = _read_record(path)
             if record is None:
                 continue
-            r = _Replica(record.spec, record.fingerprint, record.port)
+            r = _Replica(record.spec, record.fingerprint, record.port, record.host or ANY)
             self._replicas[r.spec.id] = r
             unit = units.pop(r.unit, None)
             if unit is not None and unit.active_state in RUNNING_STATES:
@@ -222,7 +234,7 @@ class Replicas:
     async def _apply_one(self, spec: ReplicaSpec) -> None:
         fingerprint = spec.fingerprint()
         r = self._replicas.get(spec.id)
-        if r is not None and r.fingerprint == fingerprint:
+        if r is not None and r.fingerprint == fingerprint and r.host == self._host:
             if r.task is None:  # adopted from its record, but not running
                 self._write_key(spec)
                 r.state, r.message = "starting", ""
@@ -230,7 +242,10 @@ class Replicas:
             return
         port = 0
         if r is not None:
-            log.info("%s: its spec changed, starting it again", r.unit, extra=_fields(r))
+            changed = "its spec changed"
+            if r.fingerprint == fingerprint:
+                changed = f"it listens on {r.host}, the control plane reaches {self._host}"
+            log.info("%s: %s; starting it again", r.unit, changed, extra=_fields(r))
             port = r.port
             await self._remove(spec.id)
         try:
@@ -238,7 +253,11 @@ class Replicas:
         except EngineError as e:
             self._reject(spec, e)
             return
-        r = _Replica(msgspec.structs.replace(spec, api_key=""), fingerprint, port)
+        memory = spec.memory_max_bytes or engine_memory.default_limit(
+            _node_memory(), self._config.engines.memory_max_bytes
+        )
+        kept = msgspec.structs.replace(spec, api_key="", memory_max_bytes=memory)
+        r = _Replica(kept, fingerprint, port, self._host)
         self._write_key(spec)
         self._write_record(r)
         self._replicas[spec.id] = r
@@ -316,7 +335,7 @@ class Replicas:
         """Start the unit; None when it runs, else why not."""
         key = self._key_file(r.spec.id)
         try:
-            argv = self._command(r.spec, self._host, r.port, KEY_ARG if key.exists() else None)
+            argv = self._command(r.spec, r.host, r.port, KEY_ARG if key.exists() else None)
         except EngineError as e:
             return f"cannot be started: {e}"
         props = self._properties(r, key if key.exists() else None)
@@ -352,7 +371,7 @@ class Replicas:
                     last = r.last if st.removed and r.last is not None else st
                     return last.describe(), was_ready
                 continue
-            code = await self._probe(r.port)
+            code = await self._probe(r)
             if code == 200:
                 if not was_ready:  # ready for the first time in this run: its slots, once
                     r.slots = await self._slots(r)
@@ -365,12 +384,12 @@ class Replicas:
                 if misses >= UNHEALTHY_PROBES:
                     self._set(r, "failed", "engine stopped answering /health")
 
-    async def _probe(self, port: int) -> int:
+    async def _probe(self, r: _Replica) -> int:
         """/health's status code, 0 when nothing answered."""
         assert self._http is not None
-        host = _probe_host(self._host)
+        host = _probe_host(r.host)
         try:
-            async with self._http.get(f"http://{host}:{port}{HEALTH_PATH}") as resp:
+            async with self._http.get(f"http://{host}:{r.port}{HEALTH_PATH}") as resp:
                 return resp.status
         except (aiohttp.ClientError, TimeoutError, OSError):
             return 0
@@ -378,7 +397,7 @@ class Replicas:
     async def _slots(self, r: _Replica) -> int:
         """The engine's total_slots from /props (asked with its key), 0 when it does not say."""
         assert self._http is not None
-        url = f"http://{_probe_host(self._host)}:{r.port}{PROPS_PATH}"
+        url = f"http://{_probe_host(r.host)}:{r.port}{PROPS_PATH}"
         try:
             async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
                 if resp.status != 200:
@@ -428,6 +447,10 @@ class Replicas:
             ("StandardOutput", Variant("s", "journal")),
             ("StandardError", Variant("s", "journal")),
             ("SyslogIdentifier", Variant("s", r.unit.removesuffix(".service"))),
+            # Over it the kernel ends the engine (Result=oom-kill) and the agent restarts it;
+            # no swap, or the limit would only slow it down instead of bounding it.
+            ("MemoryMax", Variant("t", spec.memory_max_bytes)),
+            ("MemorySwapMax", Variant("t", 0)),
             *SANDBOX,
         ]
         if spec.devices:  # the cards (or MIG instances) the scheduler gave it, and only those
@@ -457,7 +480,8 @@ class Replicas:
         self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self._records / f"{r.spec.id}.json"
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(msgspec.json.encode(EngineRecord(r.fingerprint, r.port, r.spec)))
+        record = EngineRecord(r.fingerprint, r.port, r.spec, r.host)
+        tmp.write_bytes(msgspec.json.encode(record))
         os.replace(tmp, path)
 
     def _allocate_port(self, prefer: int = 0) -> int:
@@ -480,6 +504,11 @@ def _read_record(path: Path) -> EngineRecord | None:
         log.warning("%s: ignored, its replica id does not match its name", path)
         return None
     return record
+
+
+def _node_memory() -> int:
+    """The node's RAM in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _probe_host(host: str) -> str:

@@ -90,6 +90,8 @@ class UnitState:
 
     def describe(self) -> str:
         """How the main process ended, in words for a status message."""
+        if self.result == "oom-kill":
+            return "killed by the kernel: it went over its memory limit (MemoryMax)"
         if self.exit_code == 2 or self.result in ("signal", "core-dump"):
             try:
                 name = signal.Signals(self.exit_status).name

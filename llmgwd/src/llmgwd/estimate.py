@@ -119,6 +119,15 @@ def memory_bytes(
     return shape.weights_bytes + kv_bytes(shape, context, cache) + margin_bytes(shape, gpu)
 
 
+def ram_bytes(
+    shape: ModelShape, context: int, cache: CacheType | None = None, gpu: bool = False
+) -> int:
+    """RAM one replica may take (what its memory limit is made from): as on CPUs, on cards
+    too, where layers or the KV cache can stay in RAM (-ngl, --no-kv-offload), plus the
+    CUDA runtime's host side (GPU_FIXED again)."""
+    return memory_bytes(shape, context, cache, gpu=False) + (GPU_FIXED if gpu else 0)
+
+
 def context_that_fits(
     shape: ModelShape,
     budget: int,

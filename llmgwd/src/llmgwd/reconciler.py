@@ -11,10 +11,11 @@ from typing import Protocol
 
 import msgspec
 
+from llmgw import engine_memory
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaStatus
 from llmgwd import scheduler
 from llmgwd.catalog import Catalog, Model, engine_key, profiles_of
-from llmgwd.estimate import ModelShape
+from llmgwd.estimate import ModelShape, ram_bytes
 from llmgwd.profiles import DEFAULT, Profile
 from llmgwd.scheduler import Demand, Placement, Removal, Verdict
 from llmgwd.store import Store, prefix_end
@@ -411,8 +412,14 @@ class Reconciler:
 
     def spec(self, p: Placement, m: Model, profile: Profile) -> ReplicaSpec:
         """What the node needs to run replica p of model m: the context the scheduler found
-        room for (where the model's shape is known), and its cards."""
+        room for and a memory limit from its estimate (where the model's shape is known; else
+        the node's default limit), and its cards."""
         context = (p.context if m.shape is not None else 0) or profile.context or m.context
+        memory_max = 0
+        if m.shape is not None:
+            tokens = context or m.shape.context_length
+            ram = ram_bytes(m.shape, tokens, profile.cache_type, gpu=profile.kind == "gpu")
+            memory_max = engine_memory.limit(ram)
         return ReplicaSpec(
             id=p.id,
             model=m.name,
@@ -424,6 +431,7 @@ class Reconciler:
             devices=list(p.devices),
             profile=profile.name,
             priority=profile.priority,
+            memory_max_bytes=memory_max,
         )
 
     # Views

@@ -1,4 +1,4 @@
-"""llama.cpp's llama-server: a replica's argv, the arguments refused, and where the binary is."""
+"""llama.cpp's llama-server: a replica's argv, its arguments checked, and where the binary is."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from llmgw import engine_args, engine_memory
 from llmgw.config import LlamaCpp
 from llmgw.wire import ReplicaSpec
 from llmgw_agentd.engines import EngineError
@@ -15,113 +16,14 @@ from llmgw_agentd.engines import EngineError
 VERSION = "11434.0.0"
 SYSTEM_CACHE = Path("/var/cache/llmgw")
 
-_OWNED = "the agent sets it"
-_READS = "it reads files on the node"
-_WRITES = "it writes files on the node"
-_FETCHES = "it fetches from the network"
-_EXITS = "it makes the server exit instead of serving"
-_ACTS = "it lets the model act on the node or the network"
-
-# Every spelling llama-server (arg.cpp) accepts for each refused option, long and short.
-_REFUSED: dict[tuple[str, ...], str] = {
-    ("-m", "--model"): _OWNED,
-    ("--host",): _OWNED,
-    ("--port",): _OWNED,
-    ("--reuse-port",): _OWNED,
-    ("--api-key",): _OWNED,
-    ("--api-key-file",): _OWNED,
-    ("-a", "--alias"): _OWNED,
-    ("--api-prefix",): _OWNED,
-    ("--ui", "--webui", "--no-ui", "--no-webui"): _OWNED,
-    ("-mu", "--model-url"): _FETCHES,
-    ("-dr", "--docker-repo"): _FETCHES,
-    ("-hf", "-hfr", "--hf-repo"): _FETCHES,
-    ("-hff", "--hf-file"): _FETCHES,
-    ("-hft", "--hf-token"): _FETCHES,
-    ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"): _FETCHES,
-    ("-mmu", "--mmproj-url"): _FETCHES,
-    ("--mmproj-auto",): _FETCHES,
-    ("--rpc",): _FETCHES,
-    ("--mcp-servers-json",): _FETCHES,
-    ("--ui-mcp-proxy", "--webui-mcp-proxy"): _FETCHES,
-    ("-md", "--model-draft", "--spec-draft-model"): _READS,
-    ("--lora",): _READS,
-    ("--lora-scaled",): _READS,
-    ("--control-vector",): _READS,
-    ("--control-vector-scaled",): _READS,
-    ("-mm", "--mmproj"): _READS,
-    ("--grammar-file",): _READS,
-    ("-jf", "--json-schema-file"): _READS,
-    ("--chat-template-file",): _READS,
-    ("-sysf", "--system-prompt-file"): _READS,
-    ("-f", "--file"): _READS,
-    ("-bf", "--binary-file"): _READS,
-    ("--prompt-cache",): _READS,
-    ("--ssl-key-file",): _READS,
-    ("--ssl-cert-file",): _READS,
-    ("--path",): _READS,
-    ("--media-path",): _READS,
-    ("--ui-config-file", "--webui-config-file"): _READS,
-    ("--models-dir",): _READS,
-    ("--models-preset",): _READS,
-    ("--mcp-servers-config",): _READS,
-    ("-lcs", "--lookup-cache-static"): _READS,
-    ("-lcd", "--lookup-cache-dynamic"): _READS,
-    ("--video-ffmpeg-dir",): _READS,
-    ("--log-file",): _WRITES,
-    ("--slot-save-path",): _WRITES,
-    ("--log-prompts-dir",): _WRITES,
-    ("-o", "--output", "--output-file"): _WRITES,
-    ("--tools",): _ACTS,
-    ("--tools-runtime",): _ACTS,
-    ("-ag", "--agent"): _ACTS,
-    ("-h", "--help", "--usage"): _EXITS,
-    ("--version",): _EXITS,
-    ("--completion-bash",): _EXITS,
-    ("--list-devices",): _EXITS,
-    ("-cl", "--cache-list"): _EXITS,
-}
-_INDEX = {flag: (names[-1], why) for names, why in _REFUSED.items() for flag in names}
-
-# Options llama-server may grow later: refuse them by the shape of their name.
-_PREFIXES = {"--hf-": _FETCHES, "--ssl-": _READS, "--fim-": _FETCHES, "--mcp-": _ACTS}
-_SUFFIXES = {
-    "-file": _READS, "-path": _READS, "-dir": _READS, "-url": _FETCHES, "-default": _FETCHES,
-}
-
-
-def refusal(arg: str) -> str | None:
-    """Why arg may not be passed to llama-server, or None when it may."""
-    if not arg.startswith("-") or arg in ("-", "--"):
-        return None
-    written = arg.split("=", 1)[0]
-    name = written
-    if name.startswith("--"):
-        name = name.replace("_", "-")  # llama-server reads --api_key_file as --api-key-file
-    found = _INDEX.get(name)
-    if found is not None:
-        canonical, why = found
-        also = f" ({canonical})" if canonical != written else ""
-        return f"argument {written}{also} is not allowed: {why}"
-    if name.startswith("--"):
-        for prefix, why in _PREFIXES.items():
-            if name.startswith(prefix):
-                return f"argument {written} is not allowed: {why}"
-        for suffix, why in _SUFFIXES.items():
-            if name.endswith(suffix):
-                return f"argument {written} is not allowed: {why}"
-    return None
-
 
 def validate_args(args: Sequence[str]) -> list[str]:
-    """The replica's own arguments, or EngineError naming the first refused one."""
-    for arg in args:
-        if "\0" in arg:
-            raise EngineError("an argument contains a NUL character")
-        why = refusal(arg)
-        if why is not None:
-            raise EngineError(why)
-    return list(args)
+    """The replica's own arguments in canonical form, or EngineError naming the first one
+    that may not pass (llmgw.engine_args: the check llmgwd's API makes too)."""
+    try:
+        return engine_args.check("llama.cpp", args)
+    except engine_args.EngineArgError as e:
+        raise EngineError(str(e)) from None
 
 
 def model_path(spec: ReplicaSpec) -> str:
@@ -144,6 +46,8 @@ def command(
         argv += ["--threads", str(threads)]
     if spec.model:
         argv += ["--alias", spec.model]
+    if spec.memory_max_bytes:  # prompts kept in RAM stay within the unit's MemoryMax
+        argv += ["--cache-ram", str(engine_memory.prompt_cache_mib(spec.memory_max_bytes))]
     # The router only passes /v1 on: the engine serves no web pages of its own.
     argv.append("--no-webui")
     return argv + validate_args(spec.args)

