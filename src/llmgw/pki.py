@@ -23,7 +23,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_DAYS = 3650
 SERVER_DAYS = 1825
-NODE_DAYS = 1825  # long, because certificates are not renewed over the link yet
+# A node certificate lasts 30 days and its agent renews it over the link at two thirds of
+# that (day 20). Short, so a certificate copied off a node (a disk, a backup) is dead within
+# a month without anyone removing the node; long enough that an agent down over a long
+# weekend still has ten days left to renew in. Removal refuses it at once either way.
+NODE_DAYS = 30
+RENEW_AT = 2 / 3  # of a node certificate's life, when its agent asks for the next one
 TOKEN_HASH_CHARS = 32  # 128 bits of the CA's sha256: enough to pin it, short to type
 
 # Host-name-like, so a node name is safe in a CN, a unit name and a log line.
@@ -99,6 +104,17 @@ def make_node_csr(node_name: str) -> tuple[bytes, bytes]:
     return _key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
 
 
+def node_csr(node_name: str, key_pem: bytes | str) -> bytes:
+    """A CSR with CN = node name for an existing node key (a renewal keeps the node's key)."""
+    check_node_name(node_name)
+    key = serialization.load_pem_private_key(_bytes(key_pem), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PKIError("the node key is not an EC key")
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_name)])
+    csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
+    return csr.public_bytes(serialization.Encoding.PEM)
+
+
 def check_node_name(name: str) -> None:
     """Raise PKIError unless name is a host-name-like node name."""
     if not _NODE_NAME.fullmatch(name):
@@ -158,8 +174,16 @@ def common_name(cert_pem: bytes | str) -> str:
     return _common_name(_load_cert(cert_pem).subject)
 
 
-def node_name_of(cert_der: bytes) -> str | None:
-    """The node name of a client certificate TLS has already verified: its CN if clientAuth."""
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    """Who a verified node certificate speaks for, and which certificate it is."""
+
+    name: str
+    serial: str  # the certificate's serial number, lowercase hex
+
+
+def node_identity(cert_der: bytes) -> NodeIdentity | None:
+    """The node and serial of a client certificate TLS has already verified (clientAuth)."""
     try:
         cert = x509.load_der_x509_certificate(cert_der)
         eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
@@ -168,7 +192,32 @@ def node_name_of(cert_der: bytes) -> str | None:
     if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
         return None
     name = _common_name(cert.subject)
-    return name if _NODE_NAME.fullmatch(name) else None
+    return NodeIdentity(name, _serial(cert)) if _NODE_NAME.fullmatch(name) else None
+
+
+def node_name_of(cert_der: bytes) -> str | None:
+    """The node name of a client certificate TLS has already verified: its CN if clientAuth."""
+    ident = node_identity(cert_der)
+    return ident.name if ident is not None else None
+
+
+def serial_of(cert_pem: bytes | str) -> str:
+    """A PEM certificate's serial number, lowercase hex."""
+    return _serial(_load_cert(cert_pem))
+
+
+def validity(cert_pem: bytes | str) -> tuple[datetime.datetime, datetime.datetime]:
+    """When a PEM certificate starts and stops being valid (UTC)."""
+    cert = _load_cert(cert_pem)
+    return cert.not_valid_before_utc, cert.not_valid_after_utc
+
+
+def renew_at(cert_pem: bytes | str) -> datetime.datetime:
+    """When a node certificate is due for renewal: RENEW_AT of its life, and never later than
+    RENEW_AT of NODE_DAYS (so a long one from an older llmgw is replaced soon)."""
+    start, end = validity(cert_pem)
+    life = min(end - start, datetime.timedelta(days=NODE_DAYS))
+    return start + life * RENEW_AT
 
 
 def check_node_cert(
@@ -354,6 +403,10 @@ def _load_cert(pem: bytes | str) -> x509.Certificate:
         return x509.load_pem_x509_certificate(_bytes(pem))
     except ValueError:
         raise PKIError("not a PEM certificate") from None
+
+
+def _serial(cert: x509.Certificate) -> str:
+    return format(cert.serial_number, "x")
 
 
 def _common_name(name: x509.Name) -> str:

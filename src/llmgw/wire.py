@@ -137,6 +137,13 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
     replicas: list[ReplicaStatus] = []
 
 
+class Renew(msgspec.Struct, tag="renew", frozen=True):
+    """The node's certificate is due: a CSR for the node's own key, sent over the link (the
+    connection's certificate says which node asks)."""
+
+    csr_pem: str
+
+
 # Control plane -> agent
 
 
@@ -152,8 +159,15 @@ class Refused(msgspec.Struct, tag="refused", frozen=True):
     reason: str
 
 
-AgentMessage = Register | Heartbeat
-ServerMessage = Desired | Refused
+class Renewed(msgspec.Struct, tag="renewed", frozen=True):
+    """The node's next certificate, the answer to Renew; the agent uses it from its next
+    connection on (the link and the engines go on as they are)."""
+
+    cert_pem: str
+
+
+AgentMessage = Register | Heartbeat | Renew
+ServerMessage = Desired | Refused | Renewed
 
 _agent_decoder = msgspec.json.Decoder(AgentMessage)
 _server_decoder = msgspec.json.Decoder(ServerMessage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import ipaddress
 import re
@@ -129,3 +130,26 @@ async def test_server_requiring_client_certs_takes_only_the_cas(
             if not await reader.read():  # TLS 1.3: the refusal arrives after the handshake
                 raise ConnectionError("closed")
     assert seen == ["n1"]
+
+
+def test_node_certificates_are_short_lived_and_due_at_two_thirds(ca: pki.CertKey) -> None:
+    _, csr_pem = pki.make_node_csr("n1")
+    cert_pem = pki.sign_csr(ca, csr_pem, "n1")
+    start, end = pki.validity(cert_pem)
+    assert datetime.timedelta(days=29) < end - start <= datetime.timedelta(days=30, minutes=5)
+    due = pki.renew_at(cert_pem)
+    assert start + (end - start) * 0.6 < due < start + (end - start) * 0.7
+    # A five-year certificate from an older llmgw is due as if it were a 30-day one.
+    _, csr_pem = pki.make_node_csr("n2")
+    old = pki.sign_csr(ca, csr_pem, "n2", days=1825)
+    assert pki.renew_at(old) - pki.validity(old)[0] == due - start
+
+
+def test_a_renewal_csr_keeps_the_nodes_key(ca: pki.CertKey) -> None:
+    key_pem, csr_pem = pki.make_node_csr("n1")
+    first = pki.sign_csr(ca, csr_pem, "n1")
+    second = pki.sign_csr(ca, pki.node_csr("n1", key_pem), "n1")
+    pki.check_node_cert(second, ca.cert_pem, "n1", key_pem)
+    assert pki.serial_of(first) != pki.serial_of(second)
+    der = x509.load_pem_x509_certificate(second).public_bytes(serialization.Encoding.DER)
+    assert pki.node_identity(der) == pki.NodeIdentity("n1", pki.serial_of(second))

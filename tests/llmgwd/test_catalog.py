@@ -41,11 +41,23 @@ async def test_a_duplicate_model_is_refused(store: SqliteStore) -> None:
 
 async def test_a_revoked_or_wrong_key_does_not_authenticate(store: SqliteStore) -> None:
     cat = Catalog(store)
-    _, secret = await cat.create_key("bob")
+    key, secret = await cat.create_key("bob")
     assert cat.authenticate(secret[:-1] + ("A" if secret[-1] != "A" else "B")) is None
     assert cat.authenticate("not-a-key") is None
-    await cat.revoke_key("bob")
+    await cat.revoke_key(key.id)
     assert cat.authenticate(secret) is None
+
+
+async def test_revoke_takes_an_id_never_a_name(store: SqliteStore) -> None:
+    cat = Catalog(store)
+    key, secret = await cat.create_key("bob")
+    other, _ = await cat.create_key(key.id)  # a name like an id (from before names were checked)
+    with pytest.raises(CatalogError, match="no key"):
+        await cat.revoke_key("bob")
+    assert (await cat.revoke_key(key.id)).id == key.id  # one match, not the other key too
+    assert cat.authenticate(secret) is None
+    keys = cat.keys()
+    assert [k.revoked for k in keys] == [True, False] and keys[1].id == other.id
 
 
 async def test_a_join_token_works_once(store: SqliteStore) -> None:

@@ -19,7 +19,9 @@ from llmgw import pki, wire
 from llmgw_agentd import link as link_module
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context, read_join
 from llmgwd.cluster import ClusterState, bound_port, make_app, serve, server_ssl_context
+from llmgwd.members import Members
 from llmgwd.pool import Endpoint
+from llmgwd.store.sqlite import SqliteStore
 
 INVENTORY = wire.Inventory(cores=2, memory_bytes=8 << 30, memory_free_bytes=4 << 30)
 SPEC = wire.ReplicaSpec(
@@ -43,6 +45,7 @@ class Cluster:
 
     ca: pki.CertKey
     dir: Path
+    members: Members
     state: ClusterState = field(init=False)
     runner: web.AppRunner = field(init=False)
     port: int = 0
@@ -66,7 +69,7 @@ class Cluster:
         """(Re)start the port with a fresh state, as a restarted llmgwd would."""
         self.state = state
         state.on_change = self.changes.append
-        app = make_app(state, self.ca, self.consume)
+        app = make_app(state, self.ca, self.consume, self.members)
         ctx = server_ssl_context(self.ca.cert_pem, self.dir / "s.pem", self.dir / "s.key")
         self.runner = await serve(app, "127.0.0.1", port, ctx)
         self.port = bound_port(self.runner)
@@ -76,15 +79,19 @@ class Cluster:
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     ca = pki.make_ca("test")
     pki.write_pair(pki.make_server_cert(ca), tmp_path / "s.pem", tmp_path / "s.key")
-    c = Cluster(ca, tmp_path)
+    store = await SqliteStore.open(":memory:")
+    c = Cluster(ca, tmp_path, Members(store))
     await c.start(ClusterState(grace_s=30, clock=c.clock))
     yield c
     await c.runner.cleanup()
+    await store.close()
 
 
 def node_dir(tmp_path: Path, ca: pki.CertKey, name: str) -> Path:
-    """A node's PKI files as join writes them, made directly."""
+    """A node's PKI files as join writes them, made directly (once: a node keeps its files)."""
     d = tmp_path / f"node-{name}-{pki.ca_fingerprint(ca.cert_pem)[:6]}"
+    if (d / "node.pem").exists():
+        return d
     key_pem, csr_pem = pki.make_node_csr(name)
     pki.write_pem(d / "node.key", key_pem, private=True)
     pki.write_pem(d / "node.pem", pki.sign_csr(ca, csr_pem, name))

@@ -128,17 +128,28 @@ class Agent:
             return _error(400, f"bad join request: {e}", "invalid_body")
         if self._link is not None:
             server = link.read_join(self.pki_dir).server
-            if server == body.url.strip().rstrip("/"):
+            if server != body.url.strip().rstrip("/"):
+                return _error(409, f"this node has already joined {server}", "already_joined")
+            if not self._link.refused:
                 # Joining again where it already is: nothing to do, and no token used.
                 return web.json_response({"node": self.node, "server": server, "already": True})
-            return _error(409, f"this node has already joined {server}", "already_joined")
+            # Removed, or its certificate expired: the token makes it a member again.
         try:
             await link.join(body.url, body.token, self.node, self.pki_dir)
         except link.JoinError as e:
             log.warning("join failed: %s", e)
             return _error(400, str(e), "join_failed")
+        await self._disconnect()
         self._connect(link.read_join(self.pki_dir).server)
         return web.json_response({"node": self.node, "server": body.url})
+
+    async def _disconnect(self) -> None:
+        """End the link (the engines keep running)."""
+        if self._link_task is not None:
+            self._link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._link_task
+        self._link = self._link_task = None
 
     async def _status(self, _: web.Request) -> web.Response:
         data = {
@@ -155,10 +166,7 @@ class Agent:
             self._measuring.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._link_task is not None:
-            self._link_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._link_task
+        await self._disconnect()
         await self.replicas.close()
         log.info("llmgw-agentd stopped; engines keep running")
 

@@ -9,6 +9,7 @@ import ipaddress
 import logging
 import random
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -19,11 +20,11 @@ import msgspec
 
 from llmgw import pki, wire
 
+from . import renew
+from .renew import CA_CERT, NODE_CERT, NODE_KEY
+
 log = logging.getLogger(__name__)
 
-NODE_KEY = "node.key"
-NODE_CERT = "node.pem"
-CA_CERT = "ca.pem"
 JOIN_FILE = "join.json"
 
 MIN_BACKOFF_S = 0.5
@@ -190,6 +191,7 @@ class Link:
         address: str | Callable[[], str] = "",
         on_address: OnAddress | None = None,
         heartbeat_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._url = f"{server.rstrip('/')}/agent"
         self._pki_dir = pki_dir
@@ -201,10 +203,14 @@ class Link:
         self._address = address
         self._on_address = on_address
         self._heartbeat_s = heartbeat_s
+        self._clock = clock  # wall time: certificates' validity
+        self._renew_at = 0.0  # when this node's certificate is due, read at each connection
+        self._renewing = False  # a Renew is out on this connection
         self._poked = asyncio.Event()
         self._desired: list[wire.ReplicaSpec] | None = None
         self._desired_ready = asyncio.Event()
         self._up = False  # registered and accepted: what "connected"/"lost" logs follow
+        self.refused = ""  # why the control plane refuses this node's certificate ("": it does not)
         self._last_problem = ""
 
     @property
@@ -242,7 +248,13 @@ class Link:
     async def _connect_once(self, session: aiohttp.ClientSession) -> Outcome:
         """One connection, from dialling to its end."""
         try:
+            problem = renew.expired(self._pki_dir, self._clock())
+            if problem:
+                self.refused = problem
+                self._lost(problem)
+                return "refused"
             ctx = link_ssl_context(self._pki_dir)
+            self._renew_at, self._renewing = renew.renew_at(self._pki_dir), False
             async with session.ws_connect(
                 self._url, ssl=ctx, heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES
             ) as ws:
@@ -297,8 +309,12 @@ class Link:
             log.warning("ignored a message from the control plane that is not valid: %s", e)
             return "ok"
         if isinstance(msg, wire.Refused):
+            self.refused = msg.reason
             self._lost(f"the control plane refused this node: {msg.reason}")
             return "refused"
+        if isinstance(msg, wire.Renewed):
+            self._renewed(msg)
+            return "ok"
         self._accepted()
         self._desired = list(msg.replicas)
         self._desired_ready.set()
@@ -317,10 +333,36 @@ class Link:
                 continue
             try:
                 await self._send(ws, beat)
+                await self._renew_if_due(ws)
             except (ConnectionError, aiohttp.ClientError):
                 await ws.close()  # the reader then sees the end
                 return
             self._accepted()
+
+    async def _renew_if_due(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Ask for the next certificate once this one is due (once a connection)."""
+        if self._renewing or self._clock() < self._renew_at:
+            return
+        try:
+            msg = renew.request(self._pki_dir, self.node)
+        except pki.PKIError as e:
+            log.warning("cannot ask for this node's next certificate: %s", e)
+            return
+        self._renewing = True
+        log.info("this node's certificate is due for renewal; asking the control plane")
+        await self._send(ws, msg)
+
+    def _renewed(self, msg: wire.Renewed) -> None:
+        """Keep the control plane's new certificate: the next connection presents it."""
+        try:
+            serial = renew.keep(self._pki_dir, self.node, msg)
+            self._renew_at = renew.renew_at(self._pki_dir)
+        except pki.PKIError as e:
+            log.warning("the control plane's new certificate is not kept: %s", e)
+            return
+        log.info(
+            "this node's certificate renewed (serial %s); used from the next connection", serial
+        )
 
     async def _send(self, ws: aiohttp.ClientWebSocketResponse, msg: wire.AgentMessage) -> None:
         await ws.send_bytes(wire.encode(msg))
@@ -345,7 +387,7 @@ class Link:
     def _accepted(self) -> None:
         if not self._up:
             self._up = True
-            self._last_problem = ""
+            self._last_problem = self.refused = ""
             log.info("connected to %s as node %s", self._url, self.node)
 
     def _lost(self, problem: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -19,6 +20,13 @@ from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 Role = Literal["user", "admin"]
 Period = Literal["day", "month"]  # budgets' periods, in UTC
 KEY_PREFIX = "sk-llmgw-"
+# A key's id: 12 hex digits. No key's name may look like one, so an id never names two keys.
+KEY_ID = re.compile(r"[0-9a-fA-F]{12}")
+
+
+def looks_like_key_id(name: str) -> bool:
+    """Whether a key name could be taken for a key's id (such names are refused)."""
+    return KEY_ID.fullmatch(name) is not None
 
 
 class Model(msgspec.Struct, kw_only=True):
@@ -235,17 +243,20 @@ class Catalog:
         self._set_keys([*self._keys.values(), key])
         return key, secret
 
-    async def revoke_key(self, ident: str) -> ApiKey:
-        """Revoke a key by id or name (a name must be unique)."""
-        matches = [k for k in self._keys.values() if ident in (k.id, k.name)]
-        if not matches:
-            raise CatalogError(f"no key {ident!r}")
-        if len(matches) > 1:
-            raise CatalogError(f"{len(matches)} keys are named {ident!r}: give the id")
-        key = msgspec.structs.replace(matches[0], revoked=True)
-        await self._store.put(KEYS + key.id, _enc.encode(key))
-        self._set_keys([key if k.id == key.id else k for k in self._keys.values()])
-        return key
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        """Revoke the key with this id (never a name: the caller resolves names), with
+        compare-and-set so a concurrent change of its limits does not bring it back."""
+        while True:
+            kv = await self._store.get(KEYS + key_id)
+            if kv is None:
+                raise CatalogError(f"no key {key_id!r}")
+            key = msgspec.structs.replace(_key_dec.decode(kv.value), revoked=True)
+            res = await self._store.txn(
+                [Compare(kv.key, "mod", "=", kv.mod_revision)], [Put(kv.key, _enc.encode(key))]
+            )
+            if res.succeeded:
+                self._set_keys([key if k.id == key.id else k for k in self._keys.values()])
+                return key
 
     async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKey:
         """Replace a key's limits, with compare-and-set so a concurrent revoke is not undone."""

@@ -8,7 +8,7 @@ import ipaddress
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from llmgw import pki, wire
 
+from .members import Members, refusal, removed_reason
 from .pool import Endpoint
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class ClusterState:
         self._nodes: dict[str, _Node] = {}
         self._desired: dict[str, tuple[wire.ReplicaSpec, ...]] = {}
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
+        self._removed: set[str] = set()  # removed since start: no connection is attached
 
     # The reconciler's side
 
@@ -106,6 +108,36 @@ class ClusterState:
         entry = self._nodes.get(node)
         if entry is not None and entry.conn is not None:
             self._spawn(self._send_desired(entry.conn))
+
+    def remove(self, node: str) -> bool:
+        """A node removed from the cluster: its connection is refused and closed, it is
+        forgotten (its replicas are placed elsewhere, its requests in flight moved), and no
+        connection of it is attached again until allow(). Whether it was known here."""
+        self._removed.add(node)
+        self._desired.pop(node, None)
+        entry = self._nodes.pop(node, None)
+        if entry is None:
+            return False
+        if entry.lost_timer is not None:
+            entry.lost_timer.cancel()
+        if entry.conn is not None:
+            self._spawn(_refuse(entry.conn, removed_reason(node)))
+        log.warning("node %s removed from the cluster; its certificates are refused", node)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(node)
+            except Exception:
+                log.exception("on_lost hook failed for node %s", node)
+        self._changed(node)
+        return True
+
+    def allow(self, node: str) -> None:
+        """A removed node joined again with a token."""
+        self._removed.discard(node)
+
+    def removed(self, node: str) -> bool:
+        """Whether node was removed since start (and has not joined again)."""
+        return node in self._removed
 
     def connected(self) -> list[str]:
         """Names of the nodes whose agent is connected now."""
@@ -258,6 +290,20 @@ class ClusterState:
             log.exception("on_change hook failed for node %s", node)
 
 
+async def remove_node(
+    state: ClusterState, members: Members, name: str, placed: Iterable[str] = ()
+) -> bool:
+    """`llmgw node remove`: revoke the node's certificates in the store, then forget it here
+    (its connection refused, its replicas placed elsewhere). False: no such node (not a
+    member, not seen since start, nothing placed on it)."""
+    member = await members.get(name)
+    if not (member and member.active) and name not in {*state.known(), *placed}:
+        return False
+    await members.remove(name)
+    state.remove(name)
+    return True
+
+
 STATE_KEY = web.AppKey("cluster_state", ClusterState)
 
 
@@ -265,11 +311,13 @@ class _Refuse(Exception):
     """End an agent's connection with a Refused message saying why."""
 
 
-def make_app(state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken) -> web.Application:
+def make_app(
+    state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken, members: Members
+) -> web.Application:
     """The cluster port's routes: GET /ca, POST /join, GET /agent (WebSocket)."""
     app = web.Application(client_max_size=MAX_JOIN_BYTES)
     app[STATE_KEY] = state
-    handlers = _Handlers(state, ca, consume_token)
+    handlers = _Handlers(state, ca, consume_token, members)
     app.router.add_get("/ca", handlers.ca)
     app.router.add_post("/join", handlers.join)
     app.router.add_get("/agent", handlers.agent)
@@ -315,63 +363,104 @@ def bound_port(runner: web.AppRunner) -> int:
 class _Handlers:
     """The cluster port's request handlers."""
 
-    def __init__(self, state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken) -> None:
+    def __init__(
+        self, state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken, members: Members
+    ) -> None:
         self._state = state
         self._ca = ca
         self._consume = consume_token
+        self._members = members
 
     async def ca(self, request: web.Request) -> web.Response:
         """The cluster CA; a joining node pins it by the hash in its token."""
         return web.Response(body=self._ca.cert_pem, content_type="application/x-pem-file")
 
     async def join(self, request: web.Request) -> web.Response:
-        """Sign a node's CSR for a valid, unused join token."""
+        """Sign a node's CSR for a valid, unused join token, under a name no member holds."""
         try:
             req = msgspec.json.decode(await request.read(), type=wire.JoinRequest)
             pki.check_csr(req.csr_pem, req.node)  # before the token, so a bad CSR wastes none
         except (msgspec.ValidationError, msgspec.DecodeError, pki.PKIError) as e:
-            return _error(400, f"not a valid join request: {e}")
+            return _error(400, f"not a valid join request: {e}", "invalid_join")
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, "join request too large")
-        if req.node in self._state.connected():
-            # A token must not let anyone take over a live node's name (and its engines' keys).
-            return _error(
-                409, f"node {req.node!r} is connected now; stop its agent or pick another name"
-            )
+            return _error(413, "join request too large", "too_large")
         try:
+            taken = await self._name_taken(req.node)
+            if taken:
+                # A token must not take over a member's name (and its engines' keys).
+                return _error(409, taken, "node_is_member")
             accepted = await self._consume(req.token)
         except Exception as e:
             # No traceback: it could carry the token the store was given.
-            log.error("join of node %r: the token store failed (%s)", req.node, type(e).__name__)
-            return _error(503, "cannot check the join token now; try again")
+            log.error("join of node %r: the store failed (%s)", req.node, type(e).__name__)
+            return _error(503, "cannot check the join token now; try again", "store_failed")
         if not accepted:
             log.warning(
                 "join of node %r from %s refused: invalid, expired or used token",
                 req.node,
                 request.remote,
             )
-            return _error(403, "the join token is invalid, expired or already used")
+            return _error(403, "the join token is invalid, expired or already used", "bad_token")
+        return await self._admit(req, request.remote or "")
+
+    async def _name_taken(self, node: str) -> str:
+        """Why a token join under this name is refused ("": it is free)."""
+        member = await self._members.get(node)
+        if node in self._state.connected():
+            why = "is connected now"
+        elif member is not None and member.active:
+            why = "is a member of the cluster"
+        elif member is None and node in self._state.known():
+            why = "is a member of the cluster"  # joined before membership records were kept
+        else:
+            return ""
+        return (
+            f"node {node!r} {why}; remove it first (llmgw node remove {node}) or pick another name"
+        )
+
+    async def _admit(self, req: wire.JoinRequest, remote: str) -> web.Response:
         cert = pki.sign_csr(self._ca, req.csr_pem, req.node)
-        log.info("node %s joined from %s", req.node, request.remote)
+        if not await self._members.admit(req.node, pki.serial_of(cert)):
+            return _error(409, f"node {req.node!r} joined at the same time", "node_is_member")
+        self._state.allow(req.node)
+        log.info("node %s joined from %s", req.node, remote)
         body = wire.JoinResponse(cert_pem=cert.decode(), ca_pem=self._ca.cert_pem.decode())
         return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
     async def agent(self, request: web.Request) -> web.StreamResponse:
         """An agent's WebSocket; the node is the client certificate's CN, never the message's."""
-        node = _peer_node(request)
-        if node is None:
+        ident = _peer_identity(request)
+        if ident is None:
             return _error(401, "a node certificate signed by the cluster CA is required")
         ws = web.WebSocketResponse(heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES)
         await ws.prepare(request)
-        conn = _Conn(node, ws, request.remote or "")
+        conn = _Conn(ident.name, ws, request.remote or "")
         try:
+            await self._admission(ident)
             await self._converse(conn)
         except _Refuse as e:
-            log.warning("node %s (%s): connection refused: %s", node, conn.peer, e)
+            log.warning("node %s (%s): connection refused: %s", ident.name, conn.peer, e)
             await _refuse(conn, str(e))
         finally:
             self._state._detach(conn)
         return ws
+
+    async def _admission(self, ident: pki.NodeIdentity) -> None:
+        """_Refuse a certificate of a removed node, or one replaced or revoked."""
+        try:
+            member = await self._members.get(ident.name)
+            if member is None and await self._members.adopt(ident.name, ident.serial):
+                log.info("node %s: its certificate recorded as a member's", ident.name)
+                return
+            member = member or await self._members.get(ident.name)
+            why = refusal(member, ident.serial)
+            if why is None:
+                await self._members.used(ident.name, ident.serial)
+        except Exception as e:
+            log.error("node %s: the store failed (%s)", ident.name, type(e).__name__)
+            raise _Refuse("cannot check this node's certificate now; try again") from None
+        if why is not None:
+            raise _Refuse(why)
 
     async def _converse(self, conn: _Conn) -> None:
         try:
@@ -381,14 +470,36 @@ class _Handlers:
         msg = _decode(first)
         if msg is None:
             return
-        await self._state._attach(conn, _check_register(conn.node, msg))
+        register = _check_register(conn.node, msg)
+        if self._state.removed(conn.node):  # removed while this connection was checked
+            raise _Refuse(removed_reason(conn.node))
+        await self._state._attach(conn, register)
         async for frame in conn.ws:
             msg = _decode(frame)
             if msg is None:
                 return
-            if not isinstance(msg, wire.Heartbeat):
+            if isinstance(msg, wire.Renew):
+                await self._renew(conn, msg)
+            elif isinstance(msg, wire.Heartbeat):
+                self._state._report(conn, msg)
+            else:
                 raise _Refuse("register sent twice on one connection")
-            self._state._report(conn, msg)
+
+    async def _renew(self, conn: _Conn, msg: wire.Renew) -> None:
+        """The node's next certificate, for the CSR it sent over its own link."""
+        try:
+            cert = pki.sign_csr(self._ca, msg.csr_pem, conn.node)
+        except pki.PKIError as e:
+            log.warning("node %s: renewal refused: %s", conn.node, e)
+            return
+        serial = pki.serial_of(cert)
+        if not await self._members.renewed(conn.node, serial):
+            raise _Refuse(removed_reason(conn.node))
+        _, until = pki.validity(cert)
+        log.info("node %s: certificate renewed (serial %s, until %s)", conn.node, serial, until)
+        async with conn.lock:
+            with contextlib.suppress(ConnectionError, RuntimeError):  # it asks again if lost
+                await conn.ws.send_bytes(wire.encode(wire.Renewed(cert.decode())))
 
 
 def _check_register(node: str, msg: wire.AgentMessage) -> wire.Register:
@@ -420,14 +531,14 @@ async def _refuse(conn: _Conn, reason: str) -> None:
     await conn.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"refused")
 
 
-def _peer_node(request: web.Request) -> str | None:
-    """The node name of the verified client certificate, if one was sent."""
+def _peer_identity(request: web.Request) -> pki.NodeIdentity | None:
+    """The node and serial of the verified client certificate, if one was sent."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
     if not isinstance(ssl_object, ssl.SSLObject):
         return None
     der = ssl_object.getpeercert(binary_form=True)
-    return pki.node_name_of(der) if der else None
+    return pki.node_identity(der) if der else None
 
 
 def _host(address: str) -> str:
@@ -438,5 +549,6 @@ def _host(address: str) -> str:
         return address  # a DNS name
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, code: str = "") -> web.Response:
+    body = {"error": message, "code": code} if code else {"error": message}
+    return web.json_response(body, status=status)

@@ -23,6 +23,7 @@ from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
 from llmgwd import api, clientport, cluster
 from llmgwd.catalog import Catalog
+from llmgwd.members import Members
 from llmgwd.reconciler import Reconciler
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
@@ -120,6 +121,7 @@ class Daemon:
         keys = load_pki(state_dir, url)
         self.store = await SqliteStore.open(state_dir / "state.db")
         self.catalog = Catalog(self.store)
+        self.members = Members(self.store)
         revision = await self.catalog.load()
         self.usage = Usage(self.store)
         self.meter = Meter(self.usage)
@@ -143,6 +145,7 @@ class Daemon:
             name=cfg.name,
             usage=self.usage,
             scheduling=self.reconciler,
+            remove_node=self.remove_node,
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)
@@ -157,10 +160,16 @@ class Daemon:
         )
 
     async def _serve_cluster(self, keys: Pki) -> None:
-        app = cluster.make_app(self.cluster, keys.ca, self.catalog.consume_token)
+        app = cluster.make_app(self.cluster, keys.ca, self.catalog.consume_token, self.members)
         ctx = cluster.server_ssl_context(keys.ca.cert_pem, keys.server_cert, keys.server_key)
         host, port = split_listen(self.config.cluster.listen)
         self._runners.append(await cluster.serve(app, host, port, ctx))
+
+    async def remove_node(self, name: str) -> bool:
+        """`llmgw node remove`: revoke the node's certificates in the store, then forget it here
+        (its connection closed, its replicas placed elsewhere). False: no such node."""
+        placed = [p.node for p in self.reconciler.placements()]
+        return await cluster.remove_node(self.cluster, self.members, name, placed)
 
     async def _serve_client(self, ctx: api.ApiContext) -> None:
         cfg = self.config.client

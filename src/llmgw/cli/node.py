@@ -1,4 +1,4 @@
-"""llmgw node token|join and llmgw nodes: joining nodes to the cluster and listing them."""
+"""llmgw node token|join|remove and llmgw nodes: nodes joining and leaving the cluster, listed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def echo_join_command(token: dict[str, Any]) -> None:
 
 @click.group()
 def node() -> None:
-    """Join nodes to the cluster, and cordon, drain or uncordon them."""
+    """Join nodes to the cluster, remove them, and cordon, drain or uncordon them."""
 
 
 @node.command()
@@ -102,6 +102,25 @@ def drain(settings: Settings, name: str, as_json: bool) -> None:
 def uncordon(settings: Settings, name: str, as_json: bool) -> None:
     """Let node NAME take new replicas again (after cordon or drain)."""
     _flag("uncordon", settings, name, as_json)
+
+
+@node.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def remove(settings: Settings, name: str, as_json: bool) -> None:
+    """Remove node NAME from the cluster: its certificates are refused from now on.
+
+    Its connection is closed and its replicas are placed on other nodes at once. It comes
+    back only by joining again with a new token (`llmgw node token`), under this name or
+    another. Run it for a node that is gone for good, or whose certificate may be in other
+    hands; `llmgw node drain` moves replicas off a node that stays.
+    """
+    answer = call(settings, "DELETE", api_path("nodes", name))
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"Node {name} removed: its certificates are refused from now on.")
 
 
 def _state(n: dict[str, Any]) -> str:

@@ -1,0 +1,30 @@
+"""/api/v1's node membership: `DELETE /nodes/{name}` removes a node from the cluster."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from llmgwd.api import ApiError, _ctx, _who, json_response, not_found
+
+log = logging.getLogger(__name__)
+
+
+async def remove_node(request: web.Request) -> web.Response:
+    """DELETE /nodes/{name}: revoke the node's certificates (the cluster port refuses them from
+    now on), close its connection and place its replicas elsewhere. It comes back only by
+    joining again with a token."""
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    if ctx.remove_node is None:
+        raise ApiError(503, "nodes cannot be removed here", "server_error", "no_cluster")
+    if not await ctx.remove_node(name):
+        raise not_found("node", name)
+    log.warning("node %s removed from the cluster by %s", name, _who(request))
+    return json_response({"name": name, "removed": True})
+
+
+def routes() -> list[web.RouteDef]:
+    """This module's routes, relative to /api/v1."""
+    return [web.delete("/nodes/{name}", remove_node)]
