@@ -371,3 +371,23 @@ def test_the_engine_listens_on_loopback_only(node: Node) -> None:
     out = node.ps.run(["ss", "-H", "-ltnp"]).stdout
     engine = [line.split()[3] for line in out.splitlines() if "llama-server" in line]
     assert engine and all(a.startswith("127.0.0.1:") for a in engine), out
+
+
+def test_a_removed_node_is_refused_until_it_joins_again_with_a_token(node: Node) -> None:
+    # Last in this module: the node leaves the cluster, then comes back.
+    [name] = node.connected()
+    r = node.llmgw("node", "remove", name)
+    assert "removed" in r.stdout
+    node.wait(lambda: node.connected() == [] and node.model()["ready"] == 0, "node removed")
+    url = f"https://127.0.0.1:{node.cluster_port}"
+    # The agent is refused, and says so once however often it dials again.
+    node.wait(lambda: "was removed" in node.ps.journal("llmgw-agentd.service", 200), "refusal")
+    time.sleep(25)  # a couple of its retries (10 s apart at most)
+    said = node.ps.journal("llmgw-agentd.service", 500).count("refused this node")
+    assert said == 1, node.ps.journal("llmgw-agentd.service", 40)
+    assert name not in [n["name"] for n in node.llmgw("nodes", "--json")]
+    # Joining again needs a real token now: no "Already joined" for a removed node.
+    r = node.llmgw("node", "join", url, "--token", "0" * 32 + ".wrong", check=False)
+    assert r.returncode == 1 and "Already joined" not in r.stdout
+    node.join(node.token())
+    node.wait_ready(1)
