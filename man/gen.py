@@ -60,6 +60,28 @@ SETTINGS = {
     "server.client.tls_key": (
         "The PEM private key of tls_cert; empty: the key is in tls_cert's file."
     ),
+    "server.client.head_timeout_s": (
+        "Seconds a connection has to send a whole request line and headers, from when it "
+        "opens or from the first byte of its next request; then it is closed. An idle "
+        "keep-alive connection is not timed by this."
+    ),
+    "server.client.body_timeout_s": (
+        "Seconds a request body may stall (no byte arriving) before the request is refused "
+        "and its connection closed."
+    ),
+    "server.client.max_connections_per_address": (
+        "The most connections one client address may hold open at once; one more is answered "
+        "429 and closed. 0: no cap."
+    ),
+    "server.client.uncapped_addresses": (
+        "Addresses and networks (CIDR) that max_connections_per_address does not apply to: by "
+        "default the host itself, where a local reverse proxy or a benchmark connects from. "
+        "Set it to [] to cap them too."
+    ),
+    "server.client.cors_origins": (
+        "The web origins (https://HOST[:PORT]) whose pages may call the client port from a "
+        "browser (CORS); each gets its own origin back and never credentials. Empty: none."
+    ),
     "server.cluster.listen": (
         "HOST:PORT of the cluster port, which agents dial: mutual TLS with the cluster's own CA."
     ),
@@ -78,13 +100,19 @@ SETTINGS = {
     "agent.node_name": "This node's name in the cluster; empty: the host name.",
     "agent.address": (
         "The address this node's engines listen on and the control plane reaches them at; "
-        "empty: engines listen on every address and the control plane uses the one the "
-        "agent's connection comes from."
+        "empty: the address the agent's connection to the control plane comes from, or "
+        "loopback (127.0.0.1) where the control plane runs on this host. Engines never "
+        "listen on every address."
     ),
     "agent.engines.llama.cpp.binary": (
         "An existing llama-server to run; empty: the one the agent builds into its cache."
     ),
     "agent.engines.llama.cpp.threads": "Threads each llama-server uses; 0: llama-server's default.",
+    "agent.engines.memory_max_bytes": (
+        "The memory limit (the unit's MemoryMax) of an engine the control plane gives none: a "
+        "model whose file llmgwd could not read, placed by count. 0: three quarters of the "
+        "node's memory. Every other engine's limit comes from its placement's estimate."
+    ),
     "agent.state_dir": (
         "Where the agent keeps the node's certificate and key, its model cache and the "
         "engines' environments. Kept on upgrade and on package removal; removed on purge."
@@ -296,9 +324,13 @@ def settings(
 
 def type_name(t: Any) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    if hasattr(t, "__metadata__"):  # Annotated[float, msgspec.Meta(...)]: the type is enough
+        t = t.__origin__
     if t in names:
         return names[t]
-    args = getattr(t, "__args__", ())
+    args: tuple[Any, ...] = getattr(t, "__args__", ())
+    if getattr(t, "__origin__", None) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return "[" + type_name(args[0]) + ", ...]"
     if getattr(t, "__origin__", None) is tuple and args:
         return "[" + ", ".join(type_name(a) for a in args) + "]"
     return str(t)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -21,6 +23,9 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base of every config section: an unknown key is an error, never ignored."""
 
 
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
 class ClientPort(Strict):
     """The port people and their OpenAI clients use: /v1, /api/v1."""
 
@@ -28,6 +33,23 @@ class ClientPort(Strict):
     max_body_bytes: int = 4 * 1024 * 1024
     tls_cert: str = ""
     tls_key: str = ""
+    head_timeout_s: Seconds = 10.0
+    body_timeout_s: Seconds = 30.0
+    max_connections_per_address: Annotated[int, msgspec.Meta(ge=0)] = 256
+    uncapped_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    cors_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for net in self.uncapped_addresses:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                why = f"uncapped_addresses: {net!r} is not an address or network"
+                raise ValueError(why) from None
+        for origin in self.cors_origins:
+            url = urlsplit(origin)
+            if url.scheme not in ("http", "https") or not url.netloc or url.path or url.query:
+                raise ValueError(f"cors_origins: {origin!r} is not an origin (https://HOST[:PORT])")
 
 
 class ClusterPort(Strict):
@@ -62,6 +84,7 @@ class Engines(Strict):
     """The engines this node can run."""
 
     llama_cpp: LlamaCpp = msgspec.field(default_factory=LlamaCpp, name="llama.cpp")
+    memory_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class AgentConfig(Strict):

@@ -8,19 +8,29 @@ import logging
 import re
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn, Protocol, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
-from llmgw import wire
+from llmgw import engine_args, wire
 from llmgw.localsock import allowed, peer_credentials
 from llmgwd import meter_views
-from llmgwd.catalog import ApiKey, Catalog, CatalogError, KeyLimits, Model, Role, profiles_of
+from llmgwd.catalog import (
+    ApiKey,
+    Catalog,
+    CatalogError,
+    KeyLimits,
+    Model,
+    Role,
+    looks_like_key_id,
+    profiles_of,
+)
 from llmgwd.estimate import gib
 from llmgwd.meter_views import Invalid, LimitsIn, PriceIn
 from llmgwd.profiles import DEFAULT, Profile, problems
@@ -37,10 +47,6 @@ MAX_REPLICAS = 1024
 MAX_CONTEXT = 1 << 24
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 ENGINES = ("llama.cpp",)
-# The agent sets these itself (listen address, port, key, model file, context size).
-RESERVED_ARGS = frozenset(
-    {"--host", "--port", "--api-key", "--api-key-file", "-m", "--model", "-c", "--ctx-size"}
-)
 
 
 def _own_version() -> str:
@@ -168,6 +174,8 @@ class ApiContext:
     started_at: float = field(default_factory=time.time)
     usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts
     scheduling: Scheduling | None = None  # the reconciler; None: nothing is placed here
+    # `llmgw node remove`: revoke a node's certificates and forget it; False: no such node.
+    remove_node: Callable[[str], Awaitable[bool]] | None = None
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
@@ -258,6 +266,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 # Request bodies.
 
 T = TypeVar("T")
+# The largest body: read_body counts it itself, since a sub-app's client_max_size is not
+# applied (the client port's application reads with its own, /v1's 4 MB).
+MAX_BODY_BYTES = 64 * 1024
 
 
 class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -322,7 +333,7 @@ def _validation_error(message: str) -> ApiError:
 
 async def read_body(request: web.Request, schema: type[T]) -> T:
     """Decode the JSON body into schema, or raise a 400 naming the field."""
-    raw = await request.read()
+    raw = await _read_limited(request, MAX_BODY_BYTES)
     try:
         return msgspec.json.decode(raw or b"{}", type=schema)
     except msgspec.ValidationError as e:
@@ -331,6 +342,29 @@ async def read_body(request: web.Request, schema: type[T]) -> T:
         raise ApiError(
             400, "body: not valid JSON", "invalid_request_error", "invalid_json", "body"
         ) from None
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes limit (declared, or counted)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _body_error(413, f"larger than {limit} bytes", "request_too_large")
+    body = bytearray()
+    try:
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > limit:
+                raise _body_error(413, f"larger than {limit} bytes", "request_too_large")
+    except HttpProcessingError as e:  # a stalled upload (408), a broken chunked encoding
+        if e.code == 408:
+            raise _body_error(408, "the upload stalled", "timeout") from None
+        raise _body_error(400, "could not be read", "invalid_body") from None
+    except ConnectionError:
+        raise _body_error(400, "the client left before it was sent", "client_closed") from None
+    return bytes(body)
+
+
+def _body_error(status: int, why: str, code: str) -> ApiError:
+    return ApiError(status, f"body: {why}", "invalid_request_error", code, "body")
 
 
 def validate_model(body: ModelIn) -> Model:
@@ -344,11 +378,10 @@ def validate_model(body: ModelIn) -> Model:
         raise bad_field("source", "the path holds a control character")
     if body.engine not in ENGINES:
         raise bad_field("engine", f"must be one of {', '.join(ENGINES)}")
-    for arg in body.args:
-        if arg.split("=", 1)[0] in RESERVED_ARGS:
-            raise bad_field("args", f"{arg.split('=', 1)[0]} is set by llmgw itself")
-        if "\0" in arg:
-            raise bad_field("args", "an argument holds a NUL character")
+    try:  # the check each node's agent makes again before it starts an engine
+        engine_args.check(body.engine, body.args)
+    except engine_args.EngineArgError as e:
+        raise bad_field("args", str(e)) from None
     if not 0 <= body.context <= MAX_CONTEXT:
         raise bad_field("context", f"must be between 0 (the engine's default) and {MAX_CONTEXT}")
     if not 0 <= body.max_tokens <= (body.context or MAX_CONTEXT):
@@ -802,6 +835,8 @@ def _check_key_in(ctx: ApiContext, body: KeyIn) -> Role:
     name = body.name.strip()
     if not name or len(name) > 64 or not name.isprintable():
         raise bad_field("name", "must be 1-64 printable characters")
+    if looks_like_key_id(name):
+        raise bad_field("name", "must not look like a key's id (12 hex digits)")
     if body.role not in ("user", "admin"):
         raise bad_field("role", "must be user or admin")
     keys = ctx.catalog.keys()
@@ -831,14 +866,16 @@ async def create_key(request: web.Request) -> web.Response:
 
 
 def _find_key(ctx: ApiContext, ident: str) -> ApiKey:
-    """A key by id, else by the name of a live key; several of one name is a conflict."""
+    """The key with this id (revoked or not), else the one active key of this name; several
+    active keys of one name are a 409 that lists their ids."""
     keys = ctx.catalog.keys()
     by_id = [k for k in keys if k.id == ident]
     if by_id:
-        return by_id[0]
+        return by_id[0]  # ids are unique, and no name may look like one
     named = [k for k in keys if k.name == ident and not k.revoked]
     if len(named) > 1:
-        msg = f"{len(named)} keys are named {ident!r}: give the id"
+        ids = ", ".join(k.id for k in named)
+        msg = f"{len(named)} active keys are named {ident!r}; give one of their ids: {ids}"
         raise ApiError(409, msg, "conflict_error", "key_ambiguous")
     if not named:
         raise not_found("key", ident)
@@ -846,11 +883,14 @@ def _find_key(ctx: ApiContext, ident: str) -> ApiKey:
 
 
 async def revoke_key(request: web.Request) -> web.Response:
-    """DELETE /keys/{key}: revoke a key by id or name."""
+    """DELETE /keys/{key}: revoke a key by its id, or the one active key of a name."""
     ctx = _ctx(request)
     key = _find_key(ctx, request.match_info["key"])
     if not key.revoked:
-        key = await ctx.catalog.revoke_key(key.id)
+        try:
+            key = await ctx.catalog.revoke_key(key.id)
+        except CatalogError:
+            raise not_found("key", key.id) from None
         log.info("key %s (%s) revoked by %s", key.id, key.name, _who(request))
     return json_response(key_view(key))
 
@@ -919,7 +959,10 @@ async def create_token(request: web.Request) -> web.Response:
 
 def api_routes() -> list[web.RouteDef]:
     """The routes, relative to API_PREFIX."""
+    from llmgwd import api_nodes  # it builds on this module's helpers
+
     return [
+        *api_nodes.routes(),
         web.get("/status", get_status),
         web.get("/nodes", get_nodes),
         web.get("/models", list_models),
@@ -944,7 +987,7 @@ def api_routes() -> list[web.RouteDef]:
 
 def api_subapp(ctx: ApiContext, auth: Middleware) -> web.Application:
     """The API to mount with parent.add_subapp(API_PREFIX, ...), guarded by auth."""
-    app = web.Application(middlewares=[errors_middleware, auth], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[errors_middleware, auth], client_max_size=MAX_BODY_BYTES)
     app[CTX] = ctx
     app.add_routes(api_routes())
     return app
