@@ -122,6 +122,24 @@ def invalid_value(param: str, message: str) -> ApiError:
     return ApiError(400, message, "invalid_request_error", param=param, code="invalid_value")
 
 
+def unknown_parameter(param: str) -> ApiError:
+    """400: a field the route does not take (engine-specific ones included), in OpenAI's words."""
+    return ApiError(
+        400,
+        f"Unrecognized request argument supplied: {quote(param)}",
+        "invalid_request_error",
+        param=quote(param),
+        code="unknown_parameter",
+    )
+
+
+def unsupported_parameter(param: str, message: str) -> ApiError:
+    """400: one of OpenAI's fields that the model (its engine) cannot honour."""
+    return ApiError(
+        400, message, "invalid_request_error", param=param, code="unsupported_parameter"
+    )
+
+
 def request_too_large(limit: int) -> ApiError:
     """413: the body is over the configured size."""
     return ApiError(
@@ -212,6 +230,23 @@ def rate_limited(message: str, type_: str, headers: Mapping[str, str]) -> ApiErr
 def quota_exceeded(message: str, headers: Mapping[str, str]) -> ApiError:
     """429: the key's budget for the period is spent, as OpenAI says it of a used-up quota."""
     return ApiError(429, message, "insufficient_quota", code="insufficient_quota", headers=headers)
+
+
+def model_not_supported(model: str, what: str) -> ApiError:
+    """400: the model does not do what the request needs (embeddings, tools, image input)."""
+    return ApiError(
+        400,
+        f"The model '{quote(model)}' does not support {what}.",
+        "invalid_request_error",
+        param="model",
+        code="model_not_supported",
+    )
+
+
+def engine_refused(message: str, param: str | None = None) -> ApiError:
+    """400: the engine refused the request for something in its body (message already cleaned
+    of engine internals by router/answers.py)."""
+    return ApiError(400, message, "invalid_request_error", param=param, code="invalid_request")
 
 
 def upstream_failed(message: str) -> ApiError:
