@@ -123,11 +123,7 @@ class ClusterState:
         if entry.conn is not None:
             self._spawn(_refuse(entry.conn, removed_reason(node)))
         log.warning("node %s removed from the cluster; its certificates are refused", node)
-        if self.on_lost is not None:
-            try:
-                self.on_lost(node)
-            except Exception:
-                log.exception("on_lost hook failed for node %s", node)
+        self._tell_lost(node)
         self._changed(node)
         return True
 
@@ -222,17 +218,22 @@ class ClusterState:
         log.info("node %s disconnected; lost unless back within %gs", conn.node, self.grace_s)
         self._changed(conn.node)
 
+    def _tell_lost(self, node: str) -> None:
+        """Run on_lost (the router moves the node's requests in flight); a failing hook is
+        logged, never raised into the cluster's own bookkeeping."""
+        if self.on_lost is not None:
+            try:
+                self.on_lost(node)
+            except Exception:
+                log.exception("on_lost hook failed for node %s", node)
+
     def _lost(self, node: str, entry: _Node) -> None:
         """The grace period of a node still disconnected has ended."""
         entry.lost_timer = None
         if self._nodes.get(node) is not entry or entry.conn is not None:
             return
         log.warning("node %s lost: not heard from for %gs", node, self.grace_s)
-        if self.on_lost is not None:
-            try:
-                self.on_lost(node)
-            except Exception:
-                log.exception("on_lost hook failed for node %s", node)
+        self._tell_lost(node)
         self._changed(node)
 
     async def _close_all(self) -> None:
