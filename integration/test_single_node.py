@@ -290,10 +290,13 @@ def test_slots_are_reported_and_a_model_with_embeddings_embeds(
         assert len(answer.data) == 2 and len(answer.data[0].embedding) > 100
         assert answer.data[0].embedding != answer.data[1].embedding
         assert answer.usage.prompt_tokens > 0
-        # A model started without --embeddings: the engine's refusal, passed on.
-        with pytest.raises(openai.APIStatusError) as refused:
+        # A model started without --embeddings: a 400 that names the model and what it
+        # lacks, never the engine's flag to start it with.
+        with pytest.raises(openai.BadRequestError) as refused:
             client.embeddings.create(model=MODEL, input="A red apple.")
-        assert refused.value.status_code == 501 and "--embeddings" in refused.value.message
+        assert refused.value.code == "model_not_supported"
+        assert f"'{MODEL}' does not support embeddings" in refused.value.message
+        assert "--" not in refused.value.message
     finally:
         node.llmgw("model", "stop", embed)
         node.wait(lambda: len(node.engine_units()) == 1, f"{embed} stopped")
