@@ -409,3 +409,90 @@ async def test_the_openai_client_sees_a_bad_request_for_its_mistake(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}]
             )
     assert caught.value.code == "invalid_request"
+
+
+# An engine that read the request, worked on it, then died: no retry, no other replica.
+
+
+class DiesOnSecond(asyncio.Protocol):
+    """Answers the first request with keep-alive; reads the second, works on it for a while
+    (past the window in which a closed pooled connection fails), then dies: it closes the
+    connection and stops listening, as a crashed engine."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if b"\r\n\r\n" not in data:  # the fake's requests arrive whole (small, local)
+            return
+        self.state["read"] += 1
+        if self.state["read"] == 1:
+            body = json.dumps({"object": "chat.completion", "model": MODEL, "choices": []})
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode())
+            )
+            return
+        asyncio.get_running_loop().call_later(0.3, self._die)
+
+    def _die(self) -> None:
+        self.state["server"].close()
+        self.transport.close()
+
+
+async def test_an_engine_dying_on_a_request_gets_a_502_and_no_other_replica_sees_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmgwd.router import proxy
+    from tests.llmgwd.router.test_router_v1 import FakeEngine, running
+
+    monkeypatch.setattr(proxy, "_STALE_WINDOW_S", 0.05)  # the engine dies 0.3 s after reading
+    state: dict[str, Any] = {"read": 0}
+    loop = asyncio.get_running_loop()
+    state["server"] = await loop.create_server(lambda: DiesOnSecond(state), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{state['server'].sockets[0].getsockname()[1]}"
+    async with running(FakeEngine()) as other:
+        endpoints = [endpoint(url, "dies"), endpoint(other.url, "other")]
+        router = Router(FakeKeys(), FakeModels(MODEL), FakePool({MODEL: endpoints}))
+        async with serve(router) as base, aiohttp.ClientSession() as http:
+            with router.balancer.hold(endpoints[1]):  # busier: the dying one is tried first
+                first, _ = await post(http, base, CHAT)  # leaves a pooled connection
+                status, text = await post(http, base, CHAT)
+    state["server"].close()
+    assert (first, status) == (200, 502)
+    assert_error_shape(json.loads(text), "upstream_error")
+    assert state["read"] == 2 and not other.seen  # not sent again, nor to another replica
+
+
+# An engine answering 5xx counts against its replica; a client's fault does not.
+
+
+@asynccontextmanager
+async def answering(engine: Recorded) -> AsyncIterator[tuple[str, Router]]:
+    app = web.Application()
+    app.router.add_post("/v1/{path:.+}", engine.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with router_to(str(server.make_url("")).rstrip("/")) as routed:
+            yield routed
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "status", "out"),
+    [("CUDA error: out of memory", 502, True), ("Failed to parse messages", 400, False)],
+)
+async def test_engine_500s_eject_the_replica_unless_the_client_was_at_fault(
+    message: str, status: int, out: bool
+) -> None:
+    engine = Recorded(500, {"error": {"code": 500, "message": message, "type": "server_error"}})
+    async with answering(engine) as (base, router), aiohttp.ClientSession() as http:
+        statuses = [(await post(http, base, CHAT))[0] for _ in range(3)]
+        assert statuses == [status] * 3
+        assert router.balancer.ejections.out("r1") is out

@@ -112,3 +112,14 @@ async def test_embeddings_are_held_to_the_keys_rate_limit(m: metering.Metered) -
     assert resp.headers["x-ratelimit-remaining-requests"] == "0"
     assert answer["error"]["code"] == "rate_limit_exceeded"
     assert len(m.engine.seen) == 1
+
+
+async def test_each_text_of_an_input_list_counts_as_a_request(m: metering.Metered) -> None:
+    m.keys.limit(rpm=5)
+    first, _, resp = await m.gw.post(PATH, {"model": MODEL, "input": ["a", "b", "c"]})
+    assert first == 200 and resp.headers["x-ratelimit-remaining-requests"] == "2"
+    tokens, _, resp = await m.gw.post(PATH, {"model": MODEL, "input": [1, 2, 3]})  # one text
+    assert tokens == 200 and resp.headers["x-ratelimit-remaining-requests"] == "1"
+    second, answer, _ = await m.gw.post(PATH, {"model": MODEL, "input": [[1], [2]]})
+    assert (second, answer["error"]["code"]) == (429, "rate_limit_exceeded")
+    assert len(m.engine.seen) == 2

@@ -241,3 +241,25 @@ async def test_openai_fields_and_safe_sampling_extras_pass(gw: Gateway) -> None:
     status, _, _ = await gw.post(CHAT_PATH, {**CHAT, "messages": messages, **extra})
     assert status == 200
     assert {k: gw.engine.seen[0].body[k] for k in extra} == extra
+
+
+# Images by URL: the engine would fetch them from the node, so only inline data: URLs pass.
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:9090/metrics", "https://example.com/cat.png"])
+async def test_an_image_by_url_is_refused(gw: Gateway, url: str) -> None:
+    image = {"url": url}
+    parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": image}]
+    body = {**CHAT, "messages": [{"role": "user", "content": parts}]}
+    param = "messages[0].content[1].image_url.url"
+    answer = await refused(gw, CHAT_PATH, body, "invalid_value", param)
+    assert "inline as data: URLs" in answer["error"]["message"]
+
+
+async def test_an_inline_image_passes(gw: Gateway) -> None:
+    image = {"url": "data:image/png;base64,iVBORw0KGgo="}
+    parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": image}]
+    body = {**CHAT, "messages": [{"role": "user", "content": parts}]}
+    status, _, _ = await gw.post(CHAT_PATH, body)
+    assert status == 200
+    assert gw.engine.seen[0].body["messages"][0]["content"][1]["image_url"] == image

@@ -196,9 +196,23 @@ def chat(doc: Document) -> str:
     for i, message in enumerate(request.messages):
         if message.content is UNSET and not (message.role == "assistant" and message.tool_calls):
             raise errors.missing_parameter(f"messages[{i}].content")
+        _inline_images(message, f"messages[{i}].content")
     if request.top_logprobs is not None and request.logprobs is not True:
         raise errors.invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
     return request.model
+
+
+def _inline_images(message: Message, param: str) -> None:
+    """Refuse an image given by URL: the engine would fetch it from the node, so a request
+    body would choose where the cluster connects. Only data: URLs (inline images) pass."""
+    if not isinstance(message.content, list):
+        return
+    for j, part in enumerate(message.content):
+        if isinstance(part, ImagePart) and not part.image_url.url.startswith("data:"):
+            name = f"{param}[{j}].image_url.url"
+            message_text = (f"'{name}' is not a data: URL: images must be sent inline as data: "
+                            "URLs (base64), never as links.")  # fmt: skip
+            raise errors.invalid_value(name, message_text)
 
 
 def completion(doc: Document) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ _STALE_ERRORS = (
     aiohttp.ClientConnectionResetError,
     aiohttp.ClientOSError,
 )
+# A pooled connection the engine had closed while idle fails as soon as the request is written
+# (its FIN or reset is already there); one that fails later was read by an engine that then
+# worked on it and died, and must not be sent again (it could kill every replica in turn).
+_STALE_WINDOW_S = 1.0
 _MAX_TAIL = 1 << 20  # a partial SSE event longer than this is passed on anyway
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -211,7 +216,9 @@ class Upstream:
             raise
         finally:
             self._balancer.release(endpoint)
-        if request.get(errors.OUTCOME) == "upstream_broke":  # a stream it cut short
+        # A stream it cut short, or its 5xx answer (router/answers.py maps those that were the
+        # client's fault to 4xx: they do not count).
+        if request.get(errors.OUTCOME) == "upstream_broke" or answer.status in _ENGINE_FAULTS:
             ejections.failed(endpoint.replica_id)
         else:
             ejections.succeeded(endpoint.replica_id)
@@ -305,16 +312,19 @@ class Upstream:
         body: bytes,
         headers: dict[str, str],
     ) -> aiohttp.ClientResponse:
-        """The POST on a pooled connection; once more on a fresh one when the pooled one turns
-        out closed before any byte of an answer (the engine never had the request, so this is
-        no failure of the replica). A fresh connection failing so is the engine's failure."""
+        """The POST on a pooled connection; once more on a fresh one when the pooled one fails
+        at once (the engine had closed it: it never had the request, so this is no failure of
+        the replica). The retry failing in any way, a refused connect included, is a 502
+        counted against the replica, never a move to another replica."""
         probe = SimpleNamespace(reused=False)
+        sent = time.monotonic()
         try:
             return await self.session().post(
                 url, data=body, headers=headers, trace_request_ctx=probe
             )
         except _STALE_ERRORS as e:
-            if not probe.reused or isinstance(e, _CONNECT_ERRORS):
+            quick = time.monotonic() - sent < _STALE_WINDOW_S
+            if not probe.reused or not quick or isinstance(e, _CONNECT_ERRORS):
                 raise
             log.info(
                 "replica %s of %s on %s: pooled connection found closed (%s); sent again on a "
@@ -322,7 +332,12 @@ class Upstream:
                 endpoint.replica_id, endpoint.model, endpoint.node, type(e).__name__,
                 request[errors.REQUEST_ID],
             )  # fmt: skip
-        return await self.fresh_session().post(url, data=body, headers=headers)
+        try:
+            return await self.fresh_session().post(url, data=body, headers=headers)
+        except aiohttp.ServerTimeoutError:
+            raise errors.upstream_timeout("The model's engine did not answer in time.") from None
+        except aiohttp.ClientError as e:
+            raise _engine_failed(endpoint, e) from None
 
     async def _relay_whole(
         self, upstream: aiohttp.ClientResponse, endpoint: Endpoint, path: str, tally: Tally
