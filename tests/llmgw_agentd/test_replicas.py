@@ -15,7 +15,7 @@ import pytest
 
 from llmgw.config import AgentConfig, Engines
 from llmgw.wire import ReplicaSpec, ReplicaStatus
-from llmgw_agentd.replicas import CommandBuilder, Replicas
+from llmgw_agentd.replicas import CommandBuilder, EngineRecord, Replicas
 from llmgw_agentd.systemd import Systemd
 from tests.llmgw_agentd.fake_systemd import FakeSystemd, fake_systemd
 
@@ -317,3 +317,20 @@ async def test_a_configured_address_wins_over_the_links(node: Node) -> None:
     await replicas.apply([spec()])
     await until(replicas, ready())
     assert argv_host(node) == "127.0.0.1"  # agent.yaml's address
+
+
+async def test_an_adopted_record_without_a_limit_restarts_with_the_nodes_default(
+    node: Node,
+) -> None:
+    # A record written before limits existed (or for a model placed by count) keeps 0:
+    # MemoryMax=0 would have the kernel end the engine at once.
+    node.config = msgspec.structs.replace(node.config, engines=Engines(memory_max_bytes=5 << 30))
+    records = Path(node.config.state_dir) / "engines"
+    records.mkdir(parents=True)
+    old = msgspec.structs.replace(spec(), api_key="")
+    record = EngineRecord(spec().fingerprint(), 43150, old, "127.0.0.1")
+    (records / "r1.json").write_bytes(msgspec.json.encode(record))
+    replicas = await node.new_replicas()
+    await replicas.apply([spec()])  # the same spec: started from its record
+    await until(replicas, ready())
+    assert node.fake.units["llmgw-engine-r1.service"].properties["MemoryMax"] == 5 << 30

@@ -253,10 +253,7 @@ class Replicas:
         except EngineError as e:
             self._reject(spec, e)
             return
-        memory = spec.memory_max_bytes or engine_memory.default_limit(
-            _node_memory(), self._config.engines.memory_max_bytes
-        )
-        kept = msgspec.structs.replace(spec, api_key="", memory_max_bytes=memory)
+        kept = msgspec.structs.replace(spec, api_key="", memory_max_bytes=self._memory_max(spec))
         r = _Replica(kept, fingerprint, port, self._host)
         self._write_key(spec)
         self._write_record(r)
@@ -449,7 +446,7 @@ class Replicas:
             ("SyslogIdentifier", Variant("s", r.unit.removesuffix(".service"))),
             # Over it the kernel ends the engine (Result=oom-kill) and the agent restarts it;
             # no swap, or the limit would only slow it down instead of bounding it.
-            ("MemoryMax", Variant("t", spec.memory_max_bytes)),
+            ("MemoryMax", Variant("t", self._memory_max(spec))),
             ("MemorySwapMax", Variant("t", 0)),
             *SANDBOX,
         ]
@@ -459,6 +456,12 @@ class Replicas:
         if key is not None:
             props.append(("LoadCredential", Variant("a(ss)", [(KEY_CREDENTIAL, str(key))])))
         return props
+
+    def _memory_max(self, spec: ReplicaSpec) -> int:
+        """The spec's limit, or the node's default when it has none (never 0: that kills)."""
+        return spec.memory_max_bytes or engine_memory.default_limit(
+            _node_memory(), self._config.engines.memory_max_bytes
+        )
 
     def _key_file(self, rid: str) -> Path:
         return self._keys / f"{rid}.key"
