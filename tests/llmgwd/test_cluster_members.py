@@ -15,8 +15,11 @@ import aiohttp
 import pytest
 
 from llmgw import pki, wire
+from llmgw_agentd import renew
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context
 from llmgwd import cluster as cluster_module
+from llmgwd.members import Members, refusal
+from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_cluster import SPEC, Agent, Cluster, eventually, node_dir, register
 from tests.llmgwd.test_cluster import cluster as cluster  # a fixture
 from tests.llmgwd.test_cluster import running as running  # a fixture
@@ -222,3 +225,70 @@ async def test_a_node_that_joined_before_membership_records_is_adopted_once(
     cluster.tokens.add(token)
     with pytest.raises(JoinError, match="member"):
         await join(cluster.url, token, "old-node", tmp_path / "thief")
+
+
+async def renewal_over_a_link(
+    c: Cluster, d: Path, csr_pem: str, caplog: pytest.LogCaptureFixture, said: str
+) -> bool:
+    """Send a Renew over the node's own link; once the control plane has said `said`, whether
+    the link is still up."""
+    async with (
+        aiohttp.ClientSession() as s,
+        s.ws_connect(f"{c.url}/agent", ssl=link_ssl_context(d)) as ws,
+    ):
+        await ws.send_bytes(register("n1"))
+        assert isinstance(wire.decode_server((await ws.receive(timeout=5)).data), wire.Desired)
+        await ws.send_bytes(wire.encode(wire.Renew(csr_pem=csr_pem)))
+        await eventually(lambda: any(said in r.getMessage() for r in caplog.records))
+        return c.state.connected() == ["n1"] and not ws.closed
+
+
+async def test_a_renewal_csr_for_another_key_is_refused_and_the_link_kept(
+    cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = await joined(cluster, tmp_path, "n1")
+    cluster.state.set_desired("n1", [])
+    _, other = pki.make_node_csr("n1")  # the node's name, but not its key
+    said = "renewal refused: the CSR is not for this node's key"
+    assert await renewal_over_a_link(cluster, d, other.decode(), caplog, said)
+    member = await cluster.members.get("n1")
+    assert member is not None and member.serials == [pki.serial_of((d / "node.pem").read_bytes())]
+
+
+async def test_a_store_failing_a_renewal_keeps_the_link(
+    cluster: Cluster,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = await joined(cluster, tmp_path, "n1")
+    cluster.state.set_desired("n1", [])
+
+    async def fails(*_: object) -> None:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(SqliteStore, "txn", fails)
+    csr = renew.request(d, "n1").csr_pem
+    said = "renewal not recorded, the store failed (OSError)"
+    assert await renewal_over_a_link(cluster, d, csr, caplog, said)
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback
+    monkeypatch.undo()
+    # The node still holds a certificate the cluster takes.
+    assert isinstance(await first_message(cluster, d, "n1"), wire.Desired)
+
+
+async def test_renewals_whose_answers_were_lost_leave_the_current_certificate_valid() -> None:
+    store = await SqliteStore.open(":memory:")
+    try:
+        m = Members(store)
+        assert await m.admit("n1", "s0")
+        # Two Renewed answers never reached the node (a link flap, a crash before the write):
+        # it still connects with s0.
+        assert await m.renewed("n1", "s0", "s1")
+        assert await m.renewed("n1", "s0", "s2")
+        assert refusal(await m.get("n1"), "s0") is None
+        assert refusal(await m.get("n1"), "s2") is None
+        await m.used("n1", "s2")  # once the newest is used, the older die
+        assert refusal(await m.get("n1"), "s0") is not None
+    finally:
+        await store.close()

@@ -15,6 +15,9 @@ from typing import Any
 
 import msgspec
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from llmgw import pki, wire
 
@@ -54,6 +57,8 @@ class _Conn:
     node: str
     ws: web.WebSocketResponse
     peer: str
+    serial: str  # of the certificate the connection was admitted with
+    key: bytes  # that certificate's public key (SubjectPublicKeyInfo, DER)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -430,12 +435,14 @@ class _Handlers:
 
     async def agent(self, request: web.Request) -> web.StreamResponse:
         """An agent's WebSocket; the node is the client certificate's CN, never the message's."""
-        ident = _peer_identity(request)
-        if ident is None:
+        der = _peer_cert(request)
+        ident = pki.node_identity(der) if der else None
+        if der is None or ident is None:
             return _error(401, "a node certificate signed by the cluster CA is required")
         ws = web.WebSocketResponse(heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES)
         await ws.prepare(request)
-        conn = _Conn(ident.name, ws, request.remote or "")
+        key = _spki(x509.load_der_x509_certificate(der).public_key())
+        conn = _Conn(ident.name, ws, request.remote or "", ident.serial, key)
         try:
             await self._admission(ident)
             await self._converse(conn)
@@ -489,12 +496,21 @@ class _Handlers:
     async def _renew(self, conn: _Conn, msg: wire.Renew) -> None:
         """The node's next certificate, for the CSR it sent over its own link."""
         try:
+            if _spki(pki.check_csr(msg.csr_pem, conn.node).public_key()) != conn.key:
+                raise pki.PKIError("the CSR is not for this node's key (renewal keeps the key)")
             cert = pki.sign_csr(self._ca, msg.csr_pem, conn.node)
         except pki.PKIError as e:
             log.warning("node %s: renewal refused: %s", conn.node, e)
             return
         serial = pki.serial_of(cert)
-        if not await self._members.renewed(conn.node, serial):
+        try:
+            renewed = await self._members.renewed(conn.node, conn.serial, serial)
+        except Exception as e:
+            # The link stays: the node keeps its certificate and asks again later.
+            log.error("node %s: renewal not recorded, the store failed (%s)", conn.node,
+                      type(e).__name__)  # fmt: skip
+            return
+        if not renewed:
             raise _Refuse(removed_reason(conn.node))
         _, until = pki.validity(cert)
         log.info("node %s: certificate renewed (serial %s, until %s)", conn.node, serial, until)
@@ -532,14 +548,18 @@ async def _refuse(conn: _Conn, reason: str) -> None:
     await conn.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"refused")
 
 
-def _peer_identity(request: web.Request) -> pki.NodeIdentity | None:
-    """The node and serial of the verified client certificate, if one was sent."""
+def _peer_cert(request: web.Request) -> bytes | None:
+    """The verified client certificate (DER), if one was sent."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
     if not isinstance(ssl_object, ssl.SSLObject):
         return None
-    der = ssl_object.getpeercert(binary_form=True)
-    return pki.node_identity(der) if der else None
+    return ssl_object.getpeercert(binary_form=True) or None
+
+
+def _spki(key: PublicKeyTypes) -> bytes:
+    """A public key as comparable bytes."""
+    return key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
 
 
 def _host(address: str) -> str:

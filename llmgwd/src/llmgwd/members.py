@@ -10,7 +10,6 @@ import msgspec
 from llmgwd.store import Compare, Put, Store
 
 NODES = "/members/"
-KEEP_SERIALS = 2  # the newest certificate and the one before it, until the newest is used
 
 
 class Member(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,10 +66,11 @@ class Members:
         )
         return res.succeeded
 
-    async def renewed(self, name: str, serial: str) -> bool:
-        """A member's next certificate: live beside the current one until it is used. False if
+    async def renewed(self, name: str, conn_serial: str, serial: str) -> bool:
+        """A member's next certificate: live beside conn_serial (the one its connection was
+        admitted with, which it uses until the answer is written) until it is used. False if
         name is not a member now."""
-        return await self._change(name, lambda m: [*m.serials, serial][-KEEP_SERIALS:])
+        return await self._change(name, lambda m: [conn_serial, serial])
 
     async def used(self, name: str, serial: str) -> None:
         """A member connected with serial: if it is its newest, the older ones die."""
