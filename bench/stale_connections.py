@@ -41,13 +41,17 @@ MODEL = "smollm2"
 SERVERS = "/root/.cache/llmgw/llama.cpp/*/llama-server"
 
 
-class OneTry(Upstream):
-    """The upstream call as it was: one POST on whatever connection the pool gives."""
+class RetryOnly(Upstream):
+    """The retry on a fresh connection, without asking the engine to close after a stream."""
 
     def _headers(self, request: web.Request, endpoint: Endpoint, stream: bool) -> dict[str, str]:
         headers = super()._headers(request, endpoint, stream)
         headers.pop("Connection", None)
         return headers
+
+
+class OneTry(RetryOnly):
+    """The upstream call as it was: one POST on whatever connection the pool gives."""
 
     async def _post(
         self,
@@ -58,15 +62,6 @@ class OneTry(Upstream):
         headers: dict[str, str],
     ) -> aiohttp.ClientResponse:
         return await self.session().post(url, data=body, headers=headers)
-
-
-class RetryOnly(Upstream):
-    """The retry on a fresh connection, without asking the engine to close after a stream."""
-
-    def _headers(self, request: web.Request, endpoint: Endpoint, stream: bool) -> dict[str, str]:
-        headers = super()._headers(request, endpoint, stream)
-        headers.pop("Connection", None)
-        return headers
 
 
 VARIANTS: list[tuple[str, type[Upstream]]] = [

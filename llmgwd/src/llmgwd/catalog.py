@@ -244,27 +244,21 @@ class Catalog:
         return key, secret
 
     async def revoke_key(self, key_id: str) -> ApiKey:
-        """Revoke the key with this id (never a name: the caller resolves names), with
-        compare-and-set so a concurrent change of its limits does not bring it back."""
-        while True:
-            kv = await self._store.get(KEYS + key_id)
-            if kv is None:
-                raise CatalogError(f"no key {key_id!r}")
-            key = msgspec.structs.replace(_key_dec.decode(kv.value), revoked=True)
-            res = await self._store.txn(
-                [Compare(kv.key, "mod", "=", kv.mod_revision)], [Put(kv.key, _enc.encode(key))]
-            )
-            if res.succeeded:
-                self._set_keys([key if k.id == key.id else k for k in self._keys.values()])
-                return key
+        """Revoke the key with this id (never a name: the caller resolves names)."""
+        return await self._change_key(key_id, revoked=True)
 
     async def set_key_limits(self, key_id: str, limits: KeyLimits) -> ApiKey:
-        """Replace a key's limits, with compare-and-set so a concurrent revoke is not undone."""
+        """Replace a key's limits."""
+        return await self._change_key(key_id, limits=limits)
+
+    async def _change_key(self, key_id: str, **changes: object) -> ApiKey:
+        """Change fields of a stored key with compare-and-set, so two concurrent changes (a
+        revoke and new limits) never undo each other."""
         while True:
             kv = await self._store.get(KEYS + key_id)
             if kv is None:
                 raise CatalogError(f"no key {key_id!r}")
-            key = msgspec.structs.replace(_key_dec.decode(kv.value), limits=limits)
+            key = msgspec.structs.replace(_key_dec.decode(kv.value), **changes)
             res = await self._store.txn(
                 [Compare(kv.key, "mod", "=", kv.mod_revision)], [Put(kv.key, _enc.encode(key))]
             )
