@@ -114,6 +114,9 @@ class ReplicaStatus(msgspec.Struct, frozen=True):
     message: str = ""
     restarts: int = 0
     slots: int = 0  # requests the engine serves at once (llama.cpp's /props); 0: not known
+    # The most tokens one request may hold, prompt and answer (llama.cpp's /props: a slot's
+    # n_ctx); 0: not known (an agent older than this field, or an engine that does not say).
+    context: int = 0
 
 
 # Agent -> control plane

@@ -18,6 +18,7 @@ def main() -> None:
     p.add_argument("--api-key-file", default="")
     p.add_argument("--load-s", type=float, default=0.0)
     p.add_argument("--parallel", type=int, default=4)  # its slots, in /props as total_slots
+    p.add_argument("--ctx-size", type=int, default=0)  # 0: the model's, here 8192
     args = p.parse_args()
     key = ""
     if args.api_key_file:
@@ -32,7 +33,9 @@ def main() -> None:
                 self._answer(503 if loading else 200, {"status": "loading" if loading else "ok"})
             elif self.path in ("/v1/models", "/props"):
                 ok = not key or self.headers.get("Authorization") == f"Bearer {key}"
-                body = {"data": [], "total_slots": args.parallel}
+                settings = {"n_ctx": args.ctx_size or 8192}
+                body = {"data": [], "total_slots": args.parallel,
+                        "default_generation_settings": settings}  # fmt: skip
                 self._answer(200 if ok else 401, body if ok else {"error": "bad key"})
             else:
                 self._answer(404, {"error": "not found"})

@@ -24,8 +24,9 @@ KEY = "sk-test-0123456789"
 
 
 def engine_command(spec: ReplicaSpec, host: str, port: int, key: str | None) -> list[str]:
-    """The stand-in engine, with the spec's args (e.g. --parallel) passed on."""
+    """The stand-in engine, with the spec's context and args (e.g. --parallel) passed on."""
     argv = [sys.executable, FAKE_ENGINE, "--host", host, "--port", str(port), *spec.args]
+    argv += ["--ctx-size", str(spec.context)] if spec.context else []
     return argv + (["--api-key-file", key] if key else [])
 
 
@@ -276,6 +277,15 @@ async def test_a_ready_engine_reports_its_slots_from_props(node: Node) -> None:
     got = await until(replicas, lambda s: ready("r1")(s) and ready("r2")(s))
     assert got["r1"].slots == 3  # /props wants the key: the agent sends the replica's
     assert got["r2"].slots == 4  # the engine's default
+
+
+async def test_a_ready_engine_reports_its_context_from_props(node: Node) -> None:
+    # The router bounds requests by it where the catalog gives the model no context.
+    replicas = await node.new_replicas()
+    await replicas.apply([spec(context=2048), spec("r2")])
+    got = await until(replicas, lambda s: ready("r1")(s) and ready("r2")(s))
+    assert got["r1"].context == 2048
+    assert got["r2"].context == 8192  # the engine's default: the model's own
 
 
 async def test_the_unit_has_the_specs_memory_limit_and_no_swap(node: Node) -> None:

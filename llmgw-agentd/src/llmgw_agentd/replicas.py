@@ -66,10 +66,17 @@ CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
 OnChange = Callable[[], None]
 
 
+class _Settings(msgspec.Struct):
+    """The part of /props' default_generation_settings the agent reads."""
+
+    n_ctx: int = 0  # a slot's context: the most tokens one request may hold
+
+
 class _Props(msgspec.Struct):
     """The part of llama.cpp's GET /props the agent reads."""
 
     total_slots: int = 0
+    default_generation_settings: _Settings = msgspec.field(default_factory=_Settings)
 
 
 class EngineRecord(msgspec.Struct):
@@ -91,6 +98,7 @@ class _Replica:
     message: str = ""
     restarts: int = 0
     slots: int = 0  # as the engine said once ready; 0: not known
+    context: int = 0  # a request's context, as the engine said once ready; 0: not known
     task: asyncio.Task[None] | None = None
     unwatch: Callable[[], None] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -195,6 +203,7 @@ class Replicas:
                 message=r.message,
                 restarts=r.restarts,
                 slots=r.slots,
+                context=r.context,
             )
             for r in self._replicas.values()
         ]
@@ -370,8 +379,10 @@ class Replicas:
                 continue
             code = await self._probe(r)
             if code == 200:
-                if not was_ready:  # ready for the first time in this run: its slots, once
-                    r.slots = await self._slots(r)
+                if not was_ready:  # ready for the first time in this run: its props, once
+                    props = await self._props(r)
+                    r.slots = props.total_slots
+                    r.context = props.default_generation_settings.n_ctx
                 misses, was_ready = 0, True
                 self._set(r, "ready", "")
             elif r.state == "ready" and code:
@@ -391,18 +402,19 @@ class Replicas:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return 0
 
-    async def _slots(self, r: _Replica) -> int:
-        """The engine's total_slots from /props (asked with its key), 0 when it does not say."""
+    async def _props(self, r: _Replica) -> _Props:
+        """The engine's slots and context from /props (asked with its key); 0 for what it does
+        not say."""
         assert self._http is not None
         url = f"http://{_probe_host(r.host)}:{r.port}{PROPS_PATH}"
         try:
             async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
                 if resp.status != 200:
-                    return 0
-                return msgspec.json.decode(await resp.read(), type=_Props).total_slots
+                    return _Props()
+                return msgspec.json.decode(await resp.read(), type=_Props)
         except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError,
                 msgspec.ValidationError):  # fmt: skip
-            return 0
+            return _Props()
 
     def _auth(self, rid: str) -> dict[str, str]:
         """The header with the replica's key, as the router sends it (none without a key)."""

@@ -172,9 +172,11 @@ class ClusterState:
                 if spec is None or status.state != "ready" or not 0 < status.port < 65536:
                     continue
                 url = f"http://{entry.host}:{status.port}"
-                found.append(
-                    Endpoint(status.id, model, name, url, spec.api_key, spec.priority, status.slots)
-                )
+                # The engine's own context is what binds a request; the spec's is what it was
+                # started with (0 there too: the engine's default, known only from the engine).
+                context = status.context or spec.context
+                key, priority, slots = spec.api_key, spec.priority, status.slots
+                found.append(Endpoint(status.id, model, name, url, key, priority, slots, context))
         return found
 
     def wanted(self, model: str) -> int:

@@ -17,6 +17,7 @@ class Endpoint:
     api_key: str
     priority: int = 0  # its profile's: the router fills higher ones first
     slots: int = 0  # requests it serves at once, as the engine says (0: not known)
+    context: int = 0  # tokens one request may hold: the engine's, else its spec's (0: not known)
 
 
 class Pool(Protocol):

@@ -9,7 +9,7 @@ from llmgw.config import AgentConfig
 from llmgw.wire import ReplicaSpec
 
 HEALTH_PATH = "/health"  # every engine answers 200 here when ready, 503 while loading
-PROPS_PATH = "/props"  # llama.cpp: its total_slots, the requests it serves at once (key needed)
+PROPS_PATH = "/props"  # llama.cpp: its total_slots and a slot's n_ctx (key needed)
 
 
 class EngineError(ValueError):

@@ -11,18 +11,23 @@ Two bounds, each safe in its own direction:
   one token, and no token is longer than the longest of its vocabulary. Only a prompt whose
   floor alone passes the context is refused: it is certainly too long, and the engine does not
   spend time tokenizing it.
+
+The context is the catalog's, else the smallest a ready replica of the model runs with (the
+engine's own, as its agent reports it, or the one the scheduler placed it with).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from llmgwd.catalog import Model
+from llmgwd.pool import Endpoint
 from llmgwd.router import errors, fields
 
-# Reserved per choice, and written as max_tokens, when neither the request nor the catalog
-# bounds the answer (set the model's context or max_tokens in the catalog to change it).
+# Reserved per choice, and written as max_tokens, when neither the request, the catalog nor
+# any ready replica bounds the answer (set the model's context or max_tokens to change it).
 UNBOUNDED_COMPLETION = 4096
 # More characters than any token of a vocabulary has: SmolLM2's longest word-like token (a run
 # of '#') is 80; runs of whitespace, which are longer, are not counted in words.
@@ -47,21 +52,30 @@ class Estimate:
         return self.prompt + self.completion
 
 
-def estimate(doc: Document, model: Model, body_bytes: int) -> Estimate:
-    """Check the request against the model's limits and bound its tokens.
+def estimate(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
+    """Check the request against the model's limits and bound its tokens; placed is the
+    smallest context of the model's ready replicas (placed_context; 0: not known).
 
     doc must have passed the router's body checks (router.fields); it is changed: the completion
     limit reserved is written as max_tokens (and max_completion_tokens, when given), so the
     engine holds to what was reserved.
     """
-    check_context(doc, model, body_bytes)
-    completion = completion_limit(doc, model) * choices(doc)
+    context = model.context or placed
+    check_context(doc, context, body_bytes)
+    completion = completion_limit(doc, model, context) * choices(doc)
     return Estimate(prompt=body_bytes, completion=completion, requests=fields.prompts(doc))
 
 
-def completion_limit(doc: Document, model: Model) -> int:
-    """The most completion tokens of one choice; 400 when the request asks more than allowed."""
-    cap = model.max_tokens or model.context
+def placed_context(ready: Iterable[Endpoint]) -> int:
+    """The smallest context among these replicas, 0 when none says: a request that fits it
+    fits whichever of them the balancer picks."""
+    return min((e.context for e in ready if e.context > 0), default=0)
+
+
+def completion_limit(doc: Document, model: Model, context: int) -> int:
+    """The most completion tokens of one choice; 400 when the request asks more than allowed.
+    context is the model's (model.context, else its replicas'; 0: not known)."""
+    cap = model.max_tokens or context
     asked: list[int] = []
     for param in _LIMIT_PARAMS:
         value = doc.get(param)
@@ -71,7 +85,7 @@ def completion_limit(doc: Document, model: Model) -> int:
             raise errors.max_tokens_too_large(param, value, cap)
         asked.append(value)
     # Unasked, the engine would stop only at the context's end: the bound reserved goes instead.
-    limit = min(asked) if asked else model.max_tokens or model.context or UNBOUNDED_COMPLETION
+    limit = min(asked) if asked else model.max_tokens or context or UNBOUNDED_COMPLETION
     for param in _LIMIT_PARAMS:  # both, so whichever the engine reads holds to the limit
         if param == "max_tokens" or doc.get(param) is not None:
             doc[param] = limit
@@ -83,14 +97,15 @@ def choices(doc: Document) -> int:
     return max(_int(doc.get("n")), _int(doc.get("best_of"))) * fields.prompts(doc)
 
 
-def check_context(doc: Document, model: Model, body_bytes: int) -> None:
-    """400 when the prompt (or an embedding's input) is certainly longer than the context."""
-    if not model.context or body_bytes <= model.context:
+def check_context(doc: Document, context: int, body_bytes: int) -> None:
+    """400 when the prompt (or an embedding's input) is certainly longer than context (the
+    model's, else its replicas'; 0: not known, nothing refused)."""
+    if not context or body_bytes <= context:
         return  # the upper bound fits already: nothing to count
     param = next((p for p in ("messages", "input") if p in doc), "prompt")
     at_least = prompt_floor(doc)
-    if at_least > model.context:
-        raise errors.context_length_exceeded(param, at_least, model.context)
+    if at_least > context:
+        raise errors.context_length_exceeded(param, at_least, context)
 
 
 def prompt_floor(doc: Document) -> int:

@@ -13,12 +13,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgwd.catalog import ApiKey, Model
-from llmgwd.pool import Pool
+from llmgwd.pool import Endpoint, Pool
 from llmgwd.router import embeddings, errors, fields
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
-from llmgwd.router.token_bounds import Estimate, estimate
+from llmgwd.router.token_bounds import Estimate, estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -164,7 +164,7 @@ class Router:
         request: web.Request,
         path: str,
         check: Callable[[Document], str],
-        bound: Callable[[Document, Model, int], Estimate] = estimate,
+        bound: Callable[[Document, Model, int, int], Estimate] = estimate,
     ) -> web.StreamResponse:
         """Check everything a client can get wrong (only the route's allowed fields pass),
         admit the request against its key's limits and budgets, hand the body to the proxy,
@@ -182,8 +182,8 @@ class Router:
         fields.for_engine(doc, model, path)
         if model.on_demand and self._on_demand is not None:
             await self._wake(model.name)
-        self._require_ready(model)
-        bounds = bound(doc, model, len(raw))
+        ready = self._require_ready(model)
+        bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
         stream = doc.get("stream") is True
         reservation = self.meter.admit(key, model, bounds)
@@ -246,11 +246,11 @@ class Router:
             await asyncio.sleep(self._wake_poll_s)
         return bool(self._pool.ready(name))
 
-    def _require_ready(self, model: Model) -> None:
-        """503 with Retry-After when no replica of the model is ready."""
+    def _require_ready(self, model: Model) -> list[Endpoint]:
+        """The model's ready replicas; 503 with Retry-After when there is none."""
         name = model.name
-        if self._pool.ready(name):
-            return
+        if ready := self._pool.ready(name):
+            return ready
         # The catalog says what is wanted: the pool knows only what reached a node.
         if model.replicas == 0:
             message = f"The model '{errors.quote(name)}' is in the catalog but not being served."
