@@ -376,6 +376,24 @@ def test_the_engine_listens_on_loopback_only(node: Node) -> None:
     assert engine and all(a.startswith("127.0.0.1:") for a in engine), out
 
 
+def test_a_model_without_a_catalog_context_is_bounded_by_its_replica(node: Node) -> None:
+    """Issue 9, finding 10: the router bounds requests by the context the replica's engine
+    reports when the catalog has none, before any engine sees them, and the model answers."""
+    assert node.model()["context"] == 0  # SmolLM2 was added without --context
+
+    def chat(content: str, **extra: object) -> tuple[int, Any]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+        return post(node, "/v1/chat/completions", json.dumps(body).encode(), node.key)
+
+    status, answer = chat("Say yes.")
+    assert status == 200, answer
+    # SmolLM2 was trained, and so placed, with 8,192 tokens: the engine says so in /props.
+    status, answer = chat("Say yes.", max_tokens=9000)
+    assert status == 400 and "at most 8192 completion tokens" in str(answer), answer
+    status, answer = chat("word " * 9000)
+    assert status == 400 and "maximum context length is 8192 tokens" in str(answer), answer
+
+
 def test_a_removed_node_is_refused_until_it_joins_again_with_a_token(node: Node) -> None:
     # Last in this module: the node leaves the cluster, then comes back.
     [name] = node.connected()
