@@ -202,7 +202,8 @@ def model_busy(message: str, retry_after_s: int) -> ApiError:
 
 
 def max_tokens_too_large(param: str, value: int, cap: int) -> ApiError:
-    """400: max_tokens (or max_completion_tokens) over what the catalog allows the model."""
+    """400: max_tokens (or max_completion_tokens) over what the model allows (the catalog's
+    max_tokens or context, else its replicas' smallest context)."""
     return invalid_value(
         param,
         f"{param} is too large: {value}. This model supports at most {cap} completion tokens, "
