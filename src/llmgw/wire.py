@@ -154,6 +154,9 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     """The full set of replicas this node should run; anything else of ours is stopped."""
 
     replicas: list[ReplicaSpec] = []
+    # The control plane takes Renew on this link. An older one leaves it out (False) and
+    # would refuse a Renew as not a valid message: the agent asks only where this is True.
+    renews: bool = False
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):

@@ -27,10 +27,8 @@ class Api:
         self.removed: list[str] = []
 
     async def remove_node(self, name: str) -> bool:
-        if name != "gpu1":
-            return False
         self.removed.append(name)
-        return True
+        return name == "gpu1"  # the only node known here
 
     def cli(self, *args: str) -> Result:
         return CliRunner().invoke(main, ["--socket", self.socket, *args])
@@ -69,5 +67,6 @@ def test_node_remove(api: Api) -> None:
     assert r.stdout.strip() == "Node gpu1 removed: its certificates are refused from now on."
     assert json.loads(api.cli("node", "remove", "gpu1", "--json").stdout)["removed"] is True
     r = api.cli("node", "remove", "nope")
-    assert r.exit_code == 4 and "'nope'" in r.stderr
-    assert api.removed == ["gpu1", "gpu1"]
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("No node nope is known here; its name is revoked all the same")
+    assert api.removed == ["gpu1", "gpu1", "nope"]

@@ -10,8 +10,10 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from llmgw import pki, wire
@@ -128,7 +130,40 @@ async def test_a_token_cannot_take_a_disconnected_members_name(
     assert isinstance(answer, wire.Refused) and "no longer valid" in answer.reason
     # The member itself is still taken, and gets its desired set.
     answer = await first_message(cluster, d, "n1")
-    assert answer == wire.Desired([SPEC])
+    assert answer == wire.Desired([SPEC], renews=True)
+
+
+async def test_a_node_not_known_here_is_revoked_all_the_same(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Joined before membership records were kept, not connected since llmgwd started,
+    # nothing placed on it: a stolen node, say, with its old five-year certificate.
+    d = node_dir(tmp_path, cluster.ca, "old-node")
+    assert not await cluster_module.remove_node(cluster.state, cluster.members, "old-node")
+    answer = await first_message(cluster, d, "old-node")
+    assert isinstance(answer, wire.Refused) and "removed" in answer.reason
+    member = await cluster.members.get("old-node")
+    assert member is not None and not member.active  # not adopted
+    # The name comes back by a token join only, and only the new certificate works.
+    new = await joined(cluster, tmp_path, "old-node")
+    cluster.state.set_desired("old-node", [])
+    assert isinstance(await first_message(cluster, new, "old-node"), wire.Desired)
+    assert isinstance(await first_message(cluster, d, "old-node"), wire.Refused)
+    with pytest.raises(pki.PKIError):
+        await cluster_module.remove_node(cluster.state, cluster.members, "../x")
+
+
+async def test_a_token_cannot_take_the_name_of_an_old_node_with_replicas(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Joined before membership records were kept, not connected since llmgwd started, but
+    # its replicas are placed: its engines' keys wait for its connection.
+    cluster.state.set_desired("old-node", [SPEC])
+    token = pki.new_join_token(cluster.ca.cert_pem)
+    cluster.tokens.add(token)
+    with pytest.raises(JoinError, match="is a member of the cluster; remove it first"):
+        await join(cluster.url, token, "old-node", tmp_path / "thief")
+    assert token in cluster.tokens
 
 
 async def test_a_removed_node_joins_again_with_a_token_and_only_its_new_certificate_works(
@@ -184,6 +219,51 @@ async def test_a_certificate_near_its_end_is_renewed_over_the_link(
     for pki_dir in (d, tmp_path / "old"):
         answer = await first_message(cluster, pki_dir, "n1")
         assert isinstance(answer, wire.Refused)
+
+
+async def test_a_new_agent_never_asks_an_older_control_plane_to_renew(
+    cluster: Cluster,
+    tmp_path: Path,
+    running: Callable[[Link], None],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level(logging.INFO)
+    # An llmgwd older than Renew: its Desired says nothing of it, and it refuses a Renew as
+    # not a valid message.
+    older = msgspec.json.Decoder(wire.Register | wire.Heartbeat)
+    monkeypatch.setattr(wire, "decode_agent", older.decode)
+
+    async def send_desired(self: cluster_module.ClusterState, conn: Any) -> None:
+        async with conn.lock:
+            await conn.ws.send_bytes(b'{"type":"desired","replicas":[]}')
+
+    monkeypatch.setattr(cluster_module.ClusterState, "_send_desired", send_desired)
+    beats: list[wire.Heartbeat] = []
+    report = cluster_module.ClusterState._report
+
+    def counted(self: cluster_module.ClusterState, conn: Any, msg: wire.Heartbeat) -> None:
+        beats.append(msg)
+        report(self, conn, msg)
+
+    monkeypatch.setattr(cluster_module.ClusterState, "_report", counted)
+    # A node that joined an older llmgwd, with its long certificate, due for renewal.
+    d = node_dir(tmp_path, cluster.ca, "n1")
+    key_pem, csr_pem = pki.make_node_csr("n1")
+    pki.write_pem(d / "node.key", key_pem, private=True)
+    pki.write_pem(d / "node.pem", pki.sign_csr(cluster.ca, csr_pem, "n1", days=5 * 365))
+    first = (d / "node.pem").read_bytes()
+    cluster.state.set_desired("n1", [])
+    clock = WallClock()
+    clock.now += 21 * DAY_S
+    ln = link(cluster, Agent(), d, "n1", clock)
+    running(ln)
+
+    await eventually(lambda: len(beats) >= 10)
+    assert ln.connected and not ln.refused and cluster.state.connected() == ["n1"]
+    registered = [r for r in caplog.records if "registered from" in r.getMessage()]
+    assert len(registered) == 1  # one connection all along
+    assert (d / "node.pem").read_bytes() == first
 
 
 async def test_an_expired_certificate_is_said_once_and_not_sent(

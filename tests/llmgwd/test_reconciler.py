@@ -38,12 +38,16 @@ class FakeNodes:
     def __init__(self, *names: str) -> None:
         self.by_name = {n: FakeNode(n) for n in names}
         self.desired: dict[str, list[ReplicaSpec]] = {}
+        self.gone: set[str] = set()  # removed from the cluster (`llmgw node remove`)
 
     def nodes(self) -> list[FakeNode]:
         return list(self.by_name.values())
 
     def set_desired(self, node: str, specs: list[ReplicaSpec]) -> None:
         self.desired[node] = list(specs)
+
+    def removed(self, node: str) -> bool:
+        return node in self.gone
 
     def report(self, state: ReplicaState = "ready", restarts: int = 0) -> None:
         """Every node's agent reports its desired replicas in state."""
@@ -104,6 +108,19 @@ async def test_a_restarted_control_plane_sends_the_same_replicas(store: SqliteSt
     again = FakeNodes()  # no agent has registered with the new llmgwd yet
     await start(store, again)
     assert [s.id for s in again.desired["n1"]] == [s.id for s in sent]
+
+
+async def test_a_node_removed_just_after_a_restart_loses_its_replicas_at_once(
+    store: SqliteStore,
+) -> None:
+    await start(store, FakeNodes("n1"), smol(replicas=1))
+    nodes = FakeNodes("b")  # a restarted llmgwd: n1 has not registered, the grace runs
+    rec = await start(store, nodes)
+    assert nodes.where() == ["n1"]  # within the grace: kept for n1
+    nodes.gone.add("n1")
+    await rec.reconcile()
+    # Placed elsewhere now, not once the grace ends.
+    assert [p.node for p in rec.placements()] == ["b"] and nodes.desired["b"]
 
 
 async def test_old_records_decode_and_keep_their_engine(store: SqliteStore) -> None:

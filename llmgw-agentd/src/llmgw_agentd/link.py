@@ -206,6 +206,7 @@ class Link:
         self._clock = clock  # wall time: certificates' validity
         self._renew_at = 0.0  # when this node's certificate is due, read at each connection
         self._renewing = False  # a Renew is out on this connection
+        self._renews = False  # this connection's control plane takes Renew (its Desired says)
         self._poked = asyncio.Event()
         self._desired: list[wire.ReplicaSpec] | None = None
         self._desired_ready = asyncio.Event()
@@ -255,6 +256,7 @@ class Link:
                 return "refused"
             ctx = link_ssl_context(self._pki_dir)
             self._renew_at, self._renewing = renew.renew_at(self._pki_dir), False
+            self._renews = False
             async with session.ws_connect(
                 self._url, ssl=ctx, heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES
             ) as ws:
@@ -316,6 +318,7 @@ class Link:
             self._renewed(msg)
             return "ok"
         self._accepted()
+        self._renews = msg.renews
         self._desired = list(msg.replicas)
         self._desired_ready.set()
         return "ok"
@@ -340,8 +343,9 @@ class Link:
             self._accepted()
 
     async def _renew_if_due(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Ask for the next certificate once this one is due (once a connection)."""
-        if self._renewing or self._clock() < self._renew_at:
+        """Ask for the next certificate once this one is due (once a connection), and only
+        of a control plane that takes Renew: an older one would refuse the link over it."""
+        if not self._renews or self._renewing or self._clock() < self._renew_at:
             return
         try:
             msg = renew.request(self._pki_dir, self.node)

@@ -174,7 +174,8 @@ class ApiContext:
     started_at: float = field(default_factory=time.time)
     usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts
     scheduling: Scheduling | None = None  # the reconciler; None: nothing is placed here
-    # `llmgw node remove`: revoke a node's certificates and forget it; False: no such node.
+    # `llmgw node remove`: revoke a node's certificates and forget it; whether it was known
+    # (a name not known here is revoked all the same).
     remove_node: Callable[[str], Awaitable[bool]] | None = None
 
 

@@ -140,6 +140,10 @@ class ClusterState:
         """Whether node was removed since start (and has not joined again)."""
         return node in self._removed
 
+    def placed(self, node: str) -> bool:
+        """Whether node has replicas to run (its engines' keys go to its connection)."""
+        return bool(self._desired.get(node))
+
     def connected(self) -> list[str]:
         """Names of the nodes whose agent is connected now."""
         return sorted(name for name, n in self._nodes.items() if n.conn is not None)
@@ -266,7 +270,7 @@ class ClusterState:
             # Read under the lock, so the last send always carries the latest desired state.
             replicas = list(self._desired.get(conn.node, ()))
             try:
-                await conn.ws.send_bytes(wire.encode(wire.Desired(replicas)))
+                await conn.ws.send_bytes(wire.encode(wire.Desired(replicas, renews=True)))
             except (ConnectionError, RuntimeError) as e:
                 log.info(
                     "node %s: desired state not sent (%s); sent again on reconnect", conn.node, e
@@ -302,14 +306,16 @@ async def remove_node(
     state: ClusterState, members: Members, name: str, placed: Iterable[str] = ()
 ) -> bool:
     """`llmgw node remove`: revoke the node's certificates in the store, then forget it here
-    (its connection refused, its replicas placed elsewhere). False: no such node (not a
-    member, not seen since start, nothing placed on it)."""
+    (its connection refused, its replicas placed elsewhere). The removal is recorded for any
+    valid name, known or not, so a certificate of a node that joined before membership
+    records were kept and has not connected since start is refused too. Whether the node
+    was known (a member, seen since start, or with replicas placed); PKIError: not a name."""
+    pki.check_node_name(name)
     member = await members.get(name)
-    if not (member and member.active) and name not in {*state.known(), *placed}:
-        return False
+    known = bool(member and member.active) or name in {*state.known(), *placed}
     await members.remove(name)
     state.remove(name)
-    return True
+    return known
 
 
 STATE_KEY = web.AppKey("cluster_state", ClusterState)
@@ -418,7 +424,7 @@ class _Handlers:
             why = "is connected now"
         elif member is not None and member.active:
             why = "is a member of the cluster"
-        elif member is None and node in self._state.known():
+        elif member is None and (node in self._state.known() or self._state.placed(node)):
             why = "is a member of the cluster"  # joined before membership records were kept
         else:
             return ""

@@ -167,7 +167,7 @@ class Daemon:
 
     async def remove_node(self, name: str) -> bool:
         """`llmgw node remove`: revoke the node's certificates in the store, then forget it here
-        (its connection closed, its replicas placed elsewhere). False: no such node."""
+        (its connection closed, its replicas placed elsewhere). Whether the node was known."""
         placed = [p.node for p in self.reconciler.placements()]
         return await cluster.remove_node(self.cluster, self.members, name, placed)
 

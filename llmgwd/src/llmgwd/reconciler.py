@@ -99,6 +99,10 @@ class Nodes(Protocol):
         """Tell a node the full set of replicas it should run."""
         ...
 
+    def removed(self, node: str) -> bool:
+        """Whether node was removed from the cluster (`llmgw node remove`) since start."""
+        ...
+
 
 _dec = msgspec.json.Decoder(Placement)
 _flags_dec = msgspec.json.Decoder(NodeFlags)
@@ -283,7 +287,8 @@ class Reconciler:
     def _scheduler_nodes(self, infos: dict[str, NodeView]) -> list[scheduler.Node]:
         """The nodes to place on: those heard from within the grace period (only connected
         ones take new replicas), and those with placements that have not registered since
-        llmgwd started, until the grace period from the start ends."""
+        llmgwd started, until the grace period from the start ends (not a removed one: its
+        replicas are placed elsewhere at once)."""
         out: list[scheduler.Node] = []
         for name, n in infos.items():
             if not n.connected and n.silent_s > self._grace_s:
@@ -292,6 +297,8 @@ class Reconciler:
             out.append(scheduler.Node(name, n.inventory, f.cordoned or not n.connected, f.draining))
         if self._clock() - self._started <= self._grace_s:
             for name in sorted({p.node for p in self._placements.values()} - set(infos)):
+                if self._nodes.removed(name):
+                    continue
                 out.append(scheduler.Node(name, _NO_INVENTORY, cordoned=True))
         return out
 

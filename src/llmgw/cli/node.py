@@ -119,8 +119,13 @@ def remove(settings: Settings, name: str, as_json: bool) -> None:
     answer = call(settings, "DELETE", api_path("nodes", name))
     if as_json:
         echo_json(answer)
-    else:
+    elif answer.get("known", True):
         click.echo(f"Node {name} removed: its certificates are refused from now on.")
+    else:
+        click.echo(
+            f"No node {name} is known here; its name is revoked all the same: "
+            "a certificate of it is refused from now on."
+        )
 
 
 def _state(n: dict[str, Any]) -> str:
