@@ -62,16 +62,30 @@ SETTINGS = {
     ),
     "server.client.head_timeout_s": (
         "Seconds a connection has to send a whole request line and headers, from when it "
-        "opens or from the first byte of its next request; then it is closed. An idle "
-        "keep-alive connection is not timed by this."
+        "opens or from the first byte of its next request; then it is closed. With TLS, its "
+        "handshake must also be done within this many seconds of the TCP connection opening. "
+        "An idle keep-alive connection is not timed by this."
     ),
     "server.client.body_timeout_s": (
         "Seconds a request body may stall (no byte arriving) before the request is refused "
-        "and its connection closed."
+        "(408) and its connection closed."
+    ),
+    "server.client.body_grace_s": (
+        "Seconds a request body has before body_min_bytes_per_s applies: a body of N bytes "
+        "must have come whole within body_grace_s + N / body_min_bytes_per_s seconds of its "
+        "request's head, or the request is refused (408) and its connection closed. Time the "
+        "server itself spends not reading is not counted."
+    ),
+    "server.client.body_min_bytes_per_s": (
+        "The slowest average rate, in bytes a second, at which a request body may arrive "
+        "once body_grace_s has passed (4096: a 4 MB body has 60 + 1024 s). 0: no such "
+        "bound, only body_timeout_s."
     ),
     "server.client.max_connections_per_address": (
-        "The most connections one client address may hold open at once; one more is answered "
-        "429 and closed. 0: no cap."
+        "The most connections one client may hold open at once, counted from the TCP accept "
+        "(before any TLS handshake): an IPv4 client by its address, an IPv6 client by its "
+        "/64 network, which one host is routinely given whole. One more is answered 429 and "
+        "closed (with TLS, closed before its handshake). 0: no cap."
     ),
     "server.client.uncapped_addresses": (
         "Addresses and networks (CIDR) that max_connections_per_address does not apply to: by "

@@ -35,6 +35,8 @@ class ClientPort(Strict):
     tls_key: str = ""
     head_timeout_s: Seconds = 10.0
     body_timeout_s: Seconds = 30.0
+    body_grace_s: Seconds = 60.0
+    body_min_bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 4096
     max_connections_per_address: Annotated[int, msgspec.Meta(ge=0)] = 256
     uncapped_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     cors_origins: tuple[str, ...] = ()

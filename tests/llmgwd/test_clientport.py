@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,8 +17,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from llmgw import pki
 from llmgw.config import ClientPort, ClusterPort, ServerConfig
+from llmgwd import clientport
+from llmgwd.clientgate import ConnectionGate
 from llmgwd.daemon import Daemon
 
 CANARY = "sk-llmgw-CANARYc4n4ryC4N4RY"  # a key-shaped secret that must never come back
@@ -262,3 +267,121 @@ async def test_no_origin_is_allowed_by_default_and_the_server_is_just_llmgw(
                 assert not any(h.lower().startswith("access-control-") for h in r.headers)
                 assert r.headers["Server"] == "llmgw"
                 assert (await r.json())["error"]["message"]  # JSON, even for a 404 at /
+
+
+# Finding 8, after review: a body's overall time, TLS handshakes, IPv6 clients.
+
+
+async def trickle_body(port: int, head: str) -> Answer:
+    """Send head, then one body byte every 50 ms (never a stall), until the server answers;
+    again when a byte written as the server closed made it reset before its answer was read."""
+    for _ in range(20):
+        try:
+            return await trickle_once(port, head)
+        except ConnectionResetError:
+            continue
+    raise AssertionError("every try was reset before its answer came")
+
+
+async def trickle_once(port: int, head: str, step_s: float = 0.05) -> Answer:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head.encode())
+    read = asyncio.ensure_future(reader.read())
+    while not read.done():
+        try:
+            writer.write(b" ")
+            await writer.drain()
+        except ConnectionError:
+            break
+        await asyncio.wait([read], timeout=step_s)
+    writer.close()
+    return parse(await asyncio.wait_for(read, 60))
+
+
+async def test_a_body_that_trickles_too_slowly_is_refused_with_408(tmp_path: Path) -> None:
+    # 20 bytes/s never stalls for body_timeout_s (30 s), but is under the 1,000 bytes/s
+    # that body_min_bytes_per_s asks once the 0.3 s grace has passed.
+    async with llmgwd(tmp_path, body_grace_s=0.3, body_min_bytes_per_s=1000) as port:
+        _, secret = await port.daemon.catalog.create_key("root", role="admin")
+        for path in ("/api/v1/keys", "/v1/chat/completions"):
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {secret}\r\nContent-Length: 60000\r\n\r\n"
+            )
+            answer = await asyncio.wait_for(trickle_body(port.port, head), 120)
+            error = answer.error()
+            if path.startswith("/api/"):
+                assert (answer.status, error["code"]) == (408, "timeout")
+            else:  # the router says what reading the body raised: 400 today (router/v1.py)
+                assert answer.status in (400, 408) and set(error) == OPENAI_KEYS
+                assert "slower than 1000 bytes/s" in error["message"]
+
+
+async def test_the_time_a_handler_does_not_read_is_not_counted_against_the_body(
+    tmp_path: Path,
+) -> None:
+    async def slow_reader(request: web.Request) -> web.Response:
+        await asyncio.sleep(2.0)  # reading is paused meanwhile: the wait is the server's
+        return web.json_response({"read": len(await request.read())})
+
+    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app.router.add_post("/upload", slow_reader)
+    settings = ClientPort(body_grace_s=1.0, body_min_bytes_per_s=1_000_000)
+    runner = await clientport.serve(app, settings, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/upload"
+        async with aiohttp.ClientSession() as s, s.post(url, data=b"x" * 4_000_000) as r:
+            assert r.status == 200
+            assert await r.json() == {"read": 4_000_000}
+    finally:
+        await runner.cleanup()
+
+
+def tls_files(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
+    """A certificate for 127.0.0.1 as client port settings, and a client context trusting it."""
+    ca = pki.make_ca()
+    pair = pki.make_server_cert(ca)
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    pki.write_pair(pair, cert, key)
+    trust = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    return {"tls_cert": str(cert), "tls_key": str(key)}, trust
+
+
+async def test_with_tls_connections_stuck_before_their_handshake_are_capped_and_closed(
+    tmp_path: Path,
+) -> None:
+    tls, trust = tls_files(tmp_path)
+    capped = {"max_connections_per_address": 2, "uncapped_addresses": ()}
+    async with llmgwd(tmp_path, head_timeout_s=0.5, **tls, **capped) as port:
+        url = f"https://127.0.0.1:{port.port}/v1/models"
+        stuck = [await asyncio.open_connection("127.0.0.1", port.port) for _ in range(2)]
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.ClientError):  # the cap is full of unfinished handshakes
+                async with s.get(url, ssl=trust) as r:
+                    pytest.fail(f"a third connection was served: {r.status}")
+            for reader, writer in stuck:  # the server gives up on their handshakes
+                assert await asyncio.wait_for(reader.read(), 30) == b""
+                writer.close()
+            for _ in range(600):  # once the server saw those closes, HTTPS is served again
+                try:
+                    async with s.get(url, ssl=trust) as r:
+                        assert (r.status, r.headers["Server"]) == (401, "llmgw")
+                        break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.05)
+            else:
+                pytest.fail("HTTPS was not served again")
+
+
+def test_an_ipv6_client_is_counted_by_its_64() -> None:
+    gate = ConnectionGate(2, uncapped=["::1/128"])
+    assert gate.admit("2001:db8:0:7::1") == gate.admit("2001:db8:0:7::2") == "2001:db8:0:7::/64"
+    assert gate.admit("2001:db8:0:7:ffff::9") is None  # a third address of the same /64
+    assert gate.admit("2001:db8:0:8::1") == "2001:db8:0:8::/64"  # the next /64 is another client
+    for address in ("192.0.2.1", "::ffff:192.0.2.1"):  # IPv4 by address, mapped or not
+        assert gate.admit(address) == "192.0.2.1"
+    assert gate.admit("192.0.2.1") is None
+    assert gate.admit("192.0.2.2") == "192.0.2.2"
+    assert all(gate.admit("::1") for _ in range(3))  # an uncapped address stays uncapped
+    gate.release("2001:db8:0:7::/64")
+    assert gate.admit("2001:db8:0:7::3") == "2001:db8:0:7::/64"

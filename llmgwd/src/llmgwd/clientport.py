@@ -1,15 +1,13 @@
 """The client port's HTTP server: aiohttp's, with its own refusals in our error shapes and no
-byte of a request in them or in a log, time limits on reading a request, a cap on one address's
-connections, CORS for the origins the settings name, and a Server header that says `llmgw`."""
+byte of a request in them or in a log, time and rate limits on reading a request, a cap on one
+client's connections (clientgate), CORS for the origins the settings name, and `Server: llmgw`."""
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import ssl
 import traceback
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -21,18 +19,18 @@ from aiohttp.web_protocol import RequestHandler
 
 from llmgw.config import ClientPort
 from llmgwd import api
+from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
 from llmgwd.router import errors
 
 log = logging.getLogger("llmgwd.clientport")
 
-SERVER = "llmgw"  # the Server header: no aiohttp or Python version for a scanner to match
 # aiohttp's default backlog (128) overflowed with a few hundred clients connecting at once
 # (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.
 BACKLOG = 4096
 
 
 class BodyTimeout(HttpProcessingError):
-    """A request body that stalled: what reading it raises once body_timeout_s passed."""
+    """What reading a request body raises once it stalled or came too slowly (408)."""
 
 
 # Errors answered before any handler runs, in the shape of the route asked for.
@@ -80,72 +78,9 @@ def own_error(status: int, exc: BaseException | None, limit: int) -> errors.ApiE
     return parse_error(exc, limit)
 
 
-def too_many_connections(cap: int) -> bytes:
-    """The whole HTTP answer to a connection over its address's cap."""
-    body = errors.ApiError(
-        429,
-        f"Too many open connections from your address (the limit is {cap}); close some "
-        f"or reuse them.",
-        "requests",
-        code="too_many_connections",
-    ).body()
-    head = (
-        "HTTP/1.1 429 Too Many Requests\r\n"
-        f"Server: {SERVER}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 def safe_trace(exc: BaseException) -> str:
     """An exception's class and frames, never its text (which may quote the request)."""
     return type(exc).__name__ + "\n" + "".join(traceback.format_tb(exc.__traceback__))
-
-
-# One address's connections.
-
-
-def peer_address(transport: asyncio.BaseTransport) -> str:
-    """The client's IP address as text ('' when the transport has none)."""
-    peer = transport.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
-
-
-class ConnectionGate:
-    """Counts each address's open connections and refuses one over the cap; 0: no cap."""
-
-    def __init__(self, cap: int, uncapped: Sequence[str]) -> None:
-        self.cap = cap
-        self._uncapped = [ipaddress.ip_network(net, strict=False) for net in uncapped]
-        self._open: Counter[str] = Counter()
-        self._told: set[str] = set()  # addresses at the cap, logged once until they drop under
-
-    def admit(self, address: str) -> bool:
-        """Count a new connection from address, or say no."""
-        if self.cap and self._open[address] >= self.cap and not self._exempt(address):
-            if address not in self._told:
-                self._told.add(address)
-                log.warning("%s holds %d connections, the cap: refusing more", address, self.cap)
-            return False
-        self._open[address] += 1
-        return True
-
-    def release(self, address: str) -> None:
-        """A counted connection closed."""
-        self._open[address] -= 1
-        if self._open[address] < self.cap:
-            self._told.discard(address)
-        if self._open[address] <= 0:
-            del self._open[address]
-
-    def _exempt(self, address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return any(ip in net for net in self._uncapped)
 
 
 # aiohttp's connection protocol and server, made for the client port.
@@ -153,35 +88,43 @@ class ConnectionGate:
 
 class ClientProtocol(RequestHandler):
     """One client connection: its head within head_timeout_s, no body stall past
-    body_timeout_s, its address under the cap, and aiohttp's own errors said safely."""
+    body_timeout_s nor a body slower on average than body_min_bytes_per_s after body_grace_s,
+    its client under the cap, and aiohttp's own errors said safely. The time the server does
+    not read (a handler not reading yet) is not the client's, and is not counted."""
 
     def __init__(self, manager: ClientServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self._gate = manager.gate
+        self._gate = manager.gate if manager.tls is None else None  # with TLS, CountedTLS counts
+        self._settings = manager.settings
         self._head_s = manager.settings.head_timeout_s
-        self._body_s = manager.settings.body_timeout_s
-        self._address: str | None = None  # set once counted by the gate
+        self._client: str | None = None  # set once counted by the gate (without TLS)
+        self._peer = ""  # the client's address, for the log
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        self._body_deadline = 0.0
+        self._paused_s = 0.0  # seconds this connection's reading was paused by the server
+        self._paused_at: float | None = None
         self._body: StreamReader | None = None  # the body of the last request whose head came
+        self._body_start = 0.0  # in client time (_client_time) from here on
+        self._body_last = 0.0  # when its last byte came
+        self._body_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        address = peer_address(transport)
-        if not self._gate.admit(address):
-            self.force_close()  # nothing of this connection is read
-            writer = cast(asyncio.Transport, transport)
-            writer.write(too_many_connections(self._gate.cap))
-            writer.close()
-            return
-        self._address = address
+        self._peer = peer_address(transport)
+        if self._gate is not None:
+            self._client = self._gate.admit(self._peer)
+            if self._client is None:
+                self.force_close()  # nothing of this connection is read
+                writer = cast(asyncio.Transport, transport)
+                writer.write(too_many_connections(self._gate.cap))
+                writer.close()
+                return
         super().connection_made(transport)
         self._head_timer = self._loop.call_later(self._head_s, self._head_late)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._address is not None:
-            self._gate.release(self._address)
-            self._address = None
+        if self._gate is not None and self._client is not None:
+            self._gate.release(self._client)
+            self._client = None
         for timer in (self._head_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
@@ -192,18 +135,53 @@ class ClientProtocol(RequestHandler):
             return
         heads = self._request_count
         super().data_received(data)
+        now = self._client_time()
         if self._request_count != heads and self._messages:  # one or more whole heads came
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
             self._body = self._messages[-1][1]
+            self._body_start = self._body_last = now
+            self._body_bytes = 0
+        elif data:
+            self._body_last = now
+            self._body_bytes += len(data)
         if self._body is not None and not self._body.is_eof():
-            if data or self._request_count != heads:
-                self._body_deadline = self._loop.time() + self._body_s
-                if self._body_timer is None:
-                    self._body_timer = self._loop.call_at(self._body_deadline, self._body_late)
+            if self._body_timer is None:
+                self._body_timer = self._loop.call_later(self._body_left(), self._body_late)
         elif data and self._request_count == heads and self._head_timer is None:
             self._head_timer = self._loop.call_later(self._head_s, self._head_late)
+
+    # aiohttp pauses the socket's reading when a handler does not read what came: that wait
+    # is the server's, so the body's clock stops.
+
+    def _pause_transport_reading(self) -> None:
+        if self._paused_at is None:
+            self._paused_at = self._loop.time()
+        super()._pause_transport_reading()
+
+    def _resume_transport_reading(self) -> None:
+        if self._paused_at is not None:
+            self._paused_s += self._loop.time() - self._paused_at
+            self._paused_at = None
+        super()._resume_transport_reading()
+
+    def _client_time(self) -> float:
+        """The loop's clock less the time reading was paused."""
+        now = self._loop.time()
+        paused = self._paused_s
+        if self._paused_at is not None:
+            paused += now - self._paused_at
+        return now - paused
+
+    def _body_left(self) -> float:
+        """Seconds of client time until the body stalled too long or came too slowly."""
+        s, now = self._settings, self._client_time()
+        left = self._body_last + s.body_timeout_s - now
+        if s.body_min_bytes_per_s:
+            whole = s.body_grace_s + self._body_bytes / s.body_min_bytes_per_s
+            left = min(left, self._body_start + whole - now)
+        return left
 
     def _head_late(self) -> None:
         """No whole request head in head_timeout_s: close, unless a request is being answered."""
@@ -213,26 +191,29 @@ class ClientProtocol(RequestHandler):
         if self._request_in_progress or self._messages:
             self._head_timer = self._loop.call_later(self._head_s, self._head_late)
             return
-        log.info(
-            "closed a connection from %s: no request head in %g s", self._address, self._head_s
-        )
+        log.info("closed a connection from %s: no request head in %g s", self._peer, self._head_s)
         self.force_close()
 
     def _body_late(self) -> None:
-        """The body stalled past body_timeout_s: reading it fails, and the connection closes."""
+        """The body stalled, or came too slowly: reading it fails, and the connection closes."""
         self._body_timer = None
-        body, now = self._body, self._loop.time()
+        body = self._body
         if body is None or body.is_eof() or self.transport is None:
             return
-        if self._reading_paused:  # the handler has not read what came: the wait is ours
-            self._body_deadline = now + self._body_s
-        if now < self._body_deadline:
-            self._body_timer = self._loop.call_at(self._body_deadline, self._body_late)
+        left = self._body_left()
+        if left > 0:
+            self._body_timer = self._loop.call_later(left, self._body_late)
             return
-        log.info("a request body from %s stalled for %g s: refused", self._address, self._body_s)
-        body.set_exception(
-            BodyTimeout(code=408, message=f"The request body stalled for {self._body_s:g} s.")
-        )
+        s = self._settings
+        if self._body_last + s.body_timeout_s <= self._client_time():
+            why = f"The request body stalled for {s.body_timeout_s:g} s."
+        else:
+            why = (
+                f"The request body came slower than {s.body_min_bytes_per_s} bytes/s "
+                f"(after {s.body_grace_s:g} s)."
+            )
+        log.info("a request body from %s was refused: %s", self._peer, why)
+        body.set_exception(BodyTimeout(code=408, message=why))
         self.close()
 
     def handle_error(
@@ -278,12 +259,18 @@ class ClientServer(web.Server):
             **base._kwargs,
         )
         self.settings = settings
+        self.tls = tls_context(settings)
         self.gate = ConnectionGate(
             settings.max_connections_per_address, settings.uncapped_addresses
         )
 
-    def __call__(self) -> RequestHandler:
-        return ClientProtocol(self, loop=self._loop, **self._kwargs)
+    # asyncio's server calls this at each TCP accept; with TLS, what it makes is the TLS layer,
+    # which counts the connection from then on and hands the HTTP protocol its decrypted side.
+    def __call__(self) -> asyncio.BaseProtocol:  # type: ignore[override]
+        http = ClientProtocol(self, loop=self._loop, **self._kwargs)
+        if self.tls is None:
+            return http
+        return CountedTLS(http, self.tls, self.gate, self.settings.head_timeout_s)
 
 
 class ClientRunner(web.AppRunner):
@@ -373,6 +360,7 @@ async def serve(app: web.Application, settings: ClientPort, host: str, port: int
     app.on_response_prepare.append(on_prepare)
     runner = ClientRunner(app, settings, access_log=None, shutdown_timeout=10.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls_context(settings), backlog=BACKLOG)
+    # TLS, when configured, is the ClientServer's own (CountedTLS), not the site's.
+    site = web.TCPSite(runner, host, port, backlog=BACKLOG)
     await site.start()
     return runner

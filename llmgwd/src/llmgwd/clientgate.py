@@ -1,0 +1,126 @@
+"""Who may hold the client port's connections: each client counted from its TCP accept (before
+any TLS handshake), an IPv6 client by its /64, and one over its cap refused at once."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import ssl
+from asyncio.sslproto import SSLProtocol
+from collections import Counter
+from collections.abc import Sequence
+from typing import cast
+
+from llmgwd.router import errors
+
+log = logging.getLogger("llmgwd.clientport")
+
+SERVER = "llmgw"  # the Server header: no aiohttp or Python version for a scanner to match
+
+
+def peer_address(transport: asyncio.BaseTransport) -> str:
+    """The client's IP address as text ('' when the transport has none)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
+def client_of(address: str) -> str:
+    """Whom a connection is counted against: an IPv4 address (mapped ones too) as it is, an
+    IPv6 address by its /64, which one host is routinely given whole."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
+
+
+def too_many_connections(cap: int) -> bytes:
+    """The whole HTTP answer to a plain-HTTP connection over its client's cap."""
+    body = errors.ApiError(
+        429,
+        f"Too many open connections from your address (the limit is {cap}); close some "
+        f"or reuse them.",
+        "requests",
+        code="too_many_connections",
+    ).body()
+    head = (
+        "HTTP/1.1 429 Too Many Requests\r\n"
+        f"Server: {SERVER}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class ConnectionGate:
+    """Counts each client's open connections and refuses one over the cap; 0: no cap."""
+
+    def __init__(self, cap: int, uncapped: Sequence[str]) -> None:
+        self.cap = cap
+        self._uncapped = [ipaddress.ip_network(net, strict=False) for net in uncapped]
+        self._open: Counter[str] = Counter()
+        self._told: set[str] = set()  # clients at the cap, logged once until they drop under
+
+    def admit(self, address: str) -> str | None:
+        """Count a new connection from address: the client it counts against, or None (no)."""
+        client = client_of(address)
+        if self.cap and self._open[client] >= self.cap and not self._exempt(address):
+            if client not in self._told:
+                self._told.add(client)
+                log.warning("%s holds %d connections, the cap: refusing more", client, self.cap)
+            return None
+        self._open[client] += 1
+        return client
+
+    def release(self, client: str) -> None:
+        """A connection admit counted against client closed."""
+        self._open[client] -= 1
+        if self._open[client] < self.cap:
+            self._told.discard(client)
+        if self._open[client] <= 0:
+            del self._open[client]
+
+    def _exempt(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in net for net in self._uncapped)
+
+
+class CountedTLS(SSLProtocol):
+    """asyncio's server-side TLS layer under one HTTP connection, counted by the gate from the
+    TCP accept to the close, its handshake done or not, and its handshake timed: asyncio's own
+    TLS server calls the HTTP protocol only once the handshake is done."""
+
+    def __init__(
+        self, app: asyncio.BaseProtocol, tls: ssl.SSLContext, gate: ConnectionGate, timeout: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()  # a failed handshake's error, which nobody waits for
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # asyncio takes the handshake timeout in seconds as a float; typeshed says int.
+        super().__init__(
+            loop, app, tls, waiter, server_side=True, ssl_handshake_timeout=cast(int, timeout)
+        )
+        self._gate = gate
+        self._client: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._client = self._gate.admit(peer_address(transport))
+        if self._client is None:  # no handshake, so no HTTP answer: the connection just closes
+            cast(asyncio.Transport, transport).abort()
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._client is not None:
+            self._gate.release(self._client)
+            self._client = None
+        super().connection_lost(exc)
