@@ -140,6 +140,16 @@ def unsupported_parameter(param: str, message: str) -> ApiError:
     )
 
 
+def request_timeout(why: str) -> ApiError:
+    """408: the body came too slowly (the client port's settings bound it)."""
+    return ApiError(
+        408,
+        f"The request body was not received in time: {why}",
+        "invalid_request_error",
+        code="request_timeout",
+    )
+
+
 def request_too_large(limit: int) -> ApiError:
     """413: the body is over the configured size."""
     return ApiError(

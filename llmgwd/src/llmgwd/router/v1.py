@@ -270,7 +270,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
             body += chunk
             if len(body) > limit:
                 raise errors.request_too_large(limit)
-    except HttpProcessingError as e:  # a broken chunked encoding or a short body
+    except HttpProcessingError as e:  # too slow (408, the client port's gate), or broken
+        if e.code == 408:
+            raise errors.request_timeout(e.message) from None
         raise errors.invalid_json(f"The request body could not be read: {e.message}") from None
     except ConnectionError:  # the client left during its upload
         raise errors.client_closed() from None
