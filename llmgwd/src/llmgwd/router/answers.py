@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, Raw, UnsetType
 
 from llmgwd.router import errors
 from llmgwd.router.usage_events import Tally
@@ -55,6 +56,44 @@ _FLAG = re.compile(r"(^|\s|`)--?[a-z]")  # a command-line flag: never quoted to 
 _FIELD = re.compile(r"^Field '([A-Za-z0-9_.\[\]]{1,64})'")  # llama.cpp names the bad field so
 
 
+class _Usage(msgspec.Struct):
+    """The usage counts a client sees (_USAGE), typed: anything else is skipped unread."""
+
+    prompt_tokens: Any = UNSET
+    completion_tokens: Any = UNSET
+    total_tokens: Raw | UnsetType = UNSET
+    completion_tokens_details: Raw | UnsetType = UNSET
+
+
+class _Answer(msgspec.Struct):
+    """An answer or chunk with OpenAI's fields only (_FIELDS): decoding it skips the others,
+    and its values pass as the engine's bytes (Raw), neither decoded nor re-encoded."""
+
+    id: Raw | UnsetType = UNSET
+    object: Raw | UnsetType = UNSET
+    created: Raw | UnsetType = UNSET
+    model: Raw | UnsetType = UNSET
+    choices: list[Raw] | UnsetType | None = UNSET
+    usage: _Usage | UnsetType | None = UNSET
+    data: Raw | UnsetType = UNSET
+
+
+_answer_dec = msgspec.json.Decoder(_Answer)
+_encoder = msgspec.json.Encoder()
+
+
+def _typed(data: bytes, model: str) -> _Answer | None:
+    """The answer decoded to OpenAI's fields, named by the catalog's model; None when it is
+    not of that shape (another body is left to the general path, clean())."""
+    try:
+        answer = _answer_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if answer.model is not UNSET:
+        answer.model = Raw(_encoder.encode(model))  # llama.cpp puts the model file's path there
+    return answer
+
+
 def clean(doc: Document, model: str) -> Document:
     """An answer or stream chunk with OpenAI's fields only, named by the catalog's model."""
     out = {k: v for k, v in doc.items() if k in _FIELDS}
@@ -66,15 +105,23 @@ def clean(doc: Document, model: str) -> Document:
     return out
 
 
-def success_body(data: bytes, model: str) -> bytes:
-    """A 200 answer's body as the client gets it; one that is not a JSON object, as it is."""
-    try:
-        doc = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return data
-    if not isinstance(doc, dict):
-        return data
-    return msgspec.json.encode(clean(doc, model))
+def success_body(data: bytes, model: str, tally: Tally) -> bytes:
+    """A 200 answer's body as the client gets it, its usage told to tally; one that is not a
+    JSON object, as it is."""
+    tally.answered = True
+    answer = _typed(data, model)
+    if answer is None:
+        tally.whole(200, data)
+        try:
+            doc = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            return data
+        return _encoder.encode(clean(doc, model)) if isinstance(doc, dict) else data
+    if isinstance(answer.usage, _Usage):
+        usage = answer.usage
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        tally.took(0 if prompt is UNSET else prompt, 0 if completion is UNSET else completion)
+    return _encoder.encode(answer)
 
 
 def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
@@ -157,6 +204,8 @@ class Stream:
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(b"data:"):
             return event + _END
+        if b'"error"' not in event and (chunk := _typed(event[5:], self._model)) is not None:
+            return self._chunk(chunk)
         try:
             doc = msgspec.json.decode(event[5:])
         except msgspec.DecodeError:  # [DONE]
@@ -171,4 +220,15 @@ class Stream:
         kept = self._tally.chunk(doc)
         if kept is None:
             return b""  # the usage chunk the engine sent only because the router asked
-        return b"data: " + msgspec.json.encode(clean(kept, self._model)) + _END
+        return b"data: " + _encoder.encode(clean(kept, self._model)) + _END
+
+    def _chunk(self, chunk: _Answer) -> bytes:
+        """A typed chunk: its usage read, and dropped as Tally.chunk drops it."""
+        usage = chunk.usage
+        if isinstance(usage, _Usage):
+            self._tally.took(usage.prompt_tokens, usage.completion_tokens)
+            if not self._tally.pass_usage:
+                if not chunk.choices:
+                    return b""  # the usage chunk the engine sent only because the router asked
+                chunk.usage = UNSET  # llama.cpp's /completions puts it on the last text chunk
+        return b"data: " + _encoder.encode(chunk) + _END

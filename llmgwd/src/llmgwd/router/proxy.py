@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -132,10 +133,8 @@ class Upstream:
         if self._session is None:
             # limit=0: concurrent streams must not queue behind a connection cap;
             # keep-alive below llama-server's 5 s so a pooled connection is not stale.
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, trace_configs=[_reuse_tracing()]
-            )
+            connector = _PoolConnector(limit=0, keepalive_timeout=4.0)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
     def fresh_session(self) -> aiohttp.ClientSession:
@@ -316,12 +315,11 @@ class Upstream:
         at once (the engine had closed it: it never had the request, so this is no failure of
         the replica). The retry failing in any way, a refused connect included, is a 502
         counted against the replica, never a move to another replica."""
-        probe = SimpleNamespace(reused=False)
+        probe = _Probe()
+        reset = _PROBE.set(probe)
         sent = time.monotonic()
         try:
-            return await self.session().post(
-                url, data=body, headers=headers, trace_request_ctx=probe
-            )
+            return await self.session().post(url, data=body, headers=headers)
         except _STALE_ERRORS as e:
             quick = time.monotonic() - sent < _STALE_WINDOW_S
             if not probe.reused or not quick or isinstance(e, _CONNECT_ERRORS):
@@ -332,6 +330,8 @@ class Upstream:
                 endpoint.replica_id, endpoint.model, endpoint.node, type(e).__name__,
                 request[errors.REQUEST_ID],
             )  # fmt: skip
+        finally:
+            _PROBE.reset(reset)
         try:
             return await self.fresh_session().post(url, data=body, headers=headers)
         except aiohttp.ServerTimeoutError:
@@ -350,10 +350,9 @@ class Upstream:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
         except aiohttp.ClientError as e:
             raise _engine_failed(endpoint, e) from None
-        tally.whole(upstream.status, data)
         if upstream.status == 200:
             content_type = upstream.headers.get("Content-Type", "application/json")
-            body = answers.success_body(data, endpoint.model)
+            body = answers.success_body(data, endpoint.model, tally)
             return web.Response(status=200, body=body, headers={"Content-Type": content_type})
         error = answers.engine_error(upstream.status, data, endpoint.model, path)
         log.info(
@@ -405,21 +404,48 @@ class Upstream:
         """Run work; None (work cancelled at once) if the client disconnects first.
 
         aiohttp does not cancel a handler when its client leaves (unless the daemon asks for
-        handler_cancellation), so the connection is watched here.
+        handler_cancellation), so the connection is watched here, by a timer rather than by
+        a wait with a timeout (which would cost every request a future and a timer of its own).
         """
         task = asyncio.ensure_future(work)
+        watch = _Watch(request, task, self._poll_s)
         try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=self._poll_s)
-                if not task.done() and _client_gone(request):
-                    task.cancel()
-                    await asyncio.wait({task})
-                    return None
-            return task.result()
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if watch.gone and (current is None or not current.cancelling()):
+                return None
+            raise
         except ConnectionResetError:  # a write to the client failed: it is gone
             return None
         finally:
+            watch.stop()
             task.cancel()  # our own cancellation (handler_cancellation) reaches the work too
+
+
+class _Watch:
+    """Cancels a request's work when its client's connection closes, checked every poll_s."""
+
+    def __init__(self, request: web.Request, task: asyncio.Future[Any], poll_s: float) -> None:
+        self.gone = False
+        self._request = request
+        self._task = task
+        self._poll_s = poll_s
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(poll_s, self._check)
+
+    def _check(self) -> None:
+        if self._task.done():
+            return
+        if _client_gone(self._request):
+            self.gone = True
+            self._task.cancel()
+            return
+        self._timer = self._loop.call_later(self._poll_s, self._check)
+
+    def stop(self) -> None:
+        """No more checks."""
+        self._timer.cancel()
 
 
 class _Events:
@@ -451,21 +477,43 @@ def _event_end(data: bytes) -> int:
     return max(ends, default=0)
 
 
-def _reuse_tracing() -> aiohttp.TraceConfig:
-    """Marks a request's probe (its trace_request_ctx) when it is given a pooled connection."""
+class _Probe:
+    """Whether the request being sent was given a pooled connection."""
 
-    async def reused(
-        _session: aiohttp.ClientSession,
-        context: SimpleNamespace,
-        _params: aiohttp.TraceConnectionReuseconnParams,
-    ) -> None:
-        probe = context.trace_request_ctx
-        if isinstance(probe, SimpleNamespace):
-            probe.reused = True
+    __slots__ = ("reused",)
 
-    config = aiohttp.TraceConfig()
-    config.on_connection_reuseconn.append(reused)
-    return config
+    def __init__(self) -> None:
+        self.reused = False
+
+
+_PROBE: ContextVar[_Probe | None] = ContextVar("llmgw_pool_probe", default=None)
+
+
+class _PoolConnector(aiohttp.TCPConnector):
+    """A connector that marks the current request's probe (_PROBE) when the connection it
+    gives was used before: cheaper than a TraceConfig, which costs every request a dozen
+    awaited signals."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # protocols given out before
+
+    async def connect(
+        self,
+        req: aiohttp.ClientRequest,
+        traces: list[Any],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
+    ) -> Any:
+        """The connection, the probe told whether it is a pooled one."""
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        if protocol is not None:
+            if protocol in self._used:
+                if (probe := _PROBE.get()) is not None:
+                    probe.reused = True
+            else:
+                self._used.add(protocol)
+        return conn
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -4,7 +4,7 @@ decoded from router/answers.py, which reads each event once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 from aiohttp import web
@@ -45,6 +45,11 @@ class Tally:
         if usage is not None:
             self.usage = (usage.prompt_tokens, usage.completion_tokens)
 
+    def took(self, prompt: object, completion: object) -> None:
+        """The engine's counts, kept when both are integers."""
+        if _count(prompt) and _count(completion):
+            self.usage = (prompt, completion)
+
     def stream_started(self) -> None:
         """A stream answer began (status 200)."""
         self.answered = True
@@ -60,15 +65,17 @@ class Tally:
         usage = chunk.get("usage")
         if not isinstance(usage, dict):
             return chunk
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(prompt, int) and isinstance(completion, int):
-            self.usage = (prompt, completion)
+        self.took(usage.get("prompt_tokens"), usage.get("completion_tokens"))
         if self.pass_usage:
             return chunk
         if not chunk.get("choices"):
             return None
         del chunk["usage"]  # llama.cpp's /completions puts it on the last text chunk
         return chunk
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 TALLY = web.RequestKey("llmgw_tally", Tally)  # set by the /v1 handler for the proxy
