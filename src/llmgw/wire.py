@@ -68,6 +68,18 @@ class Inventory(msgspec.Struct, frozen=True):
     memory_bandwidth_one_core_bytes_s: int = 0
 
 
+class ModelFile(msgspec.Struct, frozen=True):
+    """One file of a model's set: where it sits in its repository, and how it is checked.
+
+    Every file the mirror has published has a sha256 (the hub gives one for LFS files; the
+    mirror computes it for the others and keeps the hub's git blob id beside it)."""
+
+    path: str  # inside the repository: "model-00001-of-00002.safetensors", "sub/x.json"
+    size: int
+    sha256: str = ""  # hex
+    git_oid: str = ""  # the hub's git blob id of a file not in LFS: sha1 of b"blob N\0" + bytes
+
+
 class ReplicaSpec(msgspec.Struct, frozen=True):
     """One engine the control plane wants running on a node."""
 
@@ -84,6 +96,9 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     # The unit's MemoryMax (engine_memory.limit of the placement's estimate); 0: the node's
     # default (a model placed by count, or a control plane older than this field).
     memory_max_bytes: int = 0
+    # An hf: source's set, pinned ("hf:ORG/REPO@COMMIT"): the agent fetches each file from
+    # the mirror by its sha256 into its cache before it starts the engine. [] for file:.
+    files: list[ModelFile] = []
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
@@ -97,7 +112,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
 
         data = msgspec.to_builtins(self)
         del data["priority"], data["profile"]
-        for unset in ("devices", "memory_max_bytes"):
+        for unset in ("devices", "memory_max_bytes", "files"):
             if not data[unset]:
                 del data[unset]
         return hashlib.sha256(msgspec.json.encode(data)).hexdigest()[:16]
@@ -147,6 +162,21 @@ class Renew(msgspec.Struct, tag="renew", frozen=True):
     csr_pem: str
 
 
+class HeldFile(msgspec.Struct, frozen=True):
+    """A checked file in the node's cache."""
+
+    sha256: str
+    size: int
+
+
+class Holdings(msgspec.Struct, tag="holdings", frozen=True):
+    """The files the node's cache holds, whole: sent after Register on every new connection,
+    whenever it changes, and as the answer to a Sweep (naming it)."""
+
+    files: list[HeldFile] = []
+    sweep: str = ""  # the id of the Sweep this answers; "" otherwise
+
+
 # Control plane -> agent
 
 
@@ -157,6 +187,9 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     # The control plane takes Renew on this link. An older one leaves it out (False) and
     # would refuse a Renew as not a valid message: the agent asks only where this is True.
     renews: bool = False
+    # The control plane takes Holdings and serves the mirror's files to nodes: the agent
+    # sends Holdings only where this is True (an older one would refuse the message).
+    mirror: bool = False
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):
@@ -172,8 +205,17 @@ class Renewed(msgspec.Struct, tag="renewed", frozen=True):
     cert_pem: str
 
 
-AgentMessage = Register | Heartbeat | Renew
-ServerMessage = Desired | Refused | Renewed
+class Sweep(msgspec.Struct, tag="sweep", frozen=True):
+    """Delete these files from the node's cache (none of its replicas may use them: the agent
+    keeps any a replica it runs or fetches uses), then answer with Holdings naming the id."""
+
+    id: str
+    remove: list[str] = []  # sha256s
+    dry_run: bool = False  # only answer: what would go is what the control plane computed
+
+
+AgentMessage = Register | Heartbeat | Renew | Holdings
+ServerMessage = Desired | Refused | Renewed | Sweep
 
 _agent_decoder = msgspec.json.Decoder(AgentMessage)
 _server_decoder = msgspec.json.Decoder(ServerMessage)

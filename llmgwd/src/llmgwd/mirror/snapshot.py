@@ -1,0 +1,42 @@
+"""A repository at one commit as the mirror knows it, and what the hub server reads it through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+from llmgw.wire import ModelFile
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Every file of a repository at one commit (all directories), with sizes and checksums.
+
+    Files of a snapshot resolved from the hub may lack a sha256 (the hub gives one for LFS
+    files only); the mirror records it once it has fetched and checked the file."""
+
+    repo: str  # "ORG/REPO"
+    commit: str  # 40 hex digits
+    files: list[ModelFile] = []
+    last_modified: str = ""  # ISO 8601, as the hub says; "" when not known
+    gated: bool = False  # the upstream wants a token for it
+
+    def file(self, path: str) -> ModelFile | None:
+        """The file at a path, if the snapshot has it."""
+        for f in self.files:
+            if f.path == path:
+                return f
+        return None
+
+
+class SnapshotSource(Protocol):
+    """What the mirror holds, as the hub server (/hf) reads it."""
+
+    def snapshot(self, repo: str, revision: str) -> Snapshot | None:
+        """The snapshot a commit or a ref the mirror knows ("main", a tag) names; None if none."""
+        ...
+
+    def blob(self, sha256: str) -> Path | None:
+        """The published (checked) file with this sha256, or None if the mirror lacks it."""
+        ...
