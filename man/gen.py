@@ -102,6 +102,20 @@ SETTINGS = {
     "server.join_token_ttl_s": (
         "How long a join token from `llmgw node token` is good for, in seconds."
     ),
+    "server.mirror.upstream": (
+        "Where the mirror downloads hf: models from: the Hugging Face hub, or any endpoint "
+        "that speaks its protocol, such as another llmgw's mirror (https://HOST:7700/hf)."
+    ),
+    "server.mirror.token_file": (
+        "A file holding the upstream's token (a Hugging Face token for gated or private "
+        "repositories, or an llmgw key for another llmgw's mirror), readable by the llmgw "
+        "user; empty: no token. The token is never logged."
+    ),
+    "server.mirror.dir": (
+        "Where the mirror keeps its files, one copy of each, named by its sha256; empty: "
+        "state_dir/mirror."
+    ),
+    "server.mirror.parallel": "How many files the mirror downloads at once (1-64).",
     "server.log_level": "debug, info, warning or error: the least severe message logged.",
     "server.cluster.advertise": (
         "The cluster port's URL as nodes reach it (https://HOST:7710), printed in join "

@@ -61,6 +61,20 @@ class ClusterPort(Strict):
     advertise: str = ""  # https://HOST:7710 as nodes reach it; empty: derived at init
 
 
+class Mirror(Strict):
+    """The model mirror: where it downloads from and how."""
+
+    upstream: str = "https://huggingface.co"
+    token_file: str = ""
+    dir: str = ""
+    parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+
+    def __post_init__(self) -> None:
+        if not self.upstream.startswith(("https://", "http://")) or "?" in self.upstream:
+            raise ValueError(f"upstream: {self.upstream!r} is not an http(s):// URL")
+        self.upstream = self.upstream.rstrip("/")
+
+
 class ServerConfig(Strict):
     """/etc/llmgw/server.yaml"""
 
@@ -70,6 +84,7 @@ class ServerConfig(Strict):
     socket_group: str = "llmgw"
     client: ClientPort = msgspec.field(default_factory=ClientPort)
     cluster: ClusterPort = msgspec.field(default_factory=ClusterPort)
+    mirror: Mirror = msgspec.field(default_factory=Mirror)
     join_token_ttl_s: int = 3600
     node_grace_s: int = 60  # how long a silent node's replicas stay in the pool
     log_level: str = "info"
