@@ -130,7 +130,7 @@ async def test_a_token_cannot_take_a_disconnected_members_name(
     assert isinstance(answer, wire.Refused) and "no longer valid" in answer.reason
     # The member itself is still taken, and gets its desired set.
     answer = await first_message(cluster, d, "n1")
-    assert answer == wire.Desired([SPEC], renews=True)
+    assert answer == wire.Desired([SPEC], renews=True, mirror=True)
 
 
 async def test_a_node_not_known_here_is_revoked_all_the_same(

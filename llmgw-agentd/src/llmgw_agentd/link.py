@@ -35,6 +35,8 @@ MAX_CA_BYTES = 64 << 10
 MAX_MESSAGE_BYTES = 4 << 20
 
 OnDesired = Callable[[list[wire.ReplicaSpec]], Awaitable[None]]
+Held = Callable[[], Sequence[wire.HeldFile]]
+OnSweep = Callable[[wire.Sweep], Awaitable[None]]  # deletes what it may; Holdings follow
 OnAddress = Callable[[str], None]
 Outcome = Literal["failed", "refused", "lost"]
 
@@ -192,6 +194,8 @@ class Link:
         on_address: OnAddress | None = None,
         heartbeat_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        held: Held | None = None,
+        on_sweep: OnSweep | None = None,
     ) -> None:
         self._url = f"{server.rstrip('/')}/agent"
         self._pki_dir = pki_dir
@@ -207,6 +211,12 @@ class Link:
         self._renew_at = 0.0  # when this node's certificate is due, read at each connection
         self._renewing = False  # a Renew is out on this connection
         self._renews = False  # this connection's control plane takes Renew (its Desired says)
+        self._held = held  # the node cache's files (None: this agent reports none)
+        self._on_sweep = on_sweep
+        self._mirror = False  # this connection's control plane takes Holdings (Desired says)
+        self._holdings_due = False  # the cache changed, or a new connection: send Holdings
+        self._sweeps: set[asyncio.Task[None]] = set()
+        self._send_lock = asyncio.Lock()  # the beat and a sweep's answer send alike
         self._poked = asyncio.Event()
         self._desired: list[wire.ReplicaSpec] | None = None
         self._desired_ready = asyncio.Event()
@@ -221,6 +231,11 @@ class Link:
 
     def poke(self) -> None:
         """Replica statuses changed: send a heartbeat now rather than at the next tick."""
+        self._poked.set()
+
+    def holdings_changed(self) -> None:
+        """The cache's files changed: send Holdings now (where the control plane takes them)."""
+        self._holdings_due = True
         self._poked.set()
 
     async def run(self) -> None:
@@ -256,7 +271,8 @@ class Link:
                 return "refused"
             ctx = link_ssl_context(self._pki_dir)
             self._renew_at, self._renewing = renew.renew_at(self._pki_dir), False
-            self._renews = False
+            self._renews = self._mirror = False
+            self._holdings_due = True  # every new connection hears what the cache holds
             async with session.ws_connect(
                 self._url, ssl=ctx, heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES
             ) as ws:
@@ -277,14 +293,16 @@ class Link:
         try:
             async for frame in ws:
                 if frame.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-                    if self._handle(frame.data) == "refused":
+                    if self._handle(ws, frame.data) == "refused":
                         return "refused"
                 elif frame.type == aiohttp.WSMsgType.ERROR:
                     break
         finally:
-            beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beats
+            for task in (beats, *self._sweeps):
+                task.cancel()
+            for task in (beats, *self._sweeps):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         was_up = self._up
         self._lost(f"the control plane closed the connection ({ws.close_code})")
         # Only a connection that was accepted resets the backoff: no tight loop otherwise.
@@ -304,7 +322,9 @@ class Link:
             replicas=list(self._replicas()),
         )
 
-    def _handle(self, data: bytes | str) -> Literal["ok", "refused"]:
+    def _handle(
+        self, ws: aiohttp.ClientWebSocketResponse, data: bytes | str
+    ) -> Literal["ok", "refused"]:
         try:
             msg = wire.decode_server(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -317,8 +337,14 @@ class Link:
         if isinstance(msg, wire.Renewed):
             self._renewed(msg)
             return "ok"
+        if isinstance(msg, wire.Sweep):
+            self._sweep(ws, msg)
+            return "ok"
         self._accepted()
         self._renews = msg.renews
+        if msg.mirror and not self._mirror:
+            self._mirror = True
+            self._poked.set()  # Holdings follow this first Desired that takes them
         self._desired = list(msg.replicas)
         self._desired_ready.set()
         return "ok"
@@ -336,11 +362,41 @@ class Link:
                 continue
             try:
                 await self._send(ws, beat)
+                await self._send_holdings_if_due(ws)
                 await self._renew_if_due(ws)
             except (ConnectionError, aiohttp.ClientError):
                 await ws.close()  # the reader then sees the end
                 return
             self._accepted()
+
+    async def _send_holdings_if_due(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """What the cache holds, once this connection's control plane takes it and whenever
+        it changed since the last sent (an older control plane would refuse the message)."""
+        if self._held is None or not self._mirror or not self._holdings_due:
+            return
+        self._holdings_due = False
+        await self._send(ws, wire.Holdings(files=list(self._held())))
+
+    def _sweep(self, ws: aiohttp.ClientWebSocketResponse, msg: wire.Sweep) -> None:
+        """Run a Sweep outside the reader (deleting takes time); answer with Holdings."""
+        if self._on_sweep is None or self._held is None:
+            log.warning("ignored a sweep from the control plane: this agent keeps no cache")
+            return
+        task = asyncio.create_task(self._swept(ws, msg, self._on_sweep, self._held))
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
+
+    async def _swept(
+        self, ws: aiohttp.ClientWebSocketResponse, msg: wire.Sweep, on_sweep: OnSweep, held: Held
+    ) -> None:
+        try:
+            await on_sweep(msg)
+        except Exception:
+            log.exception("sweep %s of this node's cache failed", msg.id)
+        try:
+            await self._send(ws, wire.Holdings(files=list(held()), sweep=msg.id))
+        except (ConnectionError, aiohttp.ClientError):
+            await ws.close()  # the reader then sees the end
 
     async def _renew_if_due(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """Ask for the next certificate once this one is due (once a connection), and only
@@ -369,7 +425,8 @@ class Link:
         )
 
     async def _send(self, ws: aiohttp.ClientWebSocketResponse, msg: wire.AgentMessage) -> None:
-        await ws.send_bytes(wire.encode(msg))
+        async with self._send_lock:
+            await ws.send_bytes(wire.encode(msg))
 
     async def _apply_desired(self) -> None:
         """Hand the latest Desired to on_desired, one at a time, outside the reader.

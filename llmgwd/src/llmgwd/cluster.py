@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from llmgw import pki, wire
 
 from .members import Members, refusal, removed_reason
+from .mirror import node_files
+from .mirror.holdings import Holdings
 from .pool import Endpoint
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,7 @@ class ClusterState:
         self._desired: dict[str, tuple[wire.ReplicaSpec, ...]] = {}
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
         self._removed: set[str] = set()  # removed since start: no connection is attached
+        self.holdings = Holdings()  # what each node's model cache holds
 
     # The reconciler's side
 
@@ -120,6 +123,7 @@ class ClusterState:
         connection of it is attached again until allow(). Whether it was known here."""
         self._removed.add(node)
         self._desired.pop(node, None)
+        self.holdings.drop(node)
         entry = self._nodes.pop(node, None)
         if entry is None:
             return False
@@ -130,6 +134,15 @@ class ClusterState:
         log.warning("node %s removed from the cluster; its certificates are refused", node)
         self._tell_lost(node)
         self._changed(node)
+        return True
+
+    def send_sweep(self, node: str, sweep: wire.Sweep) -> bool:
+        """Ask node's agent to sweep its cache (its answer reaches holdings.swept); False
+        when the node is not connected."""
+        entry = self._nodes.get(node)
+        if entry is None or entry.conn is None:
+            return False
+        self._spawn(_send(entry.conn, sweep))
         return True
 
     def allow(self, node: str) -> None:
@@ -218,11 +231,17 @@ class ClusterState:
             entry.replicas = replicas
             self._changed(conn.node)
 
+    def _held(self, conn: _Conn, msg: wire.Holdings) -> None:
+        entry = self._nodes.get(conn.node)
+        if entry is not None and entry.conn is conn:
+            self.holdings.update(conn.node, msg.files, msg.sweep)
+
     def _detach(self, conn: _Conn) -> None:
         entry = self._nodes.get(conn.node)
         if entry is None or entry.conn is not conn:
             return
         entry.conn = None
+        self.holdings.forget(conn.node)
         entry.touch(self._clock())
         loop = asyncio.get_running_loop()
         entry.lost_timer = loop.call_later(self.grace_s, self._lost, conn.node, entry)
@@ -270,7 +289,8 @@ class ClusterState:
             # Read under the lock, so the last send always carries the latest desired state.
             replicas = list(self._desired.get(conn.node, ()))
             try:
-                await conn.ws.send_bytes(wire.encode(wire.Desired(replicas, renews=True)))
+                msg = wire.Desired(replicas, renews=True, mirror=True)
+                await conn.ws.send_bytes(wire.encode(msg))
             except (ConnectionError, RuntimeError) as e:
                 log.info(
                     "node %s: desired state not sent (%s); sent again on reconnect", conn.node, e
@@ -326,15 +346,22 @@ class _Refuse(Exception):
 
 
 def make_app(
-    state: ClusterState, ca: pki.CertKey, consume_token: ConsumeToken, members: Members
+    state: ClusterState,
+    ca: pki.CertKey,
+    consume_token: ConsumeToken,
+    members: Members,
+    files: node_files.Blobs | None = None,
 ) -> web.Application:
-    """The cluster port's routes: GET /ca, POST /join, GET /agent (WebSocket)."""
+    """The cluster port's routes: GET /ca, POST /join, GET /agent (WebSocket), and with
+    files, the mirror's files for nodes: GET /mirror/files/{sha256}."""
     app = web.Application(client_max_size=MAX_JOIN_BYTES)
     app[STATE_KEY] = state
     handlers = _Handlers(state, ca, consume_token, members)
     app.router.add_get("/ca", handlers.ca)
     app.router.add_post("/join", handlers.join)
     app.router.add_get("/agent", handlers.agent)
+    if files is not None:
+        node_files.add_routes(app, files, handlers.node_of)
 
     async def close_agents(_: web.Application) -> None:
         await state._close_all()
@@ -461,6 +488,21 @@ class _Handlers:
             self._state._detach(conn)
         return ws
 
+    async def node_of(self, request: web.Request) -> str | web.Response:
+        """The node a request's client certificate names, admitted as /agent admits it, or
+        the answer that refuses it."""
+        der = _peer_cert(request)
+        ident = pki.node_identity(der) if der else None
+        if ident is None:
+            return _error(401, "a node certificate signed by the cluster CA is required")
+        try:
+            await self._admission(ident)
+            if self._state.removed(ident.name):
+                raise _Refuse(removed_reason(ident.name))
+        except _Refuse as e:
+            return _error(403, str(e), "refused")
+        return ident.name
+
     async def _admission(self, ident: pki.NodeIdentity) -> None:
         """_Refuse a certificate of a removed node, or one replaced or revoked."""
         try:
@@ -498,6 +540,8 @@ class _Handlers:
                 await self._renew(conn, msg)
             elif isinstance(msg, wire.Heartbeat):
                 self._state._report(conn, msg)
+            elif isinstance(msg, wire.Holdings):
+                self._state._held(conn, msg)
             else:
                 raise _Refuse("register sent twice on one connection")
 
@@ -547,6 +591,12 @@ def _decode(frame: WSMessage) -> wire.AgentMessage | None:
         return wire.decode_agent(frame.data)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise _Refuse(f"not a valid message: {e}") from None
+
+
+async def _send(conn: _Conn, msg: wire.ServerMessage) -> None:
+    async with conn.lock:
+        with contextlib.suppress(ConnectionError, RuntimeError):  # the node is lost anyway
+            await conn.ws.send_bytes(wire.encode(msg))
 
 
 async def _refuse(conn: _Conn, reason: str) -> None:
