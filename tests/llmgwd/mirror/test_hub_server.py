@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
@@ -439,3 +439,35 @@ async def test_unknown_routes_and_methods_answer_in_the_hubs_shape(hub: Hub) -> 
     assert r.status == 404 and json.loads(body)["error"]
     r, body = await fetch(hub, "POST", f"/{REPO}/resolve/main/config.json")
     assert r.status == 405 and json.loads(body)["error"] and "GET" in r.headers["Allow"]
+
+
+class Broken(Source):
+    """A source that fails on one repository and holds a blob of the wrong size."""
+
+    def snapshot(self, repo: str, revision: str) -> Snapshot | None:
+        if repo == "acme/broken":
+            raise RuntimeError("the catalog is gone")
+        return super().snapshot(repo, revision)
+
+    def blob(self, sha256: str) -> Path | None:
+        path = super().blob(sha256)
+        return None if path is None else path.with_name("short")
+
+
+async def test_a_failing_source_is_a_500_in_the_hubs_shape_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source = Broken(tmp_path)
+    (tmp_path / "short").write_bytes(b"12")
+    parent = web.Application()
+    parent.add_subapp("/hf", hub_app(source, one_key(KEY)))
+    async with TestClient(TestServer(parent, host="127.0.0.1")) as c:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        r = await c.get("/hf/api/models/acme/broken", headers=auth)
+        assert (r.status, await r.json()) == (500, {"error": "internal error"})
+        mine = [r for r in caplog.records if r.name == "llmgwd.mirror.hub_server"]
+        assert len(mine) == 1 and mine[0].levelno == logging.ERROR
+        r = await c.get(f"/hf/{REPO}/resolve/main/config.json", headers=auth)
+        assert r.status == 500 and "does not match its record" in (await r.json())["error"]
+        assert len([r for r in caplog.records if r.name == "llmgwd.mirror.hub_server"]) == 2

@@ -336,8 +336,8 @@ def _open(path: Path, size: int, name: str) -> BinaryIO:
     actual = os.fstat(fobj.fileno()).st_size
     if actual != size:
         fobj.close()
-        log.error("hf: the mirror's %s holds %d bytes, its record %d", path, actual, size)
-        raise HubError(500, f"the mirror's copy of {name!r} does not match its record")
+        message = f"the mirror's copy of {name!r} holds {actual} bytes, its record {size}"
+        raise HubError(500, f"{message}: it does not match its record")
     return fobj
 
 
@@ -386,7 +386,13 @@ def _header_safe(text: str) -> str:
 
 
 def _error(request: web.Request, e: HubError) -> web.Response:
-    log.info("hf: %s %r: %d %s", request.method, request.path, e.status, e.message)
+    """The answer, logged once (the path and the message, never a header)."""
+    level = logging.ERROR if e.status >= 500 else logging.INFO
+    log.log(level, "hf: %s %r: %d %s", request.method, request.path, e.status, e.message)
+    return _answer(e)
+
+
+def _answer(e: HubError) -> web.Response:
     message = _BAD_CREDENTIALS if e.status == 401 else e.message
     headers = e.headers | {"X-Error-Message": _header_safe(message)}
     if e.code:
@@ -410,7 +416,7 @@ async def hub_errors(request: web.Request, handler: Handler) -> web.StreamRespon
         return _error(request, HubError(e.status, e.reason, headers=kept))
     except Exception:
         log.exception("hf: %s %r failed", request.method, request.path)
-        return _error(request, HubError(500, "internal error"))
+        return _answer(HubError(500, "internal error"))
 
 
 def hub_routes() -> list[web.RouteDef]:
