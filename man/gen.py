@@ -142,8 +142,14 @@ SETTINGS = {
         "node's memory. Every other engine's limit comes from its placement's estimate."
     ),
     "agent.state_dir": (
-        "Where the agent keeps the node's certificate and key, its model cache and the "
-        "engines' environments. Kept on upgrade and on package removal; removed on purge."
+        "Where the agent keeps the node's certificate and key, and the engines' records and "
+        "environments. Kept on upgrade and on package removal; removed on purge."
+    ),
+    "agent.models_dir": (
+        "The node's model cache: the files of hf: models, fetched from the control plane's "
+        "mirror over the cluster port and checked by sha256 before an engine starts, and one "
+        "directory of links per set (sets/ORG--REPO/COMMIT). World-readable (engines run as "
+        "dynamic users, and see it read-only); `llmgw mirror sweep` deletes what no model uses."
     ),
     "agent.socket": (
         "llmgw-agentd's Unix socket, which `llmgw node join` talks to. A caller that is root "

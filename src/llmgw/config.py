@@ -109,6 +109,8 @@ class AgentConfig(Strict):
 
     node_name: str = ""  # empty: the host name
     state_dir: str = "/var/lib/llmgw-agent"
+    # The model cache: files fetched from the mirror, read by engines' dynamic users.
+    models_dir: str = "/var/lib/llmgw-agentd/models"
     socket: str = "/run/llmgw/agentd.sock"
     socket_group: str = "llmgw"
     address: str = ""  # where the control plane reaches this node's engines; empty: auto

@@ -171,6 +171,10 @@ async def test_a_node_lists_its_files_and_answers_a_sweep(
     await cluster.runner.cleanup()
     await eventually(lambda: holdings.stale("n1"))
     assert holdings.of("n1") == cache.files
+    # Every new connection says it again.
+    await cluster.start(cluster.state, cluster.port)
+    await eventually(lambda: not holdings.stale("n1"))
+    assert holdings.of("n1") == cache.files
 
 
 async def test_an_unanswered_sweep_is_none_and_a_removed_nodes_list_goes() -> None:

@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler
 from llmgw import localsock, sdnotify, wire
 from llmgw.config import AgentConfig
 from llmgw_agentd import inventory, link, membw
+from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.replicas import Replicas
 
@@ -42,7 +43,8 @@ class Agent:
         self.config = config
         self.node = config.node_name or socket.gethostname()
         self.pki_dir = Path(config.state_dir) / "pki"
-        self.replicas = Replicas(config, on_change=self._poke)
+        self.cache = Cache(Path(config.models_dir), self._mirror, on_change=self._held_changed)
+        self.replicas = Replicas(config, on_change=self._poke, cache=self.cache)
         self._link: link.Link | None = None
         self._link_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -53,6 +55,19 @@ class Agent:
     def _poke(self) -> None:
         if self._link is not None:
             self._link.poke()
+
+    def _held_changed(self) -> None:
+        if self._link is not None:
+            self._link.holdings_changed()
+
+    def _mirror(self) -> Mirror:
+        """The mirror's files are on the joined control plane's cluster port (mutual TLS)."""
+        server = link.read_join(self.pki_dir).server
+        return Mirror(server, link.link_ssl_context(self.pki_dir))
+
+    async def _sweep(self, msg: wire.Sweep) -> None:
+        """The control plane's sweep: what no replica here runs or fetches goes."""
+        await self.cache.sweep(msg.remove, self.replicas.specs(), msg.dry_run)
 
     async def start(self) -> None:
         """Adopt the engines that run, serve the local socket, dial llmgwd if joined."""
@@ -98,6 +113,8 @@ class Agent:
             address=self.config.address,
             on_address=self.replicas.set_host,
             heartbeat_s=self.config.heartbeat_s,
+            held=self.cache.held,
+            on_sweep=self._sweep,
         )
         self._link_task = asyncio.create_task(self._link.run())
 
@@ -168,6 +185,7 @@ class Agent:
             await self._runner.cleanup()
         await self._disconnect()
         await self.replicas.close()
+        await self.cache.close()
         log.info("llmgw-agentd stopped; engines keep running")
 
 

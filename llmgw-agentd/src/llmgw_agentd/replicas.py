@@ -21,6 +21,7 @@ from llmgw import engine_memory
 from llmgw.config import AgentConfig
 from llmgw.wire import ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgw_agentd import engines
+from llmgw_agentd.cache import Cache, FetchError
 from llmgw_agentd.engines import HEALTH_PATH, PROPS_PATH, EngineError
 from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
 
@@ -139,6 +140,8 @@ class Replicas:
         command: CommandBuilder | None = None,
         probe_interval: float = 1.0,
         backoff: tuple[float, float] = (1.0, 30.0),
+        cache: Cache | None = None,
+        fetch_backoff: tuple[float, float] = (10.0, 300.0),
     ) -> None:
         self._config = config
         self._systemd = Systemd(bus_address)
@@ -150,6 +153,8 @@ class Replicas:
         self._host = config.address or LOOPBACK
         self._interval = probe_interval
         self._backoff = backoff
+        self._cache = cache  # where an hf: set's files are fetched to (None: file: only)
+        self._fetch_backoff = fetch_backoff  # a set that could not be fetched is tried again
         self._replicas: dict[str, _Replica] = {}
         self._rejected: dict[str, ReplicaStatus] = {}
         self._orphans: set[str] = set()  # units of ours without a record: stopped at first apply
@@ -209,6 +214,11 @@ class Replicas:
         ]
         out += [s for rid, s in self._rejected.items() if rid not in self._replicas]
         return sorted(out, key=lambda s: s.id)
+
+    def specs(self) -> list[ReplicaSpec]:
+        """The specs of every replica this node runs or fetches (api_key blanked): their
+        files are kept in a sweep."""
+        return [r.spec for r in self._replicas.values()]
 
     async def close(self) -> None:
         """Stop supervising and disconnect; the engines keep running and serving."""
@@ -312,13 +322,17 @@ class Replicas:
             r.ended.set()
 
     async def _run(self, r: _Replica, *, launch: bool) -> None:
-        delay = self._backoff[0]
+        delay, fetch_delay = self._backoff[0], self._fetch_backoff[0]
         while True:
             was_ready = False
             try:
                 reason = await self._launch(r) if launch else await self._still_running(r)
                 if reason is None:
                     reason, was_ready = await self._serve(r)
+            except FetchError as e:  # the engine was not started: its files are not whole
+                await self._fetch_failed(r, str(e), fetch_delay)
+                fetch_delay = min(fetch_delay * 2, self._fetch_backoff[1])
+                continue
             except Exception as e:  # a bus or file error must not end supervision
                 log.exception("%s: supervision failed", r.unit, extra=_fields(r))
                 reason = f"could not be supervised: {e}"
@@ -331,6 +345,24 @@ class Replicas:
             r.restarts += 1
             self._set(r, "failed", f"engine {reason}; restarted, waiting for it to answer")
 
+    async def _fetch_failed(self, r: _Replica, reason: str, delay: float) -> None:
+        log.warning("%s: %s; trying again in %gs", r.unit, reason, delay, extra=_fields(r))
+        self._set(r, "failed", f"{reason}; trying again in {delay:g}s")
+        await asyncio.sleep(delay)
+        self._set(r, "starting", "")
+
+    async def _local(self, r: _Replica) -> ReplicaSpec:
+        """The spec an engine is started from: an hf: set's files fetched into the cache
+        first (the replica "starting" with the fetch's progress), its source the cache's."""
+        if not r.spec.files:
+            return r.spec
+        if self._cache is None:
+            raise FetchError("this agent has no model cache to fetch the model's files into")
+        where = await self._cache.ensure(r.spec, partial(self._set, r, "starting"))
+        self._set(r, "starting", "")
+        source = engines.local_source(r.spec, where)
+        return msgspec.structs.replace(r.spec, source=source)
+
     async def _still_running(self, r: _Replica) -> str | None:
         """For an adopted unit: it may have ended before the watch was set."""
         r.ended.clear()
@@ -339,9 +371,10 @@ class Replicas:
 
     async def _launch(self, r: _Replica) -> str | None:
         """Start the unit; None when it runs, else why not."""
+        spec = await self._local(r)
         key = self._key_file(r.spec.id)
         try:
-            argv = self._command(r.spec, r.host, r.port, KEY_ARG if key.exists() else None)
+            argv = self._command(spec, r.host, r.port, KEY_ARG if key.exists() else None)
         except EngineError as e:
             return f"cannot be started: {e}"
         props = self._properties(r, key if key.exists() else None)
@@ -465,6 +498,8 @@ class Replicas:
         if spec.devices:  # the cards (or MIG instances) the scheduler gave it, and only those
             devices = "CUDA_VISIBLE_DEVICES=" + ",".join(spec.devices)
             props.append(("Environment", Variant("as", [devices])))
+        if spec.files and self._cache is not None:  # the cache, seen read-only ("-": if any)
+            props.append(("ReadOnlyPaths", Variant("as", [f"-{self._cache.root}"])))
         if key is not None:
             props.append(("LoadCredential", Variant("a(ss)", [(KEY_CREDENTIAL, str(key))])))
         return props

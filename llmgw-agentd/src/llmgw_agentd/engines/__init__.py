@@ -21,9 +21,19 @@ def check(spec: ReplicaSpec) -> None:
     if spec.engine == "llama.cpp":
         from llmgw_agentd.engines import llamacpp
 
-        llamacpp.model_path(spec)
+        llamacpp.check_source(spec)
         llamacpp.validate_args(spec.args)
         return
+    raise EngineError(f"engine {spec.engine!r} is not supported on this node")
+
+
+def local_source(spec: ReplicaSpec, set_dir: Path) -> str:
+    """The file: source an engine loads an hf: set from, once the cache holds it in set_dir:
+    llama.cpp's GGUF file (a directory, for engines that load one)."""
+    if spec.engine == "llama.cpp":
+        from llmgw_agentd.engines import llamacpp
+
+        return f"file:{set_dir / llamacpp.gguf_in(spec.files)}"
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
 

