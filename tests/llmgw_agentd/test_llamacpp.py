@@ -15,7 +15,7 @@ import pytest
 
 from llmgw import engine_args
 from llmgw.config import AgentConfig, Engines, LlamaCpp
-from llmgw.wire import ReplicaSpec
+from llmgw.wire import ModelFile, ReplicaSpec
 from llmgw_agentd import engines
 from llmgw_agentd.engines import EngineError, llamacpp
 
@@ -110,6 +110,26 @@ def test_the_agent_refuses_what_the_api_refuses(args: list[str]) -> None:
 def test_a_source_that_is_not_a_file_is_refused() -> None:
     with pytest.raises(EngineError, match="file:/ABSOLUTE/PATH"):
         argv(spec(source="hf:org/repo@rev"))
+
+
+def test_an_hf_set_runs_its_first_gguf_from_the_cache() -> None:
+    def files(*paths: str) -> list[ModelFile]:
+        return [ModelFile(path=p, size=1, sha256="0" * 64) for p in paths]
+
+    split = files(
+        "README.md",
+        "q4/m-00002-of-00003.gguf",
+        "q4/m-00001-of-00003.gguf",
+        "q4/m-00003-of-00003.gguf",
+    )
+    s = spec(source=f"hf:org/repo@{'c' * 40}", files=split)
+    engines.check(s)  # an hf: set with a GGUF is fine before the cache has it
+    where = Path("/cache/sets/org--repo") / ("c" * 40)
+    assert engines.local_source(s, where) == f"file:{where}/q4/m-00001-of-00003.gguf"
+    plain = files("b.gguf", "a.gguf", "config.json")
+    assert llamacpp.gguf_in(plain) == "a.gguf"
+    with pytest.raises(EngineError, match="no GGUF"):
+        engines.check(spec(source=f"hf:org/repo@{'c' * 40}", files=files("model.safetensors")))
 
 
 def executable(path: Path) -> Path:

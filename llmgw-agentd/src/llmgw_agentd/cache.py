@@ -161,7 +161,8 @@ class Cache:
     def _progress(
         self, files: list[ModelFile], missing: list[ModelFile], waiting: set[str]
     ) -> str:
-        """"fetching 2 files: 45%, 1.2 of 2.6 GB" for the whole set, not the file in flight."""
+        """The whole set's progress, not the file in flight's: "fetching 2 files: 45%, 1.2 of
+        2.6 GB"."""
         total = sum(f.size for f in files)
         done = total - sum(f.size for f in missing)
         for f in missing:
@@ -301,7 +302,7 @@ def _percent(done: int, total: int) -> str:
 
 
 def _of(done: int, total: int) -> str:
-    """"1.2 of 2.6 GB", in the unit that suits the total."""
+    """Bytes done of a total, in the unit that suits the total: "1.2 of 2.6 GB"."""
     unit, scale = next((u, s) for u, s in _UNITS if total >= s / 10 or s == 1)
     if scale == 1:
         return f"{done} of {total} bytes"
