@@ -13,6 +13,7 @@ REPO_RE = re.compile(rf"{_PART}/{_PART}")
 # A branch, tag or commit: what git allows in a ref, kept to the plain characters.
 REV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]{0,199}")
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class SourceError(ValueError):
@@ -89,3 +90,19 @@ def select(paths: list[str], pattern: str) -> list[str]:
 def _matches(path: str, globs: tuple[str, ...]) -> bool:
     name = path.rsplit("/", 1)[-1]
     return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+_SHARD = re.compile(r"(.*)-\d{5}-of-\d{5}\.gguf")
+
+
+def several_ggufs(paths: list[str]) -> list[str]:
+    """The GGUF models among a set's paths when there are several (a split model's shards
+    count as one): a repository of quantizations needs a PATTERN to pick one."""
+    models = sorted(
+        {
+            m.group(1) + ".gguf" if (m := _SHARD.fullmatch(p)) else p
+            for p in paths
+            if p.endswith(".gguf")
+        }
+    )
+    return models if len(models) > 1 else []

@@ -158,7 +158,7 @@ def test_model_commands(daemon: Daemon) -> None:
 def test_refusals_exit_1_with_the_reason(daemon: Daemon) -> None:
     r = daemon.cli("model", "add", "smol", "--from", "models/smol.gguf")
     assert r.exit_code == 1
-    assert "source: must be file:/absolute/path" in r.stderr
+    assert "source: must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path" in r.stderr
     assert daemon.cli("model", "add", "smol", "--from", "file:/m.gguf").exit_code == 0
     r = daemon.cli("model", "add", "smol", "--from", "file:/m.gguf")
     assert r.exit_code == 1

@@ -11,15 +11,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
-from llmgw import engine_args, wire
+from llmgw import engine_args, sources, wire
 from llmgw.localsock import allowed, peer_credentials
+from llmgw.mirror_api import SetStatus
 from llmgwd import meter_views
 from llmgwd.catalog import (
     ApiKey,
@@ -38,6 +39,10 @@ from llmgwd.reconciler import Failure, NodeFlags
 from llmgwd.scheduler import Placement, Verdict
 from llmgwd.shapes import read_shape
 from llmgwd.usage import Usage
+
+if TYPE_CHECKING:
+    from llmgwd.mirror.service import Mirror
+    from llmgwd.mirror.sweep import NodeFiles
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +182,8 @@ class ApiContext:
     # `llmgw node remove`: revoke a node's certificates and forget it; whether it was known
     # (a name not known here is revoked all the same).
     remove_node: Callable[[str], Awaitable[bool]] | None = None
+    mirror: Mirror | None = None  # None: hf: sources are refused here
+    node_files: NodeFiles | None = None  # the nodes' caches, for sweeps
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
@@ -332,9 +339,9 @@ def _validation_error(message: str) -> ApiError:
     return bad_field(param, message[: at.start()])
 
 
-async def read_body(request: web.Request, schema: type[T]) -> T:
+async def read_body(request: web.Request, schema: type[T], limit: int = MAX_BODY_BYTES) -> T:
     """Decode the JSON body into schema, or raise a 400 naming the field."""
-    raw = await _read_limited(request, MAX_BODY_BYTES)
+    raw = await _read_limited(request, limit)
     try:
         return msgspec.json.decode(raw or b"{}", type=schema)
     except msgspec.ValidationError as e:
@@ -368,15 +375,27 @@ def _body_error(status: int, why: str, code: str) -> ApiError:
     return ApiError(status, f"body: {why}", "invalid_request_error", code, "body")
 
 
+def _check_source(source: str) -> None:
+    if sources.is_hf(source):
+        try:
+            sources.parse_hf(source)
+        except sources.SourceError as e:
+            raise bad_field("source", str(e)) from None
+        return
+    path = source.removeprefix("file:")
+    if not source.startswith("file:") or not path.startswith("/") or path.startswith("//"):
+        raise bad_field(
+            "source", "must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path (on the nodes)"
+        )
+    if "\0" in path or "\n" in path:
+        raise bad_field("source", "the path holds a control character")
+
+
 def validate_model(body: ModelIn) -> Model:
     """Check a new model's fields (a file's existence is each node's agent's check)."""
     if not NAME_RE.fullmatch(body.name):
         raise bad_field("name", "must be 1-64 of a-z 0-9 . _ - and start with a letter or digit")
-    path = body.source.removeprefix("file:")
-    if not body.source.startswith("file:") or not path.startswith("/") or path.startswith("//"):
-        raise bad_field("source", "must be file:/absolute/path (a file on the nodes)")
-    if "\0" in path or "\n" in path:
-        raise bad_field("source", "the path holds a control character")
+    _check_source(body.source)
     if body.engine not in ENGINES:
         raise bad_field("engine", f"must be one of {', '.join(ENGINES)}")
     try:  # the check each node's agent makes again before it starts an engine
@@ -436,6 +455,9 @@ class ModelView(msgspec.Struct, kw_only=True):
     idle_s: int = 0
     parked: bool = False  # an on-demand model with no request for idle_s: no replica wanted
     shape_note: str = ""  # why estimates are missing ("": the file's shape is known)
+    files: int = 0  # an hf: source's set: how many files, and their bytes
+    bytes: int = 0
+    mirror: SetStatus | None = None  # the mirror's fetch of the set, while it runs (or failed)
 
 
 class KeyView(msgspec.Struct, kw_only=True):
@@ -480,9 +502,13 @@ def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
             if not node.connected:
                 message = f"node {node.name} is not connected"
             view = ReplicaView(
-                id=r.id, node=node.name, state=state, message=message, restarts=r.restarts,
+                id=r.id,
+                node=node.name,
+                state=state,
+                message=message,
+                restarts=r.restarts,
                 slots=r.slots,
-            )  # fmt: skip
+            )
             out.setdefault(r.model, []).append(view)
     return out
 
@@ -507,6 +533,8 @@ def model_view(model: Model, replicas: list[ReplicaView], parked: bool = False) 
         idle_s=model.idle_s if model.on_demand else 0,
         parked=parked,
         shape_note=model.shape_error,
+        files=len(model.files),
+        bytes=sum(f.size for f in model.files),
     )
 
 
@@ -610,7 +638,10 @@ def _parked(ctx: ApiContext, model: Model) -> bool:
 
 def _view(ctx: ApiContext, model: Model) -> ModelView:
     replicas = replicas_by_model(ctx.nodes.nodes()).get(model.name, [])
-    return model_view(model, replicas, _parked(ctx, model))
+    view = model_view(model, replicas, _parked(ctx, model))
+    if ctx.mirror is not None and sources.is_hf(model.source):
+        view.mirror = ctx.mirror.set_status(model.source)
+    return view
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -632,6 +663,12 @@ async def add_model(request: web.Request) -> web.Response:
     """POST /models: put a new model in the catalog (not served until /serve)."""
     ctx = _ctx(request)
     model = validate_model(await read_body(request, ModelIn))
+    if ctx.catalog.get(model.name) is not None:
+        raise ApiError(
+            409, f"model {model.name!r} already exists", "conflict_error", "model_exists"
+        )
+    if sources.is_hf(model.source):
+        return await _add_hf(request, ctx, model)
     shape, why = await asyncio.to_thread(read_shape, model.source)
     model = msgspec.structs.replace(model, shape=shape, shape_error=why)
     if why:
@@ -641,6 +678,35 @@ async def add_model(request: web.Request) -> web.Response:
     except CatalogError as e:
         raise ApiError(409, str(e), "conflict_error", "model_exists") from None
     log.info("model %s added (%s) by %s", model.name, model.source, _who(request))
+    return json_response(_view(ctx, model), 201)
+
+
+async def _add_hf(request: web.Request, ctx: ApiContext, model: Model) -> web.Response:
+    """An hf: model: the mirror pins it and starts fetching its set; its shape is read from
+    the mirror's copy once fetched (llmgwd.mirror.shapes)."""
+    from llmgwd.mirror.service import MirrorError
+
+    if ctx.mirror is None:
+        raise bad_field("source", "this llmgwd has no mirror: hf: sources cannot be served")
+    try:
+        pinned, files = await ctx.mirror.add(sources.parse_hf(model.source))
+    except MirrorError as e:
+        raise ApiError(
+            e.status, str(e), "invalid_request_error", "mirror_failed", "source"
+        ) from None
+    from llmgwd.mirror.shapes import shape_of_set
+
+    shape, why = await asyncio.to_thread(shape_of_set, ctx.mirror.store, files)
+    model = msgspec.structs.replace(
+        model, source=str(pinned), files=files, shape=shape, shape_error=why
+    )
+    try:
+        model = await ctx.catalog.add_model(model)
+    except CatalogError as e:
+        raise ApiError(409, str(e), "conflict_error", "model_exists") from None
+    log.info(
+        "model %s added (%s, %d files) by %s", model.name, model.source, len(files), _who(request)
+    )
     return json_response(_view(ctx, model), 201)
 
 
@@ -779,17 +845,24 @@ async def get_plan(request: web.Request) -> web.Response:
         mine = [p for p in placements if (p.profile or DEFAULT) == profile.name]
         placed = [
             PlaceView(
-                id=p.id, node=p.node, devices=list(p.devices), context=p.context,
+                id=p.id,
+                node=p.node,
+                devices=list(p.devices),
+                context=p.context,
                 memory=gib(p.memory_bytes) if model.shape is not None else "unknown",
             )
             for p in sorted(mine, key=lambda p: p.id)
-        ]  # fmt: skip
+        ]
         profiles.append(
             ProfilePlan(
-                name=profile.name, kind=profile.kind, replicas=profile.replicas,
-                priority=profile.priority, placed=placed, verdicts=verdicts,
+                name=profile.name,
+                kind=profile.kind,
+                replicas=profile.replicas,
+                priority=profile.priority,
+                placed=placed,
+                verdicts=verdicts,
             )
-        )  # fmt: skip
+        )
     view = PlanView(
         model=model.name,
         estimates=model.shape is not None,
@@ -815,14 +888,24 @@ async def stop_model(request: web.Request) -> web.Response:
 
 
 async def remove_model(request: web.Request) -> web.Response:
-    """DELETE /models/{name}: out of the catalog (its replicas are stopped)."""
+    """DELETE /models/{name}[?files=true]: out of the catalog (its replicas are stopped); with
+    files, its files no other model uses are deleted from the mirror and the nodes."""
+    from llmgwd import api_mirror
+
     ctx = _ctx(request)
     name = request.match_info["name"]
+    files = request.query.get("files", "false")
+    if files not in ("true", "false"):
+        raise bad_field("files", "must be true or false")
+    model = _model_or_404(ctx, name)
     try:
         await ctx.catalog.remove_model(name)
     except CatalogError:
         raise not_found("model", name) from None
     log.info("model %s removed by %s", name, _who(request))
+    if files == "true" and model.files:
+        swept = await api_mirror.remove_files_of(ctx, model)
+        return json_response({"name": name, "removed": True, "files": swept})
     return json_response({"name": name, "removed": True})
 
 
@@ -960,10 +1043,11 @@ async def create_token(request: web.Request) -> web.Response:
 
 def api_routes() -> list[web.RouteDef]:
     """The routes, relative to API_PREFIX."""
-    from llmgwd import api_nodes  # it builds on this module's helpers
+    from llmgwd import api_mirror, api_nodes  # they build on this module's helpers
 
     return [
         *api_nodes.routes(),
+        *api_mirror.routes(),
         web.get("/status", get_status),
         web.get("/nodes", get_nodes),
         web.get("/models", list_models),

@@ -12,6 +12,7 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.wire import ModelFile
 from llmgwd import profiles as profiles_
 from llmgwd.estimate import ModelShape
 from llmgwd.profiles import Profile
@@ -33,7 +34,7 @@ class Model(msgspec.Struct, kw_only=True):
     """A model in the catalog and how many replicas of it are wanted."""
 
     name: str
-    source: str  # file:/path/model.gguf
+    source: str  # file:/path/model.gguf, or hf:ORG/REPO@COMMIT[:PATTERN] (pinned when added)
     engine: Literal["llama.cpp"] = "llama.cpp"
     args: list[str] = []
     context: int = 0
@@ -48,6 +49,7 @@ class Model(msgspec.Struct, kw_only=True):
     shape_error: str = ""  # why the shape could not be read (shown by `llmgw model plan`)
     on_demand: bool = False  # started by the first request, parked after idle_s without one
     idle_s: int = 300
+    files: list[ModelFile] = []  # an hf: source's set, each file with its sha256; [] for file:
 
 
 def profiles_of(model: Model) -> list[Profile]:

@@ -24,6 +24,7 @@ from llmgw.config import ServerConfig
 from llmgwd import api, clientport, cluster
 from llmgwd.catalog import Catalog
 from llmgwd.members import Members
+from llmgwd.mirror import setup as mirror_setup
 from llmgwd.reconciler import Reconciler
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
@@ -131,6 +132,7 @@ class Daemon:
         self.reconciler = Reconciler(
             self.store, self.catalog, self.cluster, secret, grace_s=cfg.node_grace_s
         )
+        self.mirror = await mirror_setup.start(cfg, state_dir, self.store, self.catalog)
         self.cluster.on_change = lambda _node: self.reconciler.poke()
         self.catalog.on_change(self.reconciler.poke)
         self._spawn(self.catalog.follow(revision))
@@ -146,6 +148,8 @@ class Daemon:
             usage=self.usage,
             scheduling=self.reconciler,
             remove_node=self.remove_node,
+            mirror=self.mirror,
+            node_files=mirror_setup.NodeFilesOf(self.cluster),
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)
@@ -160,7 +164,9 @@ class Daemon:
         )
 
     async def _serve_cluster(self, keys: Pki) -> None:
-        app = cluster.make_app(self.cluster, keys.ca, self.catalog.consume_token, self.members)
+        app = cluster.make_app(
+            self.cluster, keys.ca, self.catalog.consume_token, self.members, files=self.mirror
+        )
         ctx = cluster.server_ssl_context(keys.ca.cert_pem, keys.server_cert, keys.server_key)
         host, port = split_listen(self.config.cluster.listen)
         self._runners.append(await cluster.serve(app, host, port, ctx))
@@ -185,6 +191,7 @@ class Daemon:
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
         app.add_subapp(api.API_PREFIX, api.api_subapp(ctx, api.key_auth(self.catalog)))
+        app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
         host, port = split_listen(cfg.listen)
         self.client_runner = await clientport.serve(app, cfg, host, port)
         self._runners.append(self.client_runner)
@@ -216,6 +223,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.router.close()
+        await self.mirror.close()
         await self.store.close()
         log.info("llmgwd stopped")
 

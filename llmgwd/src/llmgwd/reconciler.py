@@ -439,6 +439,7 @@ class Reconciler:
             profile=profile.name,
             priority=profile.priority,
             memory_max_bytes=memory_max,
+            files=list(m.files),
         )
 
     # Views

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from llmgw import config
-from llmgw.cli import key, model, node, server, usage
+from llmgw.cli import key, mirror, model, node, server, usage
 from llmgw.cli.common import Settings
 
 
@@ -47,3 +47,4 @@ main.add_command(model.model)
 main.add_command(model.models)
 main.add_command(key.key)
 main.add_command(usage.usage)
+main.add_command(mirror.mirror)

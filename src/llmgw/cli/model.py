@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.cli import progress
+from llmgw.cli.common import API, Refused, Settings, api_path, call, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, size
 
 
@@ -21,8 +22,12 @@ def model() -> None:
     "--from",
     "source",
     required=True,
-    metavar="file:PATH",
-    help="Where the model is: file:/absolute/path.gguf, a file that exists on the nodes.",
+    metavar="SOURCE",
+    help=(
+        "Where the model is: hf:ORG/REPO[@REV][:PATTERN] (through the mirror, pinned to a "
+        "commit; PATTERN picks files, e.g. '*Q4_K_M.gguf'), or file:/absolute/path.gguf, a "
+        "file that exists on the nodes."
+    ),
 )
 @click.option(
     "--engine",
@@ -45,6 +50,11 @@ def model() -> None:
     type=click.IntRange(min=0),
     default=0,
     help="The most completion tokens a request may ask for (default: the context).",
+)
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="With hf:, return once pinned instead of showing the mirror's fetch to its end.",
 )
 @click.option(
     "--on-demand",
@@ -70,12 +80,14 @@ def add(
     args: tuple[str, ...],
     context: int,
     max_tokens: int,
+    no_wait: bool,
     on_demand: bool,
     idle_s: int,
     as_json: bool,
 ) -> None:
     """Add model NAME to the catalog; it is not served until `llmgw model serve` (an
-    on-demand model: until its first request)."""
+    on-demand model: until its first request). An hf: source is pinned to a commit and
+    fetched by the mirror; its progress is shown until the whole set is there."""
     body = {
         "name": name,
         "source": source,
@@ -87,9 +99,16 @@ def add(
         "idle_s": idle_s,
     }
     answer = call(settings, "POST", f"{API}/models", body)
+    if answer.get("mirror") and not no_wait:
+        last = progress.follow(lambda: call(settings, "GET", api_path("models", name))["mirror"])
+        if last is not None and last["state"] == "failed":
+            raise Refused(f"the mirror could not fetch {answer['source']}: {last['error']}")
+        answer = call(settings, "GET", api_path("models", name))
     if as_json:
         echo_json(answer)
         return
+    if answer["source"].startswith("hf:"):
+        click.echo(f"Pinned {answer['source']}: {answer['files']} files, {size(answer['bytes'])}.")
     if on_demand:
         click.echo(f"Added model {name}, on demand: its first request starts it.")
     else:
@@ -159,15 +178,29 @@ def price(settings: Settings, name: str, prompt: float, completion: float, as_js
 
 @model.command()
 @click.argument("name")
+@click.option(
+    "--files",
+    is_flag=True,
+    help="Also delete its files that no other model uses, from the mirror and the nodes.",
+)
 @json_option
 @pass_settings
-def remove(settings: Settings, name: str, as_json: bool) -> None:
+def remove(settings: Settings, name: str, files: bool, as_json: bool) -> None:
     """Take model NAME out of the catalog; its replicas are stopped."""
-    answer = call(settings, "DELETE", api_path("models", name))
+    path = api_path("models", name) + ("?files=true" if files else "")
+    answer = call(settings, "DELETE", path)
     if as_json:
         echo_json(answer)
-    else:
-        click.echo(f"Removed model {name}.")
+        return
+    click.echo(f"Removed model {name}.")
+    swept = answer.get("files")
+    if swept:
+        click.echo(f"mirror: {swept['files']} files deleted, {size(swept['bytes'])} freed")
+        for n in swept["nodes"]:
+            if not n["answered"]:
+                click.echo(f"{n['node']}: did not list its files again; run llmgw mirror sweep")
+            else:
+                click.echo(f"{n['node']}: {n['files']} files deleted, {size(n['bytes'])} freed")
 
 
 @model.command()
@@ -241,12 +274,16 @@ def plan(settings: Settings, name: str, as_json: bool) -> None:
     if answer["failed_on"]:
         click.echo(f"Failed to start on: {', '.join(answer['failed_on'])}.")
     for p in answer["profiles"]:
-        click.echo(f"Profile {p['name']} ({p['kind']}, priority {p['priority']}): "
-                   f"{len(p['placed'])} of {p['replicas']} replicas placed")  # fmt: skip
+        click.echo(
+            f"Profile {p['name']} ({p['kind']}, priority {p['priority']}): "
+            f"{len(p['placed'])} of {p['replicas']} replicas placed"
+        )
         for r in p["placed"]:
             on = f" on {', '.join(r['devices'])}" if r["devices"] else ""
-            click.echo(f"  {r['id']}: node {r['node']}{on}, context {r['context'] or 'default'}"
-                       f", memory {r['memory']}")  # fmt: skip
+            click.echo(
+                f"  {r['id']}: node {r['node']}{on}, context {r['context'] or 'default'}"
+                f", memory {r['memory']}"
+            )
         headers = ["NODE", "PLACE", "FITS", "CONTEXT", "MEMORY", "TOKENS/S", "WHY"]
         echo_table(headers, [_verdict_row(v) for v in p["verdicts"]], "  No nodes.")
 

@@ -1,0 +1,246 @@
+"""The mirror: resolves hf: sources to pinned sets, fetches them once, and says what it holds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from llmgw import download, sources
+from llmgw.blobstore import BlobStore, BlobStoreError
+from llmgw.mirror_api import MirrorStatus, PeerView, SetStatus
+from llmgw.sources import HfSource
+from llmgw.wire import ModelFile
+from llmgwd.mirror import hub_client
+from llmgwd.mirror.hub_client import HubError
+from llmgwd.mirror.jobs import SetJob
+from llmgwd.mirror.records import Records
+from llmgwd.mirror.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+KEEP_FINISHED_S = 3600.0  # a finished set stays in the status this long
+
+
+class MirrorError(Exception):
+    """What the mirror cannot do (the message is safe to show: no token, no URL query)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The mirror's part of server.yaml, resolved."""
+
+    dir: Path
+    upstream: str
+    token_file: str = ""
+    parallel: int = 4
+
+
+class Mirror:
+    """The mirror's files (a BlobStore), its records (snapshots, refs, peers), its jobs."""
+
+    def __init__(self, settings: Settings, records: Records) -> None:
+        self.settings = settings
+        self.records = records
+        self.store = BlobStore(settings.dir)
+        self.downloads = download.Downloads(self.store)
+        self._jobs: dict[str, SetJob] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self._on_done: list[Callable[[str, list[ModelFile]], None]] = []
+        self.models_use: Callable[[], set[str]] = set  # the sha256s the catalog's models use
+
+    async def start(self) -> None:
+        """Read the records; open the upstream session."""
+        await self.records.load()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
+        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+
+    async def close(self) -> None:
+        """Stop the jobs; close the session (partial files stay for the next start)."""
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await t
+        if self._session is not None:
+            await self._session.close()
+
+    def on_done(self, listener: Callable[[str, list[ModelFile]], None]) -> None:
+        """Call listener(source, files) when a set has been fetched whole."""
+        self._on_done.append(listener)
+
+    # SnapshotSource, for /hf and the nodes.
+
+    def snapshot(self, repo: str, revision: str) -> Snapshot | None:
+        """The snapshot a commit or a known ref names."""
+        commit = revision if sources.COMMIT_RE.fullmatch(revision) else None
+        commit = commit or self.records.ref(repo, revision)
+        return self.records.snapshot(repo, commit) if commit else None
+
+    def blob(self, sha256: str) -> Path | None:
+        """The published file with this sha256."""
+        try:
+            return self.store.path(sha256) if self.store.has(sha256) else None
+        except ValueError:
+            return None
+
+    # Adding a set.
+
+    async def resolve(self, src: HfSource) -> Snapshot:
+        """The snapshot a source names: recorded already when pinned, else asked upstream."""
+        if src.is_pinned:
+            known = self.records.snapshot(src.repo, src.revision)
+            if known is not None:
+                return known
+        try:
+            snap = await hub_client.resolve(
+                self.http(), self.settings.upstream, src.repo, src.revision, token=self._token()
+            )
+        except HubError as e:
+            raise MirrorError(str(e), 502 if e.status == 0 or e.status >= 500 else 400) from None
+        known = self.records.snapshot(snap.repo, snap.commit)
+        await self.records.put_snapshot(_merge(known, snap), src.revision)
+        return self.records.snapshot(snap.repo, snap.commit) or snap
+
+    async def add(self, src: HfSource) -> tuple[HfSource, list[ModelFile]]:
+        """Pin a source, fetch its small files now (so every file has a sha256), and start
+        fetching the rest; returns the pinned source and its files."""
+        snap = await self.resolve(src)
+        chosen = set(sources.select([f.path for f in snap.files], src.pattern))
+        files = [f for f in snap.files if f.path in chosen]
+        if not files:
+            what = f"the pattern {src.pattern!r} matches" if src.pattern else "there is"
+            raise MirrorError(f"{src.repo}@{snap.commit[:12]}: {what} no file to serve")
+        several = [] if src.pattern else sources.several_ggufs([f.path for f in files])
+        if several:
+            names = ", ".join(several[:8]) + (", ..." if len(several) > 8 else "")
+            raise MirrorError(
+                f"{src.repo} holds several GGUF models ({names}): name one with "
+                f"hf:{src.repo}@{src.revision}:PATTERN, such as :*{several[0].rsplit('/', 1)[-1]}"
+            )
+        pinned = src.pinned(snap.commit)
+        unsummed = [f for f in files if not f.sha256]
+        if unsummed:
+            job = SetJob(snap.repo, snap.commit, unsummed, self.settings.parallel)
+            done = {f.path: f for f in await self._run(job)}
+            files = [done.get(f.path, f) for f in files]
+            await self._record_sums(snap, files)
+        self.fetch(str(pinned), files)
+        return pinned, files
+
+    def fetch(self, source: str, files: list[ModelFile]) -> None:
+        """Fetch a pinned set in the background unless it is whole or already in flight."""
+        src = sources.parse_hf(source)
+        key = f"{src.repo}@{src.revision}:{src.pattern}"
+        running = self._jobs.get(key)
+        if running is not None and running.state == "fetching":
+            return
+        missing = [f for f in files if not (f.sha256 and self.store.has(f.sha256))]
+        if not missing:
+            return
+        job = SetJob(src.repo, src.revision, files, self.settings.parallel)
+        self._jobs[key] = job
+        task = asyncio.create_task(self._background(job, source))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _background(self, job: SetJob, source: str) -> None:
+        try:
+            files = await self._run(job)
+        except (MirrorError, BlobStoreError, HubError, download.DownloadError) as e:
+            log.error("mirror: %s@%s: %s", job.repo, job.commit[:12], e)
+            return
+        log.info("mirror: %s@%s fetched whole (%d files)", job.repo, job.commit[:12], len(files))
+        for listener in self._on_done:
+            listener(source, files)
+
+    async def _run(self, job: SetJob) -> list[ModelFile]:
+        token = self._token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        session = self.http()
+
+        async def one(f: ModelFile, progress: Callable[[int], None]) -> str:
+            url = hub_client.resolve_url(self.settings.upstream, job.repo, job.commit, f.path)
+            return await self.downloads.get(session, url, f, headers=headers, progress=progress)
+
+        return await job.run(one)
+
+    async def _record_sums(self, snap: Snapshot, files: Iterable[ModelFile]) -> None:
+        sums = {f.path: f.sha256 for f in files if f.sha256}
+        new = [
+            msgspec.structs.replace(f, sha256=f.sha256 or sums.get(f.path, "")) for f in snap.files
+        ]
+        await self.records.put_snapshot(msgspec.structs.replace(snap, files=new))
+
+    # What it holds.
+
+    def files_in_use(self) -> set[str]:
+        """Files a model or a recorded snapshot names."""
+        snaps = {f.sha256 for s in self.records.snapshots() for f in s.files if f.sha256}
+        return snaps | self.models_use()
+
+    def status(self) -> MirrorStatus:
+        """The mirror's figures and its sets in flight (or finished within the hour)."""
+        held = self.store.held()
+        fs = os.statvfs(self.settings.dir)
+        return MirrorStatus(
+            dir=str(self.settings.dir),
+            upstream=self.settings.upstream,
+            files_held=len(held),
+            bytes_held=sum(h.size for h in held),
+            free_bytes=fs.f_bavail * fs.f_frsize,
+            sets=self.sets(),
+            peers=[
+                PeerView(url=p.url, last_sync=p.last_sync, last_error=p.last_error)
+                for p in self.records.peers()
+            ],
+        )
+
+    def sets(self) -> list[SetStatus]:
+        """Sets in flight, and those finished within the hour."""
+        import time
+
+        now = time.time()
+        for key, job in list(self._jobs.items()):
+            if job.state != "fetching" and now - job.finished_at > KEEP_FINISHED_S:
+                del self._jobs[key]
+        return [j.status() for j in self._jobs.values()]
+
+    def set_status(self, source: str) -> SetStatus | None:
+        """The job of one pinned source, if there is or was one."""
+        src = sources.parse_hf(source)
+        job = self._jobs.get(f"{src.repo}@{src.revision}:{src.pattern}")
+        return job.status() if job is not None else None
+
+    def http(self) -> aiohttp.ClientSession:
+        """The session to the upstream and peers."""
+        if self._session is None:
+            raise MirrorError("the mirror is not started", 503)
+        return self._session
+
+    def _token(self) -> str | None:
+        return hub_client.read_token(self.settings.token_file) if self.settings.token_file else None
+
+
+def _merge(known: Snapshot | None, new: Snapshot) -> Snapshot:
+    """A snapshot resolved again keeps the sha256s recorded for files the hub gives none."""
+    if known is None:
+        return new
+    sums = {f.path: f.sha256 for f in known.files if f.sha256}
+    files = [
+        f if f.sha256 else msgspec.structs.replace(f, sha256=sums.get(f.path, ""))
+        for f in new.files
+    ]
+    return msgspec.structs.replace(new, files=files)
