@@ -471,3 +471,39 @@ async def test_a_failing_source_is_a_500_in_the_hubs_shape_logged_once(
         r = await c.get(f"/hf/{REPO}/resolve/main/config.json", headers=auth)
         assert r.status == 500 and "does not match its record" in (await r.json())["error"]
         assert len([r for r in caplog.records if r.name == "llmgwd.mirror.hub_server"]) == 2
+
+
+def test_resolve_sends_the_file_under_uvloop(tmp_path: Path) -> None:
+    """llmgwd runs on uvloop, which has no loop.sendfile: the file still goes out whole."""
+    import uvloop
+
+    data = os.urandom(3 * 1024 * 1024 + 11)
+    f = model_file("model.safetensors", data)
+    (tmp_path / f.sha256).write_bytes(data)
+    snap = Snapshot(repo=REPO, commit=COMMIT, files=[f])
+
+    class One:
+        def snapshot(self, repo: str, revision: str) -> Snapshot | None:
+            return snap if repo == REPO else None
+
+        def blob(self, sha256: str) -> Path | None:
+            return tmp_path / sha256 if sha256 == f.sha256 else None
+
+    @web.middleware
+    async def anyone(request: web.Request, handler: Handler) -> web.StreamResponse:
+        return await handler(request)
+
+    async def fetch() -> bytes:
+        app = web.Application()
+        app.add_subapp("/hf", hub_app(One(), anyone))
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as s:
+                url = server.make_url(f"/hf/{REPO}/resolve/main/model.safetensors")
+                async with s.get(url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+                    return await r.read()
+        finally:
+            await server.close()
+
+    assert uvloop.run(fetch()) == data

@@ -341,6 +341,33 @@ def _open(path: Path, size: int, name: str) -> BinaryIO:
     return fobj
 
 
+SEND_CHUNK = 1 << 20
+
+
+async def _send(
+    loop: asyncio.AbstractEventLoop,
+    transport: asyncio.BaseTransport,
+    response: web.StreamResponse,
+    fobj: BinaryIO,
+    start: int,
+    count: int,
+) -> None:
+    """The file's bytes: by sendfile where the loop has it, else read and written in chunks
+    (uvloop, which llmgwd runs on, has no loop.sendfile: it raises NotImplementedError)."""
+    try:
+        await loop.sendfile(transport, fobj, start, count)  # type: ignore[arg-type]
+        return
+    except NotImplementedError:
+        pass
+    fobj.seek(start)
+    while count > 0:
+        chunk = await loop.run_in_executor(None, fobj.read, min(SEND_CHUNK, count))
+        if not chunk:
+            raise ConnectionResetError("the file ended early")
+        await response.write(chunk)
+        count -= len(chunk)
+
+
 async def resolve(request: web.Request) -> web.StreamResponse:
     """GET and HEAD /{org}/{repo}/resolve/{revision}/{path}: the file, ranges answered."""
     snap = _snapshot(request)
@@ -367,7 +394,7 @@ async def resolve(request: web.Request) -> web.StreamResponse:
         if count and request.method != "HEAD":
             if request.transport is None:
                 raise ConnectionResetError("the client left")
-            await loop.sendfile(request.transport, fobj, start, count)
+            await _send(loop, request.transport, response, fobj, start, count)
         await response.write_eof()
     except ConnectionError:
         log.debug("hf: the client left during %s", request.path)
