@@ -233,3 +233,17 @@ async def test_a_peer_copies_whole_sets_and_drops_what_its_peer_drops(
         await c.session.close()
         await c.mirror.close()
         await c.server.close()
+
+
+async def test_an_imported_set_is_served_without_the_upstream(sites: tuple[Site, Site]) -> None:
+    """An air-gapped site: the upstream cannot be reached, the imported ref is the mirror's."""
+    a, _ = sites
+    imported = await _import(a)
+    status, m = await a.call(
+        "POST",
+        "/models",
+        {"name": "tiny", "engine": "llama.cpp", "source": f"hf:{REPO}:*Q4_1.gguf"},
+    )
+    assert status == 201, m
+    assert m["source"] == f"hf:{REPO}@{imported['commit']}:*Q4_1.gguf"
+    assert m["mirror"] is None  # nothing to fetch: the mirror holds the set

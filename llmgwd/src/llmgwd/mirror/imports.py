@@ -16,6 +16,7 @@ from llmgwd.mirror.records import Records
 from llmgwd.mirror.snapshot import Snapshot
 
 CHUNK = 1 << 20
+IMPORTED = "import"  # a Snapshot's origin: made here from a local directory
 
 
 class ImportRefused(ValueError):
@@ -98,7 +99,13 @@ async def record(body: ImportIn, store: BlobStore, records: Records) -> Snapshot
     check(body, store)
     files = [ModelFile(f.path, f.size, f.sha256, f.git_oid) for f in body.files]
     files.sort(key=lambda f: f.path)
-    snap = Snapshot(repo=body.repo, commit=commit_of(body), files=files, last_modified=_now_iso())
+    snap = Snapshot(
+        repo=body.repo,
+        commit=commit_of(body),
+        files=files,
+        last_modified=_now_iso(),
+        origin=IMPORTED,
+    )
     await records.put_snapshot(snap, body.revision)
     return snap
 

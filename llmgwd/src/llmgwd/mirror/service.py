@@ -99,19 +99,31 @@ class Mirror:
     # Adding a set.
 
     async def resolve(self, src: HfSource) -> Snapshot:
-        """The snapshot a source names: recorded already when pinned, else asked upstream."""
-        if src.is_pinned:
-            known = self.records.snapshot(src.repo, src.revision)
-            if known is not None:
-                return known
+        """The snapshot a source names. A commit recorded here, or a ref of a set imported
+        or copied from a peer, is the mirror's own; a ref of the upstream's is asked again
+        (the newest commit of a branch), and the commit it named last is used only when the
+        upstream cannot be reached."""
+        known = self.snapshot(src.repo, src.revision)
+        if known is not None and (src.is_pinned or known.origin):
+            return known
         try:
             snap = await hub_client.resolve(
                 self.http(), self.settings.upstream, src.repo, src.revision, token=self._token()
             )
         except HubError as e:
+            if known is not None and e.status == 0:
+                log.warning(
+                    "mirror: %s; %s@%s taken as last resolved, %s",
+                    e,
+                    src.repo,
+                    src.revision,
+                    known.commit[:12],
+                )
+                return known
             raise MirrorError(str(e), 502 if e.status == 0 or e.status >= 500 else 400) from None
-        known = self.records.snapshot(snap.repo, snap.commit)
-        await self.records.put_snapshot(_merge(known, snap), src.revision)
+        await self.records.put_snapshot(
+            _merge(self.records.snapshot(snap.repo, snap.commit), snap), src.revision
+        )
         return self.records.snapshot(snap.repo, snap.commit) or snap
 
     async def add(self, src: HfSource) -> tuple[HfSource, list[ModelFile]]:

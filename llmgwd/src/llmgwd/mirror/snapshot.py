@@ -21,7 +21,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     files: list[ModelFile] = []
     last_modified: str = ""  # ISO 8601, as the hub says; "" when not known
     gated: bool = False  # the upstream wants a token for it
-    origin: str = ""  # the peer (its /hf URL) it was copied from; "": the upstream or an import
+    # Where it came from: "" the upstream, "import" `llmgw mirror import`, else the /hf URL of
+    # the peer it was copied from. A ref of a set not from the upstream is the mirror's own.
+    origin: str = ""
 
     def file(self, path: str) -> ModelFile | None:
         """The file at a path, if the snapshot has it."""
