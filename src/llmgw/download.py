@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import re
 import ssl as ssl_module
 import time
@@ -21,7 +22,14 @@ from llmgw.wire import ModelFile
 
 log = logging.getLogger("llmgw.download")
 
-READ_BUFSIZE = 4 << 20  # aiohttp's buffer per answer: big reads, few hops to the hash thread
+# aiohttp's buffer per answer: reads of about 200 KiB to 2 MiB. Bigger ones (4 MiB) cost more
+# CPU a byte (measured): a chunk no longer stays in the cache between hash and write.
+READ_BUFSIZE = 1 << 20
+# Hash and write each chunk in a thread while the next is read, where cores are to spare. On
+# 2 cores (the server's send, the read and the hash compete) it costs more CPU a byte than it
+# saves, measured with bench/mirror/download_rate.py: there the loop hashes and writes itself
+# (a 1 MiB chunk holds it well under a millisecond).
+OFFLOAD = len(os.sched_getaffinity(0)) > 2
 MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -152,8 +160,8 @@ class _Job:
             )
 
     async def body(self, resp: aiohttp.ClientResponse) -> None:
-        """Read the answer into the writer: hashing and writing of one chunk in a thread
-        while the next is read. Bytes received before a cut are kept."""
+        """Read the answer into the writer (with OFFLOAD, one chunk hashed and written in a
+        thread while the next is read). Bytes received before a cut are kept."""
         loop = asyncio.get_running_loop()
         pending: asyncio.Future[None] | None = None
         cut: aiohttp.ClientPayloadError | None = None
@@ -165,12 +173,17 @@ class _Job:
                     cut, chunk = e, _leftover(resp.content)
                 if pending is not None:
                     await pending
+                    pending = None
                     self.tell()
                 if not chunk:
                     break
                 if self.w.done + len(chunk) > self.want.size:
                     raise _Restart(f"{safe_url(resp.url)} sends more than {self.want.size} bytes")
-                pending = loop.run_in_executor(None, self.w.write, chunk)
+                if OFFLOAD:
+                    pending = loop.run_in_executor(None, self.w.write, chunk)
+                else:
+                    self.w.write(chunk)
+                    self.tell()
             if pending is not None:
                 await pending
                 self.tell()

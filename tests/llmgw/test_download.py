@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from llmgw import blobstore
+from llmgw import blobstore, download
 from llmgw.blobstore import BlobStore, ChecksumMismatch, DiskFull
 from llmgw.download import DownloadError, Downloads, fetch, partial_key
 from llmgw.wire import ModelFile
@@ -98,6 +98,12 @@ class Upstream:
             await self.release.wait()
         else:
             await resp.write_eof()
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["inline", "offload"])
+def offload(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: chunks hashed and written by the loop, and in a thread."""
+    monkeypatch.setattr(download, "OFFLOAD", request.param)
 
 
 @pytest.fixture
