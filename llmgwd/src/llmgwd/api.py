@@ -879,6 +879,10 @@ async def serve_model(request: web.Request) -> web.Response:
     body = await read_body(request, ServeIn)
     if not 0 <= body.replicas <= MAX_REPLICAS:
         raise bad_field("replicas", f"must be between 0 and {MAX_REPLICAS}")
+    ctx = _ctx(request)
+    model = ctx.catalog.get(request.match_info["name"])
+    if ctx.mirror is not None and model is not None and model.files and body.replicas:
+        ctx.mirror.fetch(model.source, list(model.files))  # a set that failed: try again now
     return await _set_replicas(request, body.replicas)
 
 

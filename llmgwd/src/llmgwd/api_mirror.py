@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from llmgwd.mirror.service import Mirror
 log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 1 << 40  # one file of an import: 1 TiB
+STOP_WAIT_S = 30.0  # how long `model remove --files` waits for the model's replicas to stop
 
 
 def _mirror(ctx: ApiContext) -> Mirror:
@@ -45,6 +47,8 @@ async def put_upload(request: web.Request) -> web.Response:
         raise ApiError(507, str(e), "server_error", "disk_full") from None
     except ChecksumMismatch as e:
         raise ApiError(400, str(e), "invalid_request_error", "checksum_mismatch") from None
+    except BlobStoreError as e:  # the same file being uploaded by another import
+        raise ApiError(409, str(e), "conflict_error", "upload_in_progress") from None
     return json_response({"sha256": sha, "size": size}, 201)
 
 
@@ -110,9 +114,23 @@ async def post_sweep(request: web.Request) -> web.Response:
 
 
 async def remove_files_of(ctx: ApiContext, model: Model) -> SweepOut:
-    """After `model remove --files`: the model's files no other model uses, everywhere."""
+    """After `model remove --files`: the model's files no other model uses, everywhere,
+    once its replicas have stopped (a node keeps files a replica it runs uses)."""
     only = {f.sha256 for f in model.files if f.sha256}
+    await _until_stopped(ctx, model.name)
     return await sweep_files(ctx, False, only=only, leaving=model.name)
+
+
+async def _until_stopped(ctx: ApiContext, name: str) -> None:
+    """Wait (a bounded while) until no connected node reports a replica of the model."""
+    for _ in range(int(STOP_WAIT_S / 0.25)):
+        running = [
+            r for n in ctx.nodes.nodes() if n.connected for r in n.replicas if r.model == name
+        ]
+        if not running:
+            return
+        await asyncio.sleep(0.25)
+    log.warning("model %s: replicas still reported after %g s; sweeping anyway", name, STOP_WAIT_S)
 
 
 async def get_peers(request: web.Request) -> web.Response:

@@ -4,12 +4,11 @@ as a snapshot of ORG/REPO as if it came from the hub."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 from collections.abc import AsyncIterator
 
 from llmgw import sources
-from llmgw.blobstore import BlobStore, ChecksumMismatch, DiskFull
+from llmgw.blobstore import BlobStore, ChecksumMismatch
 from llmgw.mirror_api import ImportIn
 from llmgw.wire import ModelFile
 from llmgwd.mirror.records import Records
@@ -25,41 +24,28 @@ class ImportRefused(ValueError):
 
 async def receive(store: BlobStore, sha256: str, size: int, body: AsyncIterator[bytes]) -> int:
     """Write an uploaded file into the store, checked against its sha256 and size before it
-    is published; returns its size. A file the store holds already is read and dropped."""
+    is published; returns its size. A file the store holds already is read and dropped.
+    Two uploads of one file at once: the second is refused (BlobStoreError)."""
     if store.has(sha256):
         async for _ in body:
             pass
         return size
     store.check_space(size)
-    part = store.partial(f"upload-{sha256}")
-    digest, got = hashlib.sha256(), 0
-    try:
-        with open(part, "wb") as out:  # noqa: ASYNC230 (writes go through to_thread)
-            async for chunk in body:
-                got += len(chunk)
-                if got > size:
-                    break
-                await asyncio.to_thread(_write, out, digest, chunk)
-    except OSError as e:
-        part.unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
-            raise DiskFull(
-                f"disk full on {store.root}: the upload of {size} bytes stopped"
-            ) from None
-        raise
-    if got != size or digest.hexdigest() != sha256:
-        part.unlink(missing_ok=True)
-        raise ChecksumMismatch(
-            f"the upload was {got} bytes with sha256 {digest.hexdigest()[:16]}..., "
-            f"not {size} bytes with {sha256[:16]}...: nothing published"
-        )
-    store.publish(part, sha256)
+    with store.writer(f"upload-{sha256}", size) as w:
+        w.restart()  # an upload always comes whole
+        async for chunk in body:
+            if w.done + len(chunk) > size:
+                break
+            await asyncio.to_thread(w.write, chunk)
+        if w.done != size or w.sha256() != sha256:
+            got, digest = w.done, w.sha256()
+            w.restart()
+            raise ChecksumMismatch(
+                f"the upload was {got} bytes or more with sha256 {digest[:16]}..., "
+                f"not {size} bytes with {sha256[:16]}...: nothing published"
+            )
+        store.publish(w.path, sha256)  # while locked: no other upload truncates it first
     return size
-
-
-def _write(out: object, digest: hashlib._Hash, chunk: bytes) -> None:
-    digest.update(chunk)
-    out.write(chunk)  # type: ignore[attr-defined]
 
 
 def commit_of(body: ImportIn) -> str:

@@ -48,7 +48,9 @@ class SetJob:
         return [f.file for f in self._files]
 
     async def run(self, fetch_one: FetchOne) -> list[ModelFile]:
-        """Fetch every file; raises the first failure."""
+        """Fetch every file (again, after a failure: what was fetched is not); raises the
+        first failure."""
+        self.state, self.error = "fetching", ""
         sem = asyncio.Semaphore(self._parallel)
         try:
             async with asyncio.TaskGroup() as tg:

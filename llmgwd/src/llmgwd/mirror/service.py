@@ -14,7 +14,7 @@ import aiohttp
 import msgspec
 
 from llmgw import download, sources
-from llmgw.blobstore import BlobStore, BlobStoreError
+from llmgw.blobstore import BlobStore, BlobStoreError, ChecksumMismatch
 from llmgw.mirror_api import MirrorStatus, PeerView, SetStatus
 from llmgw.sources import HfSource
 from llmgw.wire import ModelFile
@@ -27,6 +27,7 @@ from llmgwd.mirror.snapshot import Snapshot
 log = logging.getLogger(__name__)
 
 KEEP_FINISHED_S = 3600.0  # a finished set stays in the status this long
+RETRY_FIRST_S, RETRY_MAX_S = 30.0, 1800.0  # a failed set's next try: 30 s, doubling, to 30 min
 
 
 class MirrorError(Exception):
@@ -57,6 +58,7 @@ class Mirror:
         self.downloads = download.Downloads(self.store)
         self._jobs: dict[str, SetJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._by_key: dict[str, asyncio.Task[None]] = {}  # a set's fetch, by its job's key
         self._session: aiohttp.ClientSession | None = None
         self._on_done: list[Callable[[str, list[ModelFile]], None]] = []
         self.models_use: Callable[[], set[str]] = set  # the sha256s the catalog's models use
@@ -146,7 +148,10 @@ class Mirror:
         unsummed = [f for f in files if not f.sha256]
         if unsummed:
             job = SetJob(snap.repo, snap.commit, unsummed, self.settings.parallel)
-            done = {f.path: f for f in await self._run(job)}
+            try:
+                done = {f.path: f for f in await self._run(job)}
+            except (BlobStoreError, HubError, download.DownloadError) as e:
+                raise MirrorError(f"{src.repo}@{snap.commit[:12]}: {e}", 502) from None
             files = [done.get(f.path, f) for f in files]
             await self._record_sums(snap, files)
         self.fetch(str(pinned), files)
@@ -156,24 +161,35 @@ class Mirror:
         """Fetch a pinned set in the background unless it is whole or already in flight."""
         src = sources.parse_hf(source)
         key = f"{src.repo}@{src.revision}:{src.pattern}"
-        running = self._jobs.get(key)
-        if running is not None and running.state == "fetching":
-            return
+        running = self._by_key.get(key)
+        if running is not None and not running.done():
+            return  # fetching, or waiting to try again
         missing = [f for f in files if not (f.sha256 and self.store.has(f.sha256))]
         if not missing:
             return
         job = SetJob(src.repo, src.revision, files, self.settings.parallel)
         self._jobs[key] = job
         task = asyncio.create_task(self._background(job, source))
+        self._by_key[key] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _background(self, job: SetJob, source: str) -> None:
-        try:
-            files = await self._run(job)
-        except (MirrorError, BlobStoreError, HubError, download.DownloadError) as e:
-            log.error("mirror: %s@%s: %s", job.repo, job.commit[:12], e)
-            return
+        """Fetch a set; a failure that may pass (the upstream away, a full disk) is tried
+        again, less and less often; a file that does not check waits for a person."""
+        wait = RETRY_FIRST_S
+        while True:
+            try:
+                files = await self._run(job)
+                break
+            except ChecksumMismatch as e:
+                log.error("mirror: %s@%s: %s", job.repo, job.commit[:12], e)
+                return
+            except (MirrorError, BlobStoreError, HubError, download.DownloadError) as e:
+                job.error = f"{e}; trying again in {wait:.0f} s"
+                log.error("mirror: %s@%s: %s", job.repo, job.commit[:12], job.error)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, RETRY_MAX_S)
         log.info("mirror: %s@%s fetched whole (%d files)", job.repo, job.commit[:12], len(files))
         for listener in self._on_done:
             listener(source, files)
