@@ -52,7 +52,9 @@ def when(ts: float) -> str:
 
 
 def size(n: int) -> str:
-    """Bytes as GiB or MiB, one decimal."""
+    """Bytes as GiB, MiB or KiB, one decimal (a few bytes as bytes)."""
     if n >= 1 << 30:
         return f"{n / (1 << 30):.1f} GiB"
-    return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 10):.1f} KiB" if n >= 1 << 10 else f"{n} bytes"
