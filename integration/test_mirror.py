@@ -5,22 +5,18 @@ byte for byte; removing the model with its files frees what `du` sees."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from integration.harness import Lan, MakeLan, MakeSystemd
-from integration.llmgw_node import VENV, Node, gguf
-from integration.test_single_node import llama_server
+from integration.harness import MakeLan, MakeSystemd
+from integration.llmgw_node import VENV, Node
+from integration.mirror_setup import MIRROR_DIR, MODELS_DIR, REPO_NAME, Mirrors, boot, sha
 
-A, B, N1 = "10.231.1.10", "10.231.1.20", "10.231.1.21"
-REPO_NAME = "smol/SmolLM2-135M-Instruct"
-MODELS_DIR = "/var/lib/llmgw-agentd/models"
-MIRROR_DIR = "/var/lib/llmgw/mirror"
+PREFIX = "10.231.1"
+A, B, N1 = f"{PREFIX}.10", f"{PREFIX}.20", f"{PREFIX}.21"
 # du counts a directory's own blocks and a link's length as well: the figures are compared
 # with the directories where the files themselves are, which stay.
 NODE_BLOBS, MIRROR_BLOBS = f"{MODELS_DIR}/blobs", f"{MIRROR_DIR}/blobs"
@@ -41,60 +37,9 @@ print(json.dumps({"sums": sums, "sha": info.sha,
 """
 
 
-@dataclass
-class Mirrors:
-    a: Node
-    b: Node
-    n1: Node
-    a_key: str
-    b_key: str
-    files: dict[str, bytes]  # the imported directory: path -> bytes (the GGUF by its sha256)
-
-
-def _source_dir() -> dict[str, str]:
-    """The directory imported into A: the GGUF, a small text file and a nested JSON file."""
-    return {
-        "README.txt": "SmolLM2-135M-Instruct, imported for the mirror's test.\n",
-        "notes/params.json": json.dumps({"temperature": 0.2, "top_p": 0.9}) + "\n",
-    }
-
-
 @pytest.fixture
 def mirrors(make_systemd: MakeSystemd, make_lan: MakeLan) -> Iterator[Mirrors]:
-    binary = llama_server()
-    lan: Lan = make_lan("mr", prefix="10.231.1")
-    a = Node(make_systemd("ma", net=True, hostname="ma"), 7700, 7710)
-    lan.attach(a.ps, 10)
-    a.install(binary, address=A)
-    a.init_server(host=A, agent=False)
-    a_key = a.llmgw("key", "create", "upstream", "--json")["key"]
-    small = _source_dir()
-    for path, text in small.items():
-        a.ps.write_file(f"/srv/import/{path}", text)
-    a.ps.run(["cp", str(gguf()), "/srv/import/SmolLM2-135M-Instruct.Q4_1.gguf"])
-    a.llmgw("mirror", "import", "/srv/import", "--as", REPO_NAME)
-
-    b = Node(make_systemd("mb", net=True, hostname="mb"), 7700, 7710)
-    lan.attach(b.ps, 20)
-    b.install(binary, address=B)
-    b.ps.write_file("/etc/llmgw/upstream-token", a_key + "\n", mode=0o640)
-    b.ps.run(["chgrp", "llmgw", "/etc/llmgw/upstream-token"])
-    b.init_server(host=B, agent=False,
-                  extra=f"mirror:\n  upstream: http://{A}:7700/hf\n"
-                        "  token_file: /etc/llmgw/upstream-token\n")  # fmt: skip
-    n1 = Node(make_systemd("mn1", net=True, hostname="mn1"), 7700, 7710)
-    lan.attach(n1.ps, 21)
-    n1.install(binary, address=N1)
-    n1.start_agent()
-    n1.join(b.token(), server=b, url=f"https://{B}:7710")
-    b_key = b.llmgw("key", "create", "tests", "--json")["key"]
-    files = {p: t.encode() for p, t in small.items()}
-    files["SmolLM2-135M-Instruct.Q4_1.gguf"] = gguf().read_bytes()
-    yield Mirrors(a, b, n1, a_key, b_key, files)
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    yield boot(make_systemd, make_lan, "mr", PREFIX)
 
 
 def _du(node: Node, path: str) -> int:
@@ -110,8 +55,8 @@ def official_client_downloads_the_imported_set_byte_for_byte(mirrors: Mirrors) -
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["sums"] == {p: _sha(d) for p, d in mirrors.files.items()}
-    assert got["one"] == _sha(mirrors.files["notes/params.json"])
+    assert got["sums"] == {p: sha(d) for p, d in mirrors.files.items()}
+    assert got["one"] == sha(mirrors.files["notes/params.json"])
     assert got["sizes"] == {p: len(d) for p, d in mirrors.files.items()}
     # `hf download`, the command people type.
     cli = [*a.ps.nsenter(), "env", f"HF_ENDPOINT=http://{A}:7700/hf", f"HF_TOKEN={mirrors.a_key}",
@@ -121,7 +66,7 @@ def official_client_downloads_the_imported_set_byte_for_byte(mirrors: Mirrors) -
     assert r.returncode == 0, r.stderr[-3000:]
     gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     copied = a.ps.run(["sha256sum", f"/tmp/hf-cli/{gguf_name}"]).stdout.split()[0]
-    assert copied == _sha(mirrors.files[gguf_name])
+    assert copied == sha(mirrors.files[gguf_name])
     # A wrong key is refused.
     bad = [*cli[: cli.index(f"HF_TOKEN={mirrors.a_key}")], "HF_TOKEN=sk-llmgw-wrong",
            *cli[cli.index(f"HF_TOKEN={mirrors.a_key}") + 1 :]]  # fmt: skip
@@ -139,9 +84,9 @@ def second_mirror_pins_fetches_and_its_node_serves(mirrors: Mirrors) -> None:
     assert model["bytes"] == len(mirrors.files["SmolLM2-135M-Instruct.Q4_1.gguf"])
     b.llmgw("model", "serve", "smol", "--replicas", "1")
     b.wait(lambda: b.model("smol")["ready"] >= 1, "smol ready on mn1", 300)
-    sha = _sha(mirrors.files["SmolLM2-135M-Instruct.Q4_1.gguf"])
-    held = n1.ps.run(["sha256sum", f"{MODELS_DIR}/blobs/{sha}"]).stdout.split()[0]
-    assert held == sha
+    want = sha(mirrors.files["SmolLM2-135M-Instruct.Q4_1.gguf"])
+    held = n1.ps.run(["sha256sum", f"{MODELS_DIR}/blobs/{want}"]).stdout.split()[0]
+    assert held == want
     chat = [*b.ps.nsenter(), "curl", "-sS", "--max-time", "120", f"http://{B}:7700/v1/chat/completions",
             "-H", f"Authorization: Bearer {mirrors.b_key}", "-H", "Content-Type: application/json",
             "-d", json.dumps({"model": "smol", "max_tokens": 8,
