@@ -65,8 +65,9 @@ class Writer:
     """Bytes written to a partial file and hashed in the same pass (sha256, and git's blob
     id when asked). Holds an exclusive lock on the partial: one writer per file.
 
-    `done` counts the bytes already in the file (a resumed partial is read and hashed
-    first by `resume`). A full disk truncates the file back to `done` and raises DiskFull.
+    `done` counts the bytes already in the file (a resumed partial is read and hashed first
+    by `resume`: seconds for gigabytes, so a caller on an event loop runs it in a thread). A
+    full disk truncates the file back to `done` and raises DiskFull.
     """
 
     def __init__(self, path: Path, size: int, git_oid: bool = False) -> None:
@@ -84,26 +85,33 @@ class Writer:
 
     def _reset_hashes(self) -> None:
         self._sha256 = hashlib.sha256()
-        self._sha1 = hashlib.sha1(usedforsecurity=False)
-        if self._git:
-            self._sha1.update(b"blob %d\0" % self.size)
+        blob = b"blob %d\0" % self.size
+        self._sha1 = hashlib.sha1(blob, usedforsecurity=False) if self._git else None
 
-    def resume(self) -> int:
-        """Hash the bytes already in the partial (all of them, or none when there are more
-        than `size`) and return how many there are."""
-        have = os.fstat(self._fd).st_size
+    def on_disk(self) -> int:
+        """Bytes in the partial file now (before a resume: the bytes it has to read)."""
+        return os.fstat(self._fd).st_size
+
+    def resume(self, limit: int | None = None) -> bool:
+        """Read and hash the bytes already in the partial, at most `limit` more a call (so that
+        a caller may stop between calls); True once all are counted in `done`. A partial of
+        more than `size` bytes is dropped whole."""
+        have = self.on_disk()
         if have > self.size:
             self.restart()
-            return 0
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        while self.done < have:
-            chunk = os.read(self._fd, min(COPY_CHUNK, have - self.done))
+            return True
+        end = have if limit is None else min(have, self.done + limit)
+        os.lseek(self._fd, self.done, os.SEEK_SET)
+        while self.done < end:
+            chunk = os.read(self._fd, min(COPY_CHUNK, end - self.done))
             if not chunk:
                 break
             self._hash(chunk)
             self.done += len(chunk)
+        if self.done < have and self.done == end:
+            return False
         os.ftruncate(self._fd, self.done)
-        return self.done
+        return True
 
     def restart(self) -> None:
         """Drop every byte written so far."""
@@ -114,7 +122,7 @@ class Writer:
 
     def _hash(self, chunk: bytes | memoryview) -> None:
         self._sha256.update(chunk)
-        if self._git:
+        if self._sha1 is not None:
             self._sha1.update(chunk)
 
     def write(self, chunk: bytes | memoryview) -> None:
@@ -141,7 +149,7 @@ class Writer:
     def git_oid(self) -> str:
         """The git blob id of the bytes written (only meaningful when asked for, and when
         exactly `size` bytes were written)."""
-        return self._sha1.hexdigest() if self._git else ""
+        return self._sha1.hexdigest() if self._sha1 is not None else ""
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -11,7 +11,7 @@ import re
 import ssl as ssl_module
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from multidict import CIMultiDict
@@ -30,11 +30,18 @@ READ_BUFSIZE = 1 << 20
 # saves, measured with bench/mirror/download_rate.py: there the loop hashes and writes itself
 # (a 1 MiB chunk holds it well under a millisecond).
 OFFLOAD = len(os.sched_getaffinity(0)) > 2
+# progress(done) at most once per this many bytes (and at each end): fewer calls a MB.
+PROGRESS_EVERY = 4 << 20
+# A resumed partial is read and hashed in a thread this many bytes at a time: a cancelled
+# fetch waits for one step (well under a second), not for gigabytes.
+VERIFY_STEP = 64 << 20
 MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
+T = TypeVar("T")
 Progress = Callable[[int], None]
+Verifying = Callable[[bool], None]
 
 
 class DownloadError(Exception):
@@ -95,12 +102,16 @@ class _Job:
         self.headers: CIMultiDict[str] = CIMultiDict(headers or {})
         self.headers["Accept-Encoding"] = "identity"
         self.progress = progress
+        self.told = -1
         self.extra: dict[str, Any] = {} if ssl is None else {"ssl": ssl}
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_s, sock_read=stall_s)
 
-    def tell(self) -> None:
-        if self.progress is not None:
-            self.progress(self.w.done)
+    def tell(self, every: int = 0) -> None:
+        """progress(done): now, or once `every` bytes more came since it was last told."""
+        if self.progress is None or 0 <= self.w.done - self.told < every:
+            return
+        self.told = self.w.done
+        self.progress(self.told)
 
     async def open(self) -> aiohttp.ClientResponse:
         """GET from w.done on, following redirects here so that Authorization stays with
@@ -174,7 +185,7 @@ class _Job:
                 if pending is not None:
                     await pending
                     pending = None
-                    self.tell()
+                    self.tell(PROGRESS_EVERY)
                 if not chunk:
                     break
                 if self.w.done + len(chunk) > self.want.size:
@@ -183,13 +194,13 @@ class _Job:
                     pending = loop.run_in_executor(None, self.w.write, chunk)
                 else:
                     self.w.write(chunk)
-                    self.tell()
+                    self.tell(PROGRESS_EVERY)
             if pending is not None:
                 await pending
-                self.tell()
         finally:
             if pending is not None:
                 await _settle(pending)
+            self.tell()
         if cut:
             raise cut
         if self.w.done < self.want.size:
@@ -216,7 +227,7 @@ def _leftover(content: aiohttp.StreamReader) -> bytes:
     return data
 
 
-async def _settle(fut: asyncio.Future[None]) -> None:
+async def _settle(fut: asyncio.Future[Any]) -> None:
     """Wait for a write in a thread to end, even when cancelled meanwhile (the writer's file
     must not be closed under it); a cancellation is passed on after."""
     cancelled = False
@@ -229,6 +240,30 @@ async def _settle(fut: asyncio.Future[None]) -> None:
             pass
     if cancelled:
         raise asyncio.CancelledError
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a thread. A cancellation waits for it to end first (it works on a
+    writer's file, which must not be closed under it), then is passed on."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    await _settle(fut)
+    return fut.result()
+
+
+async def _verify(w: Writer, verifying: Verifying | None) -> int:
+    """Read and hash the bytes a partial already holds, in a thread a step at a time, with
+    verifying(True) before and verifying(False) after; the bytes kept."""
+    if not w.on_disk():
+        return 0
+    if verifying is not None:
+        verifying(True)
+    try:
+        while not await _in_thread(w.resume, VERIFY_STEP):
+            pass
+    finally:
+        if verifying is not None:
+            verifying(False)
+    return w.done
 
 
 def _why(e: BaseException) -> str:
@@ -260,7 +295,7 @@ async def _attempts(job: _Job, attempts: int, backoff_s: float) -> None:
                 raise DownloadError(f"{job.want.path}: {e}") from None
             restarted = True
             log.warning("%s: %s; from byte 0 again", job.want.path, e)
-            await asyncio.to_thread(job.w.restart)
+            await _in_thread(job.w.restart)
             job.tell()
             continue
         except _PERMANENT as e:
@@ -302,6 +337,7 @@ async def fetch(
     *,
     headers: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    verifying: Verifying | None = None,
     ssl: ssl_module.SSLContext | bool | None = None,
     attempts: int = 6,
     stall_s: float = 60.0,
@@ -309,8 +345,10 @@ async def fetch(
 ) -> str:
     """Fetch `want` from `url` into the store, checked; the sha256 it is published under.
 
-    A partial left by an earlier fetch is carried on with a Range. progress(done) is called
-    with the bytes of the file held so far (resumed bytes included; 0 again on a restart).
+    A partial left by an earlier fetch is checked (its bytes read and hashed in a thread,
+    verifying(True) before and verifying(False) after) and carried on with a Range.
+    progress(done) is called with the bytes of the file held so far (resumed bytes included;
+    0 again on a restart), once a few MB and at each end.
     Raises DownloadError (a 4xx, tries spent), ChecksumMismatch (refused, kept aside) or
     DiskFull.
     """
@@ -318,13 +356,13 @@ async def fetch(
         return want.sha256
     started = time.monotonic()
     with store.writer(partial_key(want), want.size, git_oid=bool(want.git_oid)) as w:
-        resumed = await asyncio.to_thread(w.resume)
+        resumed = await _verify(w, verifying)
         job = _Job(session, url, w, want, headers, progress, ssl, stall_s)
         job.tell()
         store.check_space(want.size - w.done)
         if w.done < want.size:
             await _attempts(job, attempts, backoff_s)
-        sha = await asyncio.to_thread(_publish, store, w, want)
+        sha = await _in_thread(_publish, store, w, want)
     took = time.monotonic() - started
     log.info(
         "fetched %s: %d bytes (%d resumed) in %.1f s, %.0f MB/s",
@@ -345,6 +383,7 @@ class Downloads:
         self.store = store
         self._tasks: dict[str, asyncio.Task[str]] = {}
         self._progress: dict[str, tuple[int, int]] = {}
+        self._verifying: set[str] = set()
 
     async def get(
         self, session: aiohttp.ClientSession, url: str, want: ModelFile, **kw: Any
@@ -372,6 +411,7 @@ class Downloads:
         kw: dict[str, Any],
     ) -> str:
         outer: Progress | None = kw.pop("progress", None)
+        outer_verifying: Verifying | None = kw.pop("verifying", None)
         self._progress[key] = (0, want.size)
 
         def progress(done: int) -> None:
@@ -379,17 +419,33 @@ class Downloads:
             if outer is not None:
                 outer(done)
 
-        return await fetch(session, url, self.store, want, progress=progress, **kw)
+        def verifying(on: bool) -> None:
+            if on:
+                self._verifying.add(key)
+            else:
+                self._verifying.discard(key)
+            if outer_verifying is not None:
+                outer_verifying(on)
+
+        return await fetch(
+            session, url, self.store, want, progress=progress, verifying=verifying, **kw
+        )
 
     def _done(self, key: str, task: asyncio.Task[str]) -> None:
         self._tasks.pop(key, None)
         self._progress.pop(key, None)
+        self._verifying.discard(key)
         if not task.cancelled():
             task.exception()  # retrieved: every caller got it already, or none is left
 
     def progress(self, key: str) -> tuple[int, int] | None:
         """(bytes done, size) of a file being fetched under this key; None when none is."""
         return self._progress.get(key)
+
+    def verifying(self, key: str) -> bool:
+        """Whether the file under this key is being checked: a partial's bytes read and
+        hashed again before its fetch carries on."""
+        return key in self._verifying
 
     def active(self) -> dict[str, tuple[int, int]]:
         """Every file being fetched: key -> (bytes done, size)."""

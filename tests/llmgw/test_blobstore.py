@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw import blobstore
 from llmgw.blobstore import BlobStore, BlobStoreError, ChecksumMismatch, git_blob_id_file
 from llmgw.wire import HeldFile
 
@@ -115,3 +116,23 @@ def test_one_writer_per_partial(store: BlobStore) -> None:
     with store.writer(key, 10), pytest.raises(BlobStoreError, match="being written"):
         store.writer(key, 10)
     store.writer(key, 10).close()
+
+
+def test_a_partial_is_resumed_in_steps_and_checks_as_a_whole(store: BlobStore) -> None:
+    data = os.urandom(5_000_000)
+    key = sha(data)
+    store.partial(key).write_bytes(data[:3_500_000])
+
+    with store.writer(key, len(data), git_oid=True) as w:
+        steps = 1
+        while not w.resume(1_000_000):
+            steps += 1
+        assert (steps, w.done) == (4, 3_500_000)
+        w.write(data[3_500_000:])
+        assert w.sha256() == sha(data)
+        assert w.git_oid() == blobstore.git_blob_id(data)
+    # A partial longer than the file is dropped, not trusted.
+    store.partial(key).write_bytes(data + b"more")
+    with store.writer(key, len(data)) as w:
+        assert w.resume() and w.done == 0 and w.on_disk() == 0
+        assert w.git_oid() == ""  # not asked for: not computed

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -156,6 +157,7 @@ async def test_a_file_is_fetched_checked_and_published_readable_by_all(
     assert store.path(sha).stat().st_mode & 0o777 == 0o644
     assert os.listdir(store.partials) == []
     assert done[-1] == len(data) and done == sorted(done)
+    assert len(done) <= 3  # told once a few MB, not once a chunk
     # Held already: no request at all.
     await fetch(session, url(upstream, "m"), store, want)
     assert len(upstream.requests) == 1
@@ -436,3 +438,97 @@ async def test_a_file_known_by_its_git_blob_id_is_checked_by_it(
     with pytest.raises(ChecksumMismatch, match="git blob id expected"):
         await fetch(session, url(upstream, "c2"), store, wrong)
     assert published(store) == []
+
+
+class GatedResume:
+    """Writer.resume, whose first call in a thread waits until `opened` is set (by the test's
+    loop): a resume run on the loop would wait in vain and the test would see it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.opened = threading.Event()
+        self.started = threading.Event()
+        self.calls = 0
+        real = blobstore.Writer.resume
+
+        def resume(w: blobstore.Writer, limit: int | None = None) -> bool:
+            self.calls += 1
+            self.started.set()
+            self.opened.wait(timeout=10)
+            return real(w, limit)
+
+        monkeypatch.setattr(blobstore.Writer, "resume", resume)
+
+
+async def test_a_resumed_partial_is_verified_off_the_loop_and_said_so(
+    upstream: Upstream,
+    session: aiohttp.ClientSession,
+    store: BlobStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = os.urandom(24 << 20)
+    upstream.files["m"] = data
+    want = model_file(data)
+    kept = 20 << 20
+    store.partial(partial_key(want)).write_bytes(data[:kept])
+    monkeypatch.setattr(download, "VERIFY_STEP", 4 << 20)
+    gate = GatedResume(monkeypatch)
+    downloads = Downloads(store)
+    said: list[bool] = []
+    done: list[int] = []
+    ticks_verifying = 0
+
+    async def ticker() -> None:
+        nonlocal ticks_verifying
+        while True:
+            await asyncio.sleep(0.01)
+            if downloads.verifying(partial_key(want)):
+                ticks_verifying += 1
+                if ticks_verifying >= 3:
+                    gate.opened.set()
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        sha = await downloads.get(
+            session, url(upstream, "m"), want, progress=done.append, verifying=said.append
+        )
+    finally:
+        ticking.cancel()
+
+    assert sha == want.sha256 and store.path(sha).read_bytes() == data
+    assert said == [True, False]
+    assert ticks_verifying >= 3  # the loop ran while the partial was hashed
+    assert gate.calls == 5  # 20 MiB in steps of 4 MiB, the last one finding the end
+    assert not downloads.verifying(partial_key(want))
+    assert done[0] == kept and done[-1] == len(data)
+    assert [h.get("Range") for _, _, h in upstream.requests] == [f"bytes={kept}-"]
+    assert upstream.sent == len(data) - kept
+
+
+async def test_a_fetch_cancelled_while_verifying_leaves_its_partial_whole(
+    upstream: Upstream,
+    session: aiohttp.ClientSession,
+    store: BlobStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = os.urandom(12 << 20)
+    upstream.files["m"] = data
+    want = model_file(data)
+    partial = store.partial(partial_key(want))
+    partial.write_bytes(data[: 8 << 20])
+    monkeypatch.setattr(download, "VERIFY_STEP", 4 << 20)
+    gate = GatedResume(monkeypatch)
+
+    task = asyncio.create_task(fetch(session, url(upstream, "m"), store, want))
+    await asyncio.to_thread(gate.started.wait, 10)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done()  # it waits for the step in its thread, which holds the file
+    gate.opened.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert partial.stat().st_size == 8 << 20
+    assert upstream.requests == []
+    await fetch(session, url(upstream, "m"), store, want)
+    assert store.path(want.sha256).read_bytes() == data
+    assert upstream.sent == 4 << 20

@@ -16,8 +16,9 @@ from llmgw.wire import ModelFile
 
 log = logging.getLogger(__name__)
 
-# file, progress callback (the file's bytes written so far) -> the sha256 published
-FetchOne = Callable[[ModelFile, Callable[[int], None]], Awaitable[str]]
+# file, progress (the file's bytes written so far), verifying (True while a resumed partial's
+# bytes are hashed again, False after) -> the sha256 published
+FetchOne = Callable[[ModelFile, Callable[[int], None], Callable[[bool], None]], Awaitable[str]]
 RATE_WINDOW_S = 10.0
 
 
@@ -26,6 +27,7 @@ class _File:
     file: ModelFile
     done: int = 0
     state: str = "queued"  # queued, fetching, done, failed
+    verifying: bool = False
 
 
 class SetJob:
@@ -73,11 +75,16 @@ class SetJob:
                     self._samples.append((time.monotonic(), max(0, done - f.done)))
                 f.done = done
 
+            def verifying(on: bool) -> None:
+                f.verifying = on
+
             try:
-                sha = await fetch_one(f.file, progress)
+                sha = await fetch_one(f.file, progress, verifying)
             except BaseException:
                 f.state = "failed"
                 raise
+            finally:
+                f.verifying = False
             f.done, f.state = f.file.size, "done"
             if not f.file.sha256:
                 f.file = msgspec.structs.replace(f.file, sha256=sha)
@@ -108,5 +115,6 @@ class SetJob:
             eta_s=eta,
             state="fetching" if self.state == "fetching" else self.state,  # type: ignore[arg-type]
             current=[f.file.path for f in self._files if f.state == "fetching"],
+            verifying=[f.file.path for f in self._files if f.verifying],
             error=self.error,
         )

@@ -199,9 +199,13 @@ class Mirror:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         session = self.http()
 
-        async def one(f: ModelFile, progress: Callable[[int], None]) -> str:
+        async def one(
+            f: ModelFile, progress: Callable[[int], None], verifying: Callable[[bool], None]
+        ) -> str:
             url = hub_client.resolve_url(self.settings.upstream, job.repo, job.commit, f.path)
-            return await self.downloads.get(session, url, f, headers=headers, progress=progress)
+            return await self.downloads.get(
+                session, url, f, headers=headers, progress=progress, verifying=verifying
+            )
 
         return await job.run(one)
 
