@@ -54,14 +54,19 @@ class SetJob:
         first failure."""
         self.state, self.error = "fetching", ""
         sem = asyncio.Semaphore(self._parallel)
+        failure: Exception | None = None
         try:
             async with asyncio.TaskGroup() as tg:
                 for f in self._files:
                     tg.create_task(self._one(f, fetch_one, sem))
         except* Exception as group:
-            self.state, self.error = "failed", str(group.exceptions[0])
+            failure = group.exceptions[0]
+        if failure is not None:
+            # Raised here, not inside except*: Python would wrap it in an ExceptionGroup,
+            # which the callers' except clauses (ChecksumMismatch, DownloadError...) miss.
+            self.state, self.error = "failed", str(failure)
             self.finished_at = time.time()
-            raise group.exceptions[0] from None
+            raise failure
         self.state, self.finished_at = "done", time.time()
         return self.files
 
