@@ -228,6 +228,21 @@ async def test_disk_full_is_said_before_a_byte_is_fetched(
     assert mirror.requests == [] and cache.held() == []
 
 
+async def test_a_disk_mounted_over_the_cache_while_the_agent_runs_is_filled(
+    caches: Callable[[], Cache], mirror: FakeMirror
+) -> None:
+    cache = caches()
+    # What a new, empty disk mounted at the cache's directory looks like: no blobs/, partial/
+    # or sets/ under it (the agent made them when it started, on the disk below).
+    for d in (cache.store.blobs, cache.store.partials, cache.sets):
+        d.rmdir()
+    where = await cache.ensure(hf_spec())
+    assert (where / SET[0].path).read_bytes() == GGUF
+    assert sorted(f.sha256 for f in cache.held()) == sorted(f.sha256 for f in SET)
+    for d in (cache.store.blobs, cache.store.partials, cache.sets):
+        assert d.stat().st_mode & 0o777 == 0o755, d
+
+
 async def test_a_sweep_keeps_what_replicas_use_and_removes_links_as_links(
     caches: Callable[[], Cache], mirror: FakeMirror, tmp_path: Path
 ) -> None:

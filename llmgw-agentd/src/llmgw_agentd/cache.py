@@ -91,12 +91,21 @@ class Cache:
         links by path; raises FetchError (disk full, a file that does not check...)."""
         where = self.set_dir(spec)
         files = [_checked(f) for f in spec.files]
+        self._make_dirs()
         missing = [f for f in files if not self.store.has(f.sha256)]
         if missing:
             self._check_space(missing)
             await self._fetch_all(missing, files, progress)
         await asyncio.to_thread(self._link, where, files)
         return where
+
+    def _make_dirs(self) -> None:
+        """blobs/, partial/ and sets/ made again where they are gone: a disk mounted over the
+        cache while the agent runs starts empty."""
+        for d in (self.store.blobs, self.store.partials, self.sets):
+            if not d.is_dir():
+                d.mkdir(mode=0o755, parents=True, exist_ok=True)
+                os.chmod(d, 0o755)  # noqa: S103 (engines' dynamic users read the files)
 
     async def _fetch_all(
         self, missing: list[ModelFile], files: list[ModelFile], progress: Progress | None
