@@ -30,8 +30,6 @@ READ_BUFSIZE = 1 << 20
 # saves, measured with bench/mirror/download_rate.py: there the loop hashes and writes itself
 # (a 1 MiB chunk holds it well under a millisecond).
 OFFLOAD = len(os.sched_getaffinity(0)) > 2
-# progress(done) at most once per this many bytes (and at each end): fewer calls a MB.
-PROGRESS_EVERY = 4 << 20
 # A resumed partial is read and hashed in a thread this many bytes at a time: a cancelled
 # fetch waits for one step (well under a second), not for gigabytes.
 VERIFY_STEP = 64 << 20
@@ -102,16 +100,12 @@ class _Job:
         self.headers: CIMultiDict[str] = CIMultiDict(headers or {})
         self.headers["Accept-Encoding"] = "identity"
         self.progress = progress
-        self.told = -1
         self.extra: dict[str, Any] = {} if ssl is None else {"ssl": ssl}
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_s, sock_read=stall_s)
 
-    def tell(self, every: int = 0) -> None:
-        """progress(done): now, or once `every` bytes more came since it was last told."""
-        if self.progress is None or 0 <= self.w.done - self.told < every:
-            return
-        self.told = self.w.done
-        self.progress(self.told)
+    def tell(self) -> None:
+        if self.progress is not None:
+            self.progress(self.w.done)
 
     async def open(self) -> aiohttp.ClientResponse:
         """GET from w.done on, following redirects here so that Authorization stays with
@@ -185,7 +179,7 @@ class _Job:
                 if pending is not None:
                     await pending
                     pending = None
-                    self.tell(PROGRESS_EVERY)
+                    self.tell()
                 if not chunk:
                     break
                 if self.w.done + len(chunk) > self.want.size:
@@ -194,13 +188,13 @@ class _Job:
                     pending = loop.run_in_executor(None, self.w.write, chunk)
                 else:
                     self.w.write(chunk)
-                    self.tell(PROGRESS_EVERY)
+                    self.tell()
             if pending is not None:
                 await pending
+                self.tell()
         finally:
             if pending is not None:
                 await _settle(pending)
-            self.tell()
         if cut:
             raise cut
         if self.w.done < self.want.size:
@@ -348,7 +342,7 @@ async def fetch(
     A partial left by an earlier fetch is checked (its bytes read and hashed in a thread,
     verifying(True) before and verifying(False) after) and carried on with a Range.
     progress(done) is called with the bytes of the file held so far (resumed bytes included;
-    0 again on a restart), once a few MB and at each end.
+    0 again on a restart), after each chunk.
     Raises DownloadError (a 4xx, tries spent), ChecksumMismatch (refused, kept aside) or
     DiskFull.
     """
