@@ -9,6 +9,7 @@ import msgspec
 PROTOCOL = 1
 
 ReplicaState = Literal["starting", "ready", "failed", "stopped"]
+Engine = Literal["llama.cpp", "vllm"]
 
 
 class Disk(msgspec.Struct, frozen=True):
@@ -66,6 +67,12 @@ class Inventory(msgspec.Struct, frozen=True):
     # measured. All cores copying at once, and one core copying alone.
     memory_bandwidth_bytes_s: int = 0
     memory_bandwidth_one_core_bytes_s: int = 0
+    # The CUDA toolkit's version where nvcc is installed ("12.4"); "": none, so llama.cpp is
+    # not built for, nor offered, this node's cards.
+    cuda_toolkit: str = ""
+    # Engines this node can run, as "ENGINE:cpu" or "ENGINE:gpu" ("vllm:cpu", "llama.cpp:gpu");
+    # []: an agent older than this field (llama.cpp on CPUs only).
+    engines: list[str] = []
 
 
 class ModelFile(msgspec.Struct, frozen=True):
@@ -85,7 +92,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
 
     id: str
     model: str
-    engine: Literal["llama.cpp"]
+    engine: Engine
     source: str  # "file:/path/to/model.gguf"
     args: list[str] = []
     context: int = 0  # 0: the engine's default
@@ -99,6 +106,14 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     # An hf: source's set, pinned ("hf:ORG/REPO@COMMIT"): the agent fetches each file from
     # the mirror by its sha256 into its cache before it starts the engine. [] for file:.
     files: list[ModelFile] = []
+    # Fields after this one are left out of the fingerprint while unset (engines started
+    # before them are kept). CPU cores the scheduler reserved: the unit's AllowedCPUs (the
+    # agent picks which) and the engine's threads; 0: not pinned.
+    cores: int = 0
+    # The share of each card's memory the placement gives it (vLLM's
+    # --gpu-memory-utilization); 0.0: on CPUs, or the engine's default.
+    gpu_memory_fraction: float = 0.0
+    cache_type: str = ""  # the profile's KV cache type ("f16", "q8_0", "fp8"...); "": default
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
@@ -112,7 +127,14 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
 
         data = msgspec.to_builtins(self)
         del data["priority"], data["profile"]
-        for unset in ("devices", "memory_max_bytes", "files"):
+        for unset in (
+            "devices",
+            "memory_max_bytes",
+            "files",
+            "cores",
+            "gpu_memory_fraction",
+            "cache_type",
+        ):
             if not data[unset]:
                 del data[unset]
         return hashlib.sha256(msgspec.json.encode(data)).hexdigest()[:16]
@@ -132,6 +154,10 @@ class ReplicaStatus(msgspec.Struct, frozen=True):
     # The most tokens one request may hold, prompt and answer (llama.cpp's /props: a slot's
     # n_ctx); 0: not known (an agent older than this field, or an engine that does not say).
     context: int = 0
+    # Why it last stopped when it was not asked to: "oom" (killed over its MemoryMax: the
+    # next placement uses a larger estimate), "exit" (it ended or crashed); "" none.
+    reason: str = ""
+    oom_kills: int = 0  # how often the kernel ended it over its memory limit
 
 
 # Agent -> control plane

@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.wire import ModelFile
+from llmgw.wire import Engine, ModelFile
 from llmgwd import profiles as profiles_
 from llmgwd.estimate import ModelShape
 from llmgwd.profiles import Profile
@@ -35,7 +35,7 @@ class Model(msgspec.Struct, kw_only=True):
 
     name: str
     source: str  # file:/path/model.gguf, or hf:ORG/REPO@COMMIT[:PATTERN] (pinned when added)
-    engine: Literal["llama.cpp"] = "llama.cpp"
+    engine: Engine = "llama.cpp"
     args: list[str] = []
     context: int = 0
     max_tokens: int = 0  # the most completion tokens one request may ask for; 0: context
