@@ -341,3 +341,15 @@ async def test_a_sweep_keeps_the_files_of_a_replica_being_fetched(
     await until(replicas, ready())
     assert [s.message for s in replicas.statuses()] == [""]
     assert (cache.set_dir(hf_spec()) / "config.json").read_bytes() == CONFIG
+
+
+async def test_progress_says_verifying_while_a_resumed_partial_is_checked(
+    caches: Callable[[], Cache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = caches()
+    checking = {SET[0].sha256}
+    monkeypatch.setattr(cache._downloads, "verifying", lambda key: key in checking)
+    said = cache._progress(SET, SET, set())
+    assert said.endswith(f"; verifying {SET[0].path}"), said
+    checking.clear()
+    assert "verifying" not in cache._progress(SET, SET, set())

@@ -183,6 +183,9 @@ class Cache:
         left = sum(1 for f in missing if not self.store.has(f.sha256))
         plural = "file" if left == 1 else "files"
         text = f"fetching {left} {plural}: {_percent(done, total)}, {_of(done, total)}"
+        checking = [f.path for f in missing if self._downloads.verifying(f.sha256)]
+        if checking:  # a resumed partial's bytes hashed again before the fetch goes on
+            text += "; verifying " + ", ".join(checking[:2]) + (" ..." if len(checking) > 2 else "")
         if waiting:
             text += f"; waiting for the mirror, which does not have {len(waiting)} yet"
         return text
