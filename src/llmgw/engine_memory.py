@@ -9,6 +9,12 @@ default instead (agent.yaml engines.memory_max_bytes, else three quarters of the
 llama-server keeps prompts it has processed in RAM (--cache-ram, 8 GiB by default) on top of
 its KV cache: the agent sets it to half of the quarter, so that the cache never pushes the
 engine over its limit.
+
+Each unit also has MemoryHigh at nine tenths of its MemoryMax: above it the kernel reclaims
+the engine's memory (page cache first: the weights' mapped pages are read again) and slows
+it, so an engine nearing its limit shows as slow (memory.events' "high") before the kernel
+kills it at MemoryMax (Result=oom-kill). An engine killed so is placed again with a larger
+estimate (oom_factor): the estimate times 1.5 for each OOM kill seen, at most 4 times.
 """
 
 from __future__ import annotations
@@ -22,6 +28,20 @@ def limit(estimate: int) -> int:
     """The MemoryMax of a replica whose RAM the estimate gives (in whole MiB, as the kernel
     keeps it in pages)."""
     return -(-(estimate + estimate // 4) // MIB) * MIB + FIXED
+
+
+def high(memory_max: int) -> int:
+    """The MemoryHigh under a MemoryMax: nine tenths of it, in whole MiB."""
+    return memory_max * 9 // 10 // MIB * MIB
+
+
+OOM_GROWTH = 1.5  # the estimate's growth for each OOM kill seen
+OOM_CAP = 4.0  # and its most
+
+
+def oom_factor(oom_kills: int) -> float:
+    """What an estimate is multiplied by after oom_kills OOM kills of the model's engines."""
+    return min(OOM_GROWTH ** max(oom_kills, 0), OOM_CAP)
 
 
 def default_limit(node_memory: int, configured: int = 0) -> int:

@@ -17,6 +17,8 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--api-key-file", default="")
     p.add_argument("--load-s", type=float, default=0.0)
+    # While loading, answer /health 200 {"status": "loading model"} instead of 503.
+    p.add_argument("--loading-200", action="store_true")
     p.add_argument("--parallel", type=int, default=4)  # its slots, in /props as total_slots
     p.add_argument("--ctx-size", type=int, default=0)  # 0: the model's, here 8192
     args = p.parse_args()
@@ -30,7 +32,8 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 loading = time.monotonic() < ready_at
-                self._answer(503 if loading else 200, {"status": "loading" if loading else "ok"})
+                code = 200 if args.loading_200 or not loading else 503
+                self._answer(code, {"status": "loading model" if loading else "ok"})
             elif self.path in ("/v1/models", "/props"):
                 ok = not key or self.headers.get("Authorization") == f"Bearer {key}"
                 settings = {"n_ctx": args.ctx_size or 8192}

@@ -147,6 +147,7 @@ class FakeUnit:
     exit_code: int = 0
     exit_status: int = 0
     stopping: bool = False
+    oom: bool = False  # killed as the kernel's OOM killer does: Result=oom-kill
     proc: asyncio.subprocess.Process | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     ifaces: tuple[_UnitIface, _ServiceIface] | None = None
@@ -170,6 +171,12 @@ class FakeSystemd(ServiceInterface):
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill a unit's main process, as an OOM killer or a crash would."""
         os.kill(self.units[name].pid, sig)
+
+    def oom_kill(self, name: str) -> None:
+        """Kill a unit's main process as the kernel does over MemoryMax: systemd then says
+        Result=oom-kill (its cgroup's memory.events counted an oom_kill)."""
+        self.units[name].oom = True
+        self.kill(name)
 
     async def shutdown(self) -> None:
         """Kill every unit's process (the end of a test)."""
@@ -298,7 +305,8 @@ class FakeSystemd(ServiceInterface):
         else:
             sig = signal.Signals(-rc)
             clean = sig in CLEAN_SIGNALS or (u.stopping and sig == signal.SIGKILL)
-            self._exited(u, code=2, status=-rc, result="success" if clean else "signal")
+            result = "oom-kill" if u.oom else "success" if clean else "signal"
+            self._exited(u, code=2, status=-rc, result=result)
 
     def _exec_context(self, u: FakeUnit) -> tuple[list[str], dict[str, str]]:
         """ExecStart's argv, ${VAR}s expanded, LoadCredential= files copied: as systemd does."""

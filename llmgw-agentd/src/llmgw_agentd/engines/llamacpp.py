@@ -62,8 +62,11 @@ def command(
         argv += ["--api-key-file", key_file]
     if spec.context:
         argv += ["--ctx-size", str(spec.context)]
-    if threads:
+    if threads:  # one per core the scheduler reserved (the unit's AllowedCPUs), else agent.yaml's
         argv += ["--threads", str(threads)]
+    if spec.cache_type:  # the profile's KV cache type, for keys and values alike
+        kv = spec.cache_type
+        argv += validate_args(["--cache-type-k", kv, "--cache-type-v", kv])
     if spec.model:
         argv += ["--alias", spec.model]
     if spec.memory_max_bytes:  # prompts kept in RAM stay within the unit's MemoryMax
