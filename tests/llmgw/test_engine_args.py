@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from llmgw import engine_args
 from llmgw.engine_args import EngineArgError, check
 
 CONTEXT_SPELLINGS = [
@@ -100,6 +104,129 @@ def test_values_are_checked_and_the_error_names_the_argument(args: list[str], wh
 
 
 def test_an_engine_without_a_list_takes_no_arguments() -> None:
-    assert check("vllm", []) == []
+    assert check("freetoken", []) == []
     with pytest.raises(EngineArgError, match="takes no arguments"):
-        check("vllm", ["--max-model-len", "9"])
+        check("freetoken", ["--max-model-len", "9"])
+
+
+# vLLM: the list read against the real server's --help=all (tests/llmgw_agentd/vllm/README.md)
+VLLM_HELP = Path(__file__).parents[1] / "llmgw_agentd" / "vllm" / "help-0.32.0.txt"
+_OPTION = re.compile(r"^  (-[^ ].*?)(?:  +|$)")
+
+
+def vllm_help() -> dict[str, bool]:
+    """Every spelling in vLLM's --help=all -> whether it takes a value."""
+    found: dict[str, bool] = {}
+    for line in VLLM_HELP.read_text().splitlines():
+        m = _OPTION.match(line)
+        if m is None:
+            continue
+        for spelling in re.split(r", (?=-)", m.group(1)):
+            name, _, value = spelling.partition(" ")
+            found[name] = bool(value)
+    return found
+
+
+def test_the_vllm_list_matches_the_real_servers_options() -> None:
+    real = vllm_help()
+    assert len(real) > 300 and real["--max-num-seqs"] and not real["--enforce-eager"]
+    for names, value in engine_args.VLLM:
+        for name in names:
+            assert name in real, f"{name} is not an option of vLLM 0.32.0"
+            assert real[name] == (value is not None), f"{name}: value or flag differs"
+    for names in engine_args.VLLM_REFUSED:
+        for name in names:
+            assert name in real, f"{name} (refused) is not an option of vLLM 0.32.0"
+
+
+def test_every_vllm_option_not_on_the_list_is_refused() -> None:
+    allowed = {n for names, _ in engine_args.VLLM for n in names}
+    for name, takes in vllm_help().items():
+        if name in allowed:
+            continue
+        with pytest.raises(EngineArgError, match="is not allowed"):
+            check("vllm", [name, "1"] if takes else [name])
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--trust-remote-code"], "loads code"),
+        (["--trust_remote_code"], "loads code"),
+        (["--download-dir", "/tmp"], "files"),
+        (["--chat-template", "/etc/passwd"], "not a path"),
+        (["--chat-template", "{{ x }}.jinja"], None),
+        (["--chat-template", "./{{x}}"], "not a path"),
+        (["--tokenizer", "/srv/other"], "model's own"),
+        (["--served-model-name", "x"], "agent sets it"),
+        (["--api-key", "k"], "never on the command line"),
+        (["--ssl-keyfile", "/k"], "files"),
+        (["--ssl-ciphers", "ALL"], "plain HTTP"),
+        (["--allowed-local-media-path", "/"], "files"),
+        (["--allowed-media-domains", "example.com"], "network"),
+        (["--config", "/etc/x.yaml"], "files"),
+        (["--compilation-config", "{}"], "JSON config"),
+        (["--compilation-config.debug_dump_path", "/tmp"], "JSON config"),
+        (["--speculative-config.model", "/m"], "JSON config"),
+        (["--middleware", "os.system"], "loads code"),
+        (["--worker-cls", "x.Y"], "loads code"),
+        (["--max-model-len", "99"], "scheduler sets the context"),
+        (["--max_model_len=99"], "scheduler sets the context"),
+        (["-tp", "8"], "placement"),
+        (["--kv-cache-dtype", "fp8"], "profile's cache type"),
+        (["--load-format", "pt"], "safetensors only"),
+        (["--prefix-caching-hash-algo", "xxhash"], "cache_salt"),
+        (["--enable-log-requests"], "prompts"),
+        (["--revision", "main"], "network"),
+        (["-O3"], "not on the list"),
+        (["--help"], "not on the list"),
+    ],
+)
+def test_vllm_refuses_what_reads_files_loads_code_or_fetches(
+    args: list[str], why: str | None
+) -> None:
+    if why is None:
+        assert check("vllm", args) == args
+        return
+    with pytest.raises(EngineArgError) as e:
+        check("vllm", args)
+    assert args[0].partition("=")[0] in str(e.value) and why in str(e.value)
+
+
+def test_vllm_tuning_passes_in_canonical_form() -> None:
+    args = ["--max_num_seqs=8", "--enforce-eager", "-q", "fp8", "--dtype", "bfloat16",
+            "--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}",
+            "--no-enable-prefix-caching", "--tool-call-parser", "hermes"]  # fmt: skip
+    assert check("vllm", args) == [
+        "--max-num-seqs", "8", "--enforce-eager", "--quantization", "fp8", "--dtype",
+        "bfloat16", "--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}",
+        "--no-enable-prefix-caching", "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+    with pytest.raises(EngineArgError, match="out of range"):
+        check("vllm", ["--max-num-seqs", "0"])
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"VLLM_CACHE_ROOT": "/tmp/x"}, "names a path"),
+        ({"HF_HOME": "/x"}, "names a path"),
+        ({"LD_PRELOAD": "/x.so"}, "names a path"),
+        ({"PYTHONPATH": "/x"}, "names a path"),
+        ({"VLLM_PLUGINS": "evil"}, "names a path"),
+        ({"VLLM_CPU_OMP_THREADS_BIND": "/proc"}, "may not be a path"),
+        ({"VLLM_USE_SOMETHING": "1"}, "not on the list"),
+        ({"OMP_NUM_THREADS": "0"}, "out of range"),
+    ],
+)
+def test_vllm_environment_naming_paths_is_refused(env: dict[str, str], why: str) -> None:
+    with pytest.raises(EngineArgError) as e:
+        engine_args.check_env("vllm", env)
+    assert next(iter(env)) in str(e.value) and why in str(e.value)
+
+
+def test_vllm_tuning_environment_passes() -> None:
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4"}
+    assert engine_args.check_env("vllm", env) == [
+        "OMP_NUM_THREADS=4", "VLLM_CPU_OMP_THREADS_BIND=0-3",
+    ]  # fmt: skip

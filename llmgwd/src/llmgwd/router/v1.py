@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Endpoint, Pool
-from llmgwd.router import embeddings, errors, fields
+from llmgwd.router import cache_salt, embeddings, errors, fields
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
@@ -185,6 +185,8 @@ class Router:
         ready = self._require_ready(model)
         bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
+        if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
+            doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
         stream = doc.get("stream") is True
         reservation = self.meter.admit(key, model, bounds)
         try:
