@@ -10,12 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
+from llmgw import engine_memory
+from llmgw.wire import Gpu, Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgwd.catalog import Catalog, Model, engine_key
-from llmgwd.estimate import memory_bytes
+from llmgwd.estimate import memory_bytes, ram_bytes
 from llmgwd.gguf_meta import shape_of
 from llmgwd.profiles import Profile
-from llmgwd.reconciler import NodeFlags, Reconciler
+from llmgwd.reconciler import NodeFlags, Reconciler, gpu_fraction
 from llmgwd.store.sqlite import SqliteStore
 
 GIB = 1 << 30
@@ -300,3 +301,68 @@ async def test_a_model_placed_by_count_leaves_the_limit_to_the_node(store: Sqlit
     nodes = FakeNodes("a")
     await start(store, nodes, Model(name="m", source="file:/m.gguf", replicas=1))
     assert [s.memory_max_bytes for s in nodes.desired["a"]] == [0]  # the agent's default
+
+
+# Each engine held to its placement: what the spec carries, and OOM kills learnt from
+
+
+async def test_the_spec_carries_the_placements_cores_and_the_profiles_cache_type(
+    store: SqliteStore,
+) -> None:
+    cpu = Profile(name="cpu", kind="cpu", replicas=1, cores=2, cache_type="q8_0")
+    nodes = FakeNodes("a")
+    await start(store, nodes, smol(profiles=[cpu], replicas=1))
+    (spec,) = nodes.desired["a"]
+    assert spec.cores == 2 and spec.cache_type == "q8_0" and spec.gpu_memory_fraction == 0.0
+
+
+async def test_vllm_on_a_card_is_given_its_share_of_the_card(store: SqliteStore) -> None:
+    card = Gpu(
+        index=0, uuid="GPU-1", name="H100", memory_total_bytes=80 * GIB,
+        memory_free_bytes=80 * GIB, compute_capability="9.0",
+    )  # fmt: skip
+    inv = msgspec.structs.replace(INV, gpus=[card], cuda_version="13.0")
+    nodes = FakeNodes("a")
+    nodes.by_name["a"].inventory = inv
+    gpu = Profile(name="gpu", kind="gpu", engine="vllm", replicas=1, context=8192)
+    model = Model(
+        name="m", source="hf:o/r@" + "0" * 40, engine="vllm", shape=SMOL, profiles=[gpu],
+        replicas=1,
+    )  # fmt: skip
+    await start(store, nodes, model)
+    (spec,) = nodes.desired["a"]
+    held = memory_bytes(SMOL, 8192)
+    assert spec.devices == ["GPU-1"] and spec.cores == 0
+    assert spec.gpu_memory_fraction == -(-held * 100 // (80 * GIB)) / 100  # rounded up
+    assert gpu_fraction(41 * GIB, [80 * GIB, 40 * GIB]) == 1.0  # at most the whole card
+    assert gpu_fraction(1, [0]) == 0.0  # a card of unknown size: the engine's default
+
+
+async def test_oom_kills_grow_the_limit_and_a_new_leader_counts_none_twice(
+    store: SqliteStore,
+) -> None:
+    nodes = FakeNodes("a")
+    rec = await start(store, nodes, smol(replicas=1))
+    (spec,) = nodes.desired["a"]
+    first = spec.memory_max_bytes
+    oom = ReplicaStatus(spec.id, "m", "ready", port=20000, reason="oom", oom_kills=1)
+    nodes.by_name["a"].replicas = [oom]
+    await rec.reconcile()
+    assert rec.oom_kills("m") == {"default": 1}
+    (grown,) = nodes.desired["a"]
+    ram = ram_bytes(SMOL, spec.context)
+    assert first == engine_memory.limit(ram)
+    assert grown.id == spec.id and grown.memory_max_bytes == engine_memory.limit(int(ram * 1.5))
+    # A new leader reads the count from the store, and the same report adds nothing.
+    again = FakeNodes("a")
+    again.by_name["a"].replicas = [oom]
+    leader = await start(store, again)
+    assert leader.oom_kills("m") == {"default": 1}
+    assert again.desired["a"][0].memory_max_bytes == grown.memory_max_bytes
+    again.by_name["a"].replicas = [msgspec.structs.replace(oom, oom_kills=2)]
+    await leader.reconcile()
+    assert leader.oom_kills("m") == {"default": 2}
+    want = engine_memory.limit(int(ram * 2.25))
+    assert again.desired["a"][0].memory_max_bytes == want
+    (plan,) = leader.explain(leader._catalog.get("m"))  # type: ignore[arg-type]
+    assert any("x2.25 after 2 OOM kills" in v.reason for v in plan[1])

@@ -27,6 +27,8 @@ FAILURES = "/failures/"  # /failures/NODE/MODEL: where a model failed to start
 NODE_FLAGS = "/nodeflags/"  # /nodeflags/NODE: cordoned, draining
 LAST_USED = "/lastused/"  # /lastused/MODEL: an on-demand model's last request, so a restart
 # of llmgwd neither parks a model in use nor wakes a parked one
+OOM_KILLS = "/oomkills/"  # /oomkills/MODEL: its engines' OOM kills, so a new leader places it
+# with the same larger estimate (and counts no kill twice)
 
 FAILED_RESTARTS = 3  # a failed replica restarted this often has failed to start there
 FAILED_FOR_S = 30.0  # or one failed for this long
@@ -65,6 +67,15 @@ class Failure(msgspec.Struct, frozen=True):
     model: str
     at: float  # unix time
     message: str = ""
+
+
+class OomKills(msgspec.Struct, frozen=True):
+    """How often the kernel killed a model's engines over their MemoryMax, by profile, and
+    each live replica's count already taken in (ReplicaStatus.oom_kills)."""
+
+    profiles: dict[str, int] = {}
+    seen: dict[str, int] = {}  # replica id -> its oom_kills counted
+    at: float = 0.0  # unix time of the last one
 
 
 class LastUsed(msgspec.Struct, frozen=True):
@@ -108,18 +119,20 @@ _dec = msgspec.json.Decoder(Placement)
 _flags_dec = msgspec.json.Decoder(NodeFlags)
 _failure_dec = msgspec.json.Decoder(Failure)
 _used_dec = msgspec.json.Decoder(LastUsed)
+_oom_dec = msgspec.json.Decoder(OomKills)
 _enc = msgspec.json.Encoder()
 
 
-def demands(model: Model, awake: bool = True) -> list[Demand]:
+def demands(model: Model, awake: bool = True, ooms: OomKills | None = None) -> list[Demand]:
     """What the scheduler is asked for a model: one Demand per profile (none wanted while
-    an on-demand model is parked)."""
+    an on-demand model is parked), each with its engines' OOM kills (a larger estimate)."""
     shape = model.shape or UNKNOWN_SHAPE
+    kills = ooms.profiles if ooms is not None else {}
     out = []
     for p in profiles_of(model):
         if not awake:
             p = msgspec.structs.replace(p, replicas=0)
-        out.append(Demand(model.name, p, shape, model.context))
+        out.append(Demand(model.name, p, shape, model.context, kills.get(p.name, 0)))
     return out
 
 
@@ -166,6 +179,7 @@ class Reconciler:
         self._leaving_since: dict[str, float] = {}  # replica id -> its removal first planned
         self._last_used: dict[str, float] = {}  # on-demand model -> its last request
         self._used_saved: dict[str, float] = {}  # what the store holds of _last_used
+        self._ooms: dict[str, OomKills] = {}  # model -> its engines' OOM kills
         self.outcomes: list[scheduler.Outcome] = []  # the last pass's, for people
 
     def poke(self) -> None:
@@ -196,6 +210,8 @@ class Reconciler:
         kvs, _ = await self._store.range(FAILURES, prefix_end(FAILURES))
         for f in (_failure_dec.decode(kv.value) for kv in kvs):
             self._failures[(f.node, f.model)] = f
+        kvs, _ = await self._store.range(OOM_KILLS, prefix_end(OOM_KILLS))
+        self._ooms = {kv.key[len(OOM_KILLS) :]: _oom_dec.decode(kv.value) for kv in kvs}
         kvs, _ = await self._store.range(LAST_USED, prefix_end(LAST_USED))
         for kv in kvs:
             ago = max(0.0, time.time() - _used_dec.decode(kv.value).at)
@@ -260,7 +276,8 @@ class Reconciler:
         infos = {n.name: n for n in self._nodes.nodes()}
         status = {r.id: r for n in infos.values() if n.connected for r in n.replicas}
         await self._note_failures(status)
-        wanted = {m.name: demands(m, self.awake(m)) for m in models}
+        await self._note_ooms(status, models)
+        wanted = {m.name: demands(m, self.awake(m), self._ooms.get(m.name)) for m in models}
         live = set(self._live_failures())
         failed_here = {
             p.id
@@ -330,6 +347,42 @@ class Reconciler:
                 st.message,
                 extra={"model": p.model, "node": p.node, "replica": p.id},
             )
+
+    async def _note_ooms(self, status: dict[str, ReplicaStatus], models: list[Model]) -> None:
+        """Count each replica's new OOM kills into its model's record (kept in the store): the
+        next placements and memory limits of that profile use a larger estimate."""
+        names = {m.name for m in models}
+        for name in [n for n in self._ooms if n not in names]:  # a model removed: forgotten
+            await self._store.delete(OOM_KILLS + name)
+            del self._ooms[name]
+        changed: dict[str, OomKills] = {}
+        for p in self._placements.values():
+            st = status.get(p.id)
+            rec = changed.get(p.model) or self._ooms.get(p.model, OomKills())
+            if st is None or p.model not in names or st.oom_kills == rec.seen.get(p.id, 0):
+                continue
+            new = max(st.oom_kills - rec.seen.get(p.id, 0), 0)  # fewer: its agent began anew
+            kills = dict(rec.profiles)
+            if new:
+                kills[p.profile] = kills.get(p.profile, 0) + new
+                log.warning(
+                    "replica %s of %s was killed over its memory limit; %s's next placements"
+                    " and limits use an estimate x%g",
+                    p.id, p.model, p.profile, engine_memory.oom_factor(kills[p.profile]),
+                    extra={"model": p.model, "replica": p.id, "node": p.node},
+                )  # fmt: skip
+            at = time.time() if new else rec.at
+            changed[p.model] = OomKills(kills, {**rec.seen, p.id: st.oom_kills}, at)
+        for name, rec in changed.items():
+            live = {rid: n for rid, n in rec.seen.items() if rid in self._placements}
+            rec = msgspec.structs.replace(rec, seen=live)
+            await self._store.put(OOM_KILLS + name, _enc.encode(rec))
+            self._ooms[name] = rec
+
+    def oom_kills(self, model: str) -> dict[str, int]:
+        """A model's engines' OOM kills by profile (what its estimate grew by)."""
+        rec = self._ooms.get(model)
+        return dict(rec.profiles) if rec is not None else {}
 
     def _moves(
         self, add: list[Placement], failed_here: set[str]
@@ -408,25 +461,36 @@ class Reconciler:
     def push(self, models: list[Model]) -> None:
         """Send each known node the specs of the replicas placed on it."""
         by_name = {m.name: m for m in models}
-        per_node: dict[str, list[ReplicaSpec]] = {n.name: [] for n in self._nodes.nodes()}
+        nodes = self._nodes.nodes()
+        per_node: dict[str, list[ReplicaSpec]] = {n.name: [] for n in nodes}
+        sizes = _place_sizes(nodes)
         for p in sorted(self._placements.values(), key=lambda p: p.id):
             m = by_name.get(p.model)
             profile = profile_named(m, p.profile) if m is not None else None
             if m is not None and profile is not None:
-                per_node.setdefault(p.node, []).append(self.spec(p, m, profile))
+                spec = self.spec(p, m, profile, sizes.get(p.node, {}))
+                per_node.setdefault(p.node, []).append(spec)
         for node, specs in per_node.items():
             self._nodes.set_desired(node, specs)
 
-    def spec(self, p: Placement, m: Model, profile: Profile) -> ReplicaSpec:
+    def spec(
+        self, p: Placement, m: Model, profile: Profile, sizes: dict[str, int] | None = None
+    ) -> ReplicaSpec:
         """What the node needs to run replica p of model m: the context the scheduler found
         room for and a memory limit from its estimate (where the model's shape is known; else
-        the node's default limit), and its cards."""
+        the node's default limit; larger after OOM kills), its cards and the share of each
+        it may fill (vLLM's; sizes: the node's cards' memory by UUID), its cores and the
+        profile's KV cache type."""
         context = (p.context if m.shape is not None else 0) or profile.context or m.context
         memory_max = 0
         if m.shape is not None:
             tokens = context or m.shape.context_length
             ram = ram_bytes(m.shape, tokens, profile.cache_type, gpu=profile.kind == "gpu")
-            memory_max = engine_memory.limit(ram)
+            grown = engine_memory.oom_factor(self.oom_kills(m.name).get(profile.name, 0))
+            memory_max = engine_memory.limit(int(ram * grown))
+        fraction = 0.0
+        if m.engine == "vllm" and p.devices and p.memory_bytes:
+            fraction = gpu_fraction(p.memory_bytes, [(sizes or {}).get(d, 0) for d in p.devices])
         return ReplicaSpec(
             id=p.id,
             model=m.name,
@@ -440,6 +504,9 @@ class Reconciler:
             priority=profile.priority,
             memory_max_bytes=memory_max,
             files=list(m.files),
+            cores=p.cores,
+            gpu_memory_fraction=fraction,
+            cache_type=profile.cache_type or "",
         )
 
     # Views
@@ -460,5 +527,28 @@ class Reconciler:
         placements = self.placements()
         failures = self._live_failures()
         return [
-            (d.profile, scheduler.explain(d, nodes, placements, failures)) for d in demands(model)
+            (d.profile, scheduler.explain(d, nodes, placements, failures))
+            for d in demands(model, ooms=self._ooms.get(model.name))
         ]
+
+
+def _place_sizes(nodes: Sequence[NodeView]) -> dict[str, dict[str, int]]:
+    """Each node's cards and MIG instances: their memory by UUID."""
+    out: dict[str, dict[str, int]] = {}
+    for n in nodes:
+        sizes = out.setdefault(n.name, {})
+        for g in n.inventory.gpus:
+            sizes[g.uuid] = g.memory_total_bytes
+            for i in g.instances:
+                sizes[i.uuid] = i.memory_total_bytes
+    return out
+
+
+def gpu_fraction(memory_bytes: int, sizes: list[int]) -> float:
+    """The share of each card a replica holding memory_bytes on each may fill (vLLM's
+    --gpu-memory-utilization), rounded up to a hundredth; 0.0 where a card's size is not known
+    (the engine's default)."""
+    if not sizes or min(sizes) <= 0:
+        return 0.0
+    share = -(-memory_bytes * 100 // min(sizes)) / 100
+    return min(share, 1.0)

@@ -18,6 +18,11 @@ How a replica is placed:
   fewest replicas, then by name: replicas of one model spread across nodes;
 - on the smallest place it fits on (best fit), keeping large cards for large models;
 - never where the model failed to start, while anything else fits;
+- never on a card below what its engine needs (compute capability, driver:
+  llmgw.engine_cards), nor on a node whose agent says it does not run the engine there;
+- with a larger estimate after the kernel killed its engines over their memory (OOM kills:
+  engine_memory.oom_factor of the RAM it takes, on CPUs; on cards the limit is host RAM, so
+  only its MemoryMax grows);
 - never on a cordoned or draining node; a draining node's replicas are placed elsewhere and
   its own removed, as are those of nodes no longer known.
 """
@@ -33,6 +38,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
+from llmgw import engine_cards, engine_memory
 from llmgw.wire import Inventory
 from llmgwd.estimate import (
     ModelShape,
@@ -66,6 +72,7 @@ class Demand(msgspec.Struct, frozen=True):
     profile: Profile
     shape: ModelShape
     context: int = 0  # the model's context (Model.context) where the profile gives none
+    oom_kills: int = 0  # its engines' OOM kills seen: a larger estimate (engine_memory.oom_factor)
 
 
 class Placement(msgspec.Struct, frozen=True):
@@ -211,12 +218,14 @@ class _Need:
         "cache",
         "cores",
         "d",
+        "factor",
         "full",
         "full_ctx",
         "gpu",
         "least",
         "min_cc",
         "min_ctx",
+        "needs",
         "shards",
     )
 
@@ -228,6 +237,9 @@ class _Need:
         self.cache = p.cache_type
         self.cores = p.cores
         self.min_cc = capability(p.min_compute_capability)
+        # An OOM kill is over the unit's MemoryMax, host RAM: on CPUs the place's memory grows.
+        self.factor = 1.0 if self.gpu else engine_memory.oom_factor(d.oom_kills)
+        self.needs: dict[str, engine_cards.Needs] = {}  # by the node's CUDA toolkit
         self.full_ctx = p.context or d.context or s.context_length or DEFAULT_CONTEXT
         self.min_ctx = min(p.min_context, self.full_ctx)
         self.full = self.bytes_at(self.full_ctx)
@@ -238,13 +250,26 @@ class _Need:
         s = self.d.shape
         if self.shards > 1:
             return shard_bytes(s, ctx, self.cache, self.shards)
-        return memory_bytes(s, ctx, self.cache, gpu=self.gpu)
+        return int(memory_bytes(s, ctx, self.cache, gpu=self.gpu) * self.factor)
 
     def context_in(self, avail: int) -> int:
         """The longest context that fits in avail on each device (limited to the wanted)."""
         return context_that_fits(
-            self.d.shape, avail, self.cache, self.gpu, self.full_ctx, self.shards
+            self.d.shape, int(avail / self.factor), self.cache, self.gpu, self.full_ctx, self.shards
         )
+
+    def needs_on(self, inv: Inventory) -> engine_cards.Needs:
+        """What the profile's engine asks of a node's cards and driver."""
+        got = self.needs.get(inv.cuda_toolkit)
+        if got is None:
+            p = self.d.profile
+            got = engine_cards.needs(p.engine, p.engine_version, inv.cuda_toolkit)
+            self.needs[inv.cuda_toolkit] = got
+        return got
+
+    def card_ok(self, inv: Inventory, place: _Place) -> bool:
+        """A card (or MIG instance) of the node that the engine and the profile accept."""
+        return place.cc >= self.min_cc and place.cc >= self.needs_on(inv).compute_capability
 
     def breakdown(self, ctx: int) -> str:
         s = self.d.shape
@@ -331,6 +356,8 @@ def _fit(need: _Need, ns: _NodeState, reduced: bool) -> _Fit | None:
     """The best place on a node for one replica: its whole context (or, reduced, the longest
     down to min_context), or None where it does not fit."""
     floor = need.least if reduced else need.full
+    if _engine_refusal(need, ns.node.inventory):
+        return None
     if not need.gpu:
         cores = _cpu_cores(need, ns)
         if ns.cores_free < cores or ns.ram.avail < floor:
@@ -341,10 +368,11 @@ def _fit(need: _Need, ns: _NodeState, reduced: bool) -> _Fit | None:
         return _Fit([ns.ram], ctx, need.bytes_at(ctx)) if ctx >= need.min_ctx else None
     if ns.gpu_max < floor:
         return None
+    inv = ns.node.inventory
     ok = [
         p
         for p in ns.gpus
-        if p.avail >= floor and p.cc >= need.min_cc and (need.shards == 1 or p.kind == "card")
+        if p.avail >= floor and need.card_ok(inv, p) and (need.shards == 1 or p.kind == "card")
     ]
     if len(ok) < need.shards:
         return None
@@ -358,6 +386,22 @@ def _fit(need: _Need, ns: _NodeState, reduced: bool) -> _Fit | None:
     chosen = ok[: need.shards]
     ctx = need.context_in(min(p.avail for p in chosen))
     return _Fit(chosen, ctx, need.bytes_at(ctx)) if ctx >= need.min_ctx else None
+
+
+def _engine_refusal(need: _Need, inv: Inventory) -> str:
+    """Why a node cannot run the profile's engine at all ("" when it can): its agent says it
+    does not run it there (an agent that says nothing runs llama.cpp, as before), or its
+    driver is older than the engine's CUDA."""
+    engine = need.d.profile.engine
+    kind = "gpu" if need.gpu else "cpu"
+    if inv.engines and f"{engine}:{kind}" not in inv.engines:
+        where = "on cards" if need.gpu else "on CPUs"
+        toolkit = " (no CUDA toolkit)" if need.gpu and not inv.cuda_toolkit else ""
+        return f"its agent does not run {engine} {where}{toolkit}"
+    if not need.gpu or not inv.gpus:
+        return ""
+    needs = need.needs_on(inv)
+    return engine_cards.driver_refusal(needs, inv.cuda_version, inv.gpu_driver_version)
 
 
 def _commit(cl: _Cluster, need: _Need, ns: _NodeState, fit: _Fit, new_id: str) -> Placement:
@@ -540,6 +584,9 @@ def _node_verdicts(need: _Need, ns: _NodeState, failed: bool) -> list[Verdict]:
         return [Verdict(name, "", False, reason="cordoned: it takes no new replicas")]
     note = "; the model failed to start here before (used only when nothing else fits)"
     note = note if failed else ""
+    refusal = _engine_refusal(need, ns.node.inventory)
+    if refusal:
+        return [Verdict(name, "", False, reason=refusal)]
     if not need.gpu:
         return [_cpu_verdict(need, ns, note)]
     out = [
@@ -549,8 +596,12 @@ def _node_verdicts(need: _Need, ns: _NodeState, failed: bool) -> list[Verdict]:
     if not ns.gpus and not ns.mig_cards:
         return [Verdict(name, "", False, reason="no GPU")]
     whole = [p for p in ns.gpus if p.kind == "card"]
+    needs = need.needs_on(ns.node.inventory)
     for p in ns.gpus:
-        if p.cc < need.min_cc:
+        below = engine_cards.card_refusal(needs, f"{p.cc[0]}.{p.cc[1]}")
+        if below:
+            out.append(Verdict(name, p.label, False, reason=below))
+        elif p.cc < need.min_cc:
             cc = f"{p.cc[0]}.{p.cc[1]}"
             want = f"{need.min_cc[0]}.{need.min_cc[1]}"
             out.append(
@@ -583,7 +634,7 @@ def _shards_verdict(need: _Need, ns: _NodeState, whole: list[_Place], note: str)
     n = need.shards
     label = f"{n} cards"
     ok = sorted(
-        (p for p in whole if p.cc >= need.min_cc and p.avail >= need.least),
+        (p for p in whole if need.card_ok(ns.node.inventory, p) and p.avail >= need.least),
         key=lambda p: -p.avail,
     )
     if len(ok) >= n:
@@ -624,9 +675,14 @@ def _cpu_verdict(need: _Need, ns: _NodeState, note: str) -> Verdict:
 
 
 def _fits(need: _Need, ctx: int) -> str:
+    grown = ""
+    if need.factor > 1:
+        n = need.d.oom_kills
+        kills = "an OOM kill" if n == 1 else f"{n} OOM kills"
+        grown = f" (the estimate x{need.factor:g} after {kills} of its engines)"
     if ctx < need.full_ctx:
-        return f"fits with {ctx} of the {need.full_ctx} tokens wanted"
-    return f"fits with all {ctx} tokens"
+        return f"fits with {ctx} of the {need.full_ctx} tokens wanted{grown}"
+    return f"fits with all {ctx} tokens{grown}"
 
 
 def _short(need: _Need, avail: int, total: int) -> str:
