@@ -31,7 +31,7 @@ def model() -> None:
 )
 @click.option(
     "--engine",
-    type=click.Choice(["llama.cpp"]),
+    type=click.Choice(["llama.cpp", "vllm"]),
     default="llama.cpp",
     show_default=True,
     help="The engine that serves it.",
