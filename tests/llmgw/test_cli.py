@@ -254,12 +254,32 @@ def test_node_token_and_nodes(daemon: Daemon) -> None:
             replicas=[wire.ReplicaStatus("r1", "smol", "failed", message="oom")],
         )
     ]
+    head = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "GPUS", "ENGINES"]
     assert rows(daemon.cli("nodes").stdout) == [
-        ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "REPLICAS"],
-        ["gpu1", "10.0.0.7", "disconnected", "never", "16", "64.0 GiB", "0/1"],
-    ]
+        [*head, "REPLICAS"],
+        ["gpu1", "10.0.0.7", "disconnected", "never", "16", "64.0 GiB", "0", "llama.cpp:cpu",
+         "0/1"],
+    ]  # fmt: skip
     [n] = json.loads(daemon.cli("nodes", "--json").stdout)
     assert (n["name"], n["replicas"][0]["message"]) == ("gpu1", "oom")
+
+
+def test_nodes_say_the_engines_and_a_node_with_cards_but_no_cuda_toolkit(daemon: Daemon) -> None:
+    def card_node(name: str, engines: list[str], toolkit: str = "", note: str = "") -> NodeInfo:
+        return NodeInfo(name=name, address="10.0.0.1", connected=True, last_seen=0.0, cores=8,
+                        memory_bytes=64 << 30, gpus=8, cuda_toolkit=toolkit, engines=engines,
+                        note=note)  # fmt: skip
+
+    daemon.nodes.items = [
+        card_node("a", ["llama.cpp:cpu", "llama.cpp:gpu", "vllm:gpu"], toolkit="12.4"),
+        card_node("b", ["llama.cpp:cpu", "vllm:gpu"],
+                  note="no CUDA toolkit: llama.cpp runs on CPUs only here"),
+    ]  # fmt: skip
+    out = daemon.cli("nodes").stdout
+    table = rows(out)
+    assert [r[6:8] for r in table[1:3]] == [["8", "llama.cpp:cpu,gpu vllm:gpu (CUDA 12.4)"],
+                                            ["8", "llama.cpp:cpu vllm:gpu"]]  # fmt: skip
+    assert out.splitlines()[-1] == "b: no CUDA toolkit: llama.cpp runs on CPUs only here"
 
 
 def test_node_join_asks_the_agent(daemon: Daemon) -> None:

@@ -1,12 +1,19 @@
-"""What this node has: cores, memory, disks, and (given their readers) GPUs and memory bandwidth."""
+"""What this node has: cores, memory, disks, GPUs and memory bandwidth (given their readers),
+the CUDA toolkit, and the engines it can run."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
-from llmgw.wire import Disk, Inventory
+from llmgw.wire import Disk, Gpu, Inventory
+from llmgw_agentd.engines import llamacpp
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.membw import Bandwidth
 
@@ -45,21 +52,93 @@ def disks(paths: list[str]) -> list[Disk]:
     return out
 
 
+_RELEASE = re.compile(r"release (\d+\.\d+)")
+CUDA_HOME = Path("/usr/local/cuda")
+
+
+def cuda_toolkit(nvcc: str | None, version_json: Path = CUDA_HOME / "version.json") -> str:
+    """The CUDA toolkit's version ("12.4"): what `nvcc --version` says, else the toolkit's
+    version.json; "" where neither is here."""
+    if nvcc:
+        try:
+            out = subprocess.run(
+                [nvcc, "--version"], capture_output=True, text=True, timeout=30, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        if m := _RELEASE.search(out):
+            return m.group(1)
+    try:
+        version = str(json.loads(version_json.read_text())["cuda"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return ".".join(version.split(".")[:2])
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, else the toolkit's in /usr/local/cuda (as build-llama-server finds it)."""
+    path = shutil.which("nvcc") or CUDA_HOME / "bin" / "nvcc"
+    return str(path) if os.access(path, os.X_OK) else None
+
+
+@functools.cache
+def installed_toolkit() -> str:
+    """This node's CUDA toolkit, asked once (a toolkit installed later is seen after a
+    restart of the agent)."""
+    return cuda_toolkit(find_nvcc())
+
+
+def engines(
+    gpus: list[Gpu], toolkit: str, vllm: bool, *, can_build: bool | None = None
+) -> list[str]:
+    """The engines this node runs, "ENGINE:cpu" or "ENGINE:gpu": llama.cpp on CPUs always; on
+    its cards where a CUDA build is here or can be made (the toolkit and cmake); vLLM on its
+    cards (or CPUs, without cards) where the agent's configuration allows it."""
+    out = ["llama.cpp:cpu"]
+    if gpus and toolkit:  # a CUDA build runs on the toolkit's own libraries
+        capabilities = [g.compute_capability for g in gpus]
+        built = any(p.is_file() for p in llamacpp.cuda_binary_candidates(toolkit, capabilities))
+        if can_build is None:
+            can_build = shutil.which("cmake") is not None
+        if built or can_build:
+            out.append("llama.cpp:gpu")
+    if vllm:
+        out.append("vllm:gpu" if gpus else "vllm:cpu")
+    return out
+
+
+def vllm_allowed(config: Any) -> bool:
+    """Whether the agent's configuration (AgentConfig) runs vLLM: its engines.vllm, read as
+    it may be (absent in an older configuration; enabled: false where it has that field)."""
+    vllm = getattr(getattr(config, "engines", None), "vllm", None)
+    return vllm is not None and getattr(vllm, "enabled", True) is not False
+
+
 def collect(
-    state_dir: str, gpus: GpuReader | None = None, bandwidth: Bandwidth | None = None
+    state_dir: str,
+    gpus: GpuReader | None = None,
+    bandwidth: Bandwidth | None = None,
+    *,
+    vllm: bool = False,
+    toolkit: str | None = None,
 ) -> Inventory:
-    """The node's inventory now: its cards read through gpus (none without a reader), and
-    the bandwidth measured at the agent's start (membw.measure) where it was."""
+    """The node's inventory now: its cards read through gpus (none without a reader), the
+    bandwidth measured at the agent's start (membw.measure) where it was, the CUDA toolkit
+    (asked once unless given) and the engines it runs (vLLM where vllm says so)."""
     mem = meminfo()
     report = gpus.read() if gpus is not None else None
+    cards = report.gpus if report else []
+    toolkit = installed_toolkit() if toolkit is None else toolkit
     return Inventory(
         cores=cores(),
         memory_bytes=mem.get("MemTotal", 0),
         memory_free_bytes=mem.get("MemAvailable", mem.get("MemFree", 0)),
         disks=disks([state_dir, "/"]),
-        gpus=report.gpus if report else [],
+        gpus=cards,
         gpu_driver_version=report.driver_version if report else "",
         cuda_version=report.cuda_version if report else "",
         memory_bandwidth_bytes_s=bandwidth.all_cores if bandwidth else 0,
         memory_bandwidth_one_core_bytes_s=bandwidth.one_core if bandwidth else 0,
+        cuda_toolkit=toolkit,
+        engines=engines(cards, toolkit, vllm),
     )

