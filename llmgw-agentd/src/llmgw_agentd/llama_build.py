@@ -1,0 +1,103 @@
+"""llama-server built with CUDA on the node, once per llama.cpp, toolkit and cards, when the first
+replica on cards needs it (never in the agent's start-up), its progress told like a download."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from llmgw.config import LlamaCpp
+from llmgw_agentd.engines import EngineError, llamacpp
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]  # the replica's "starting" message; "" clears it
+TAIL = 20  # lines of the build's output kept for an error
+# Where the script is: beside a package's files, else in this checkout.
+SCRIPTS = (Path("/usr/share/llmgw/build-llama-server"),
+           Path(__file__).resolve().parents[3] / "scripts" / "build-llama-server")  # fmt: skip
+
+_locks: dict[str, asyncio.Lock] = {}
+
+
+def find_script(env: dict[str, str] | None = None) -> Path:
+    """scripts/build-llama-server: LLMGW_BUILD_LLAMA_SERVER, else where it is installed."""
+    env = dict(os.environ) if env is None else env
+    named = env.get("LLMGW_BUILD_LLAMA_SERVER")
+    for path in [Path(named)] if named else SCRIPTS:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise EngineError("scripts/build-llama-server is not installed: llama.cpp cannot be built")
+
+
+def architectures(capabilities: Iterable[str]) -> str:
+    """The cards' compute capabilities as CUDA architectures: ["9.0", "8.6"] is "86;90"."""
+    return ";".join(sorted({cc.replace(".", "") for cc in capabilities if cc}))
+
+
+async def ensure_cuda_build(
+    config: LlamaCpp,
+    toolkit: str,
+    capabilities: list[str],
+    progress: Progress | None = None,
+    *,
+    cache: Path = llamacpp.SYSTEM_CACHE,
+    script: Path | None = None,
+) -> Path:
+    """llama-server with CUDA for these cards: the site's binary, a build already made, or one
+    made now by build-llama-server --cuda into cache (one build at a time for each; a second
+    caller waits for it); raises EngineError saying why it cannot be had."""
+    env = {**os.environ, "LLMGW_CACHE": str(cache)}
+    cuda = (toolkit, capabilities)
+    with contextlib.suppress(EngineError):
+        return llamacpp.find_binary(config, env, cuda=cuda)
+    if not toolkit:
+        raise EngineError("no CUDA toolkit on this node: llama.cpp runs on CPUs only here")
+    archs = architectures(capabilities)
+    lock = _locks.setdefault(f"{cache}:{toolkit}:{archs}", asyncio.Lock())
+    if lock.locked() and progress is not None:
+        progress(f"waiting for the build of llama.cpp with CUDA {toolkit}")
+    async with lock:
+        with contextlib.suppress(EngineError):
+            return llamacpp.find_binary(config, env, cuda=cuda)
+        try:
+            await _build(script or find_script(), env | {"LLAMA_CUDA_ARCHITECTURES": archs},
+                         f"building llama.cpp with CUDA {toolkit}", progress)  # fmt: skip
+        finally:
+            if progress is not None:
+                progress("")
+        return llamacpp.find_binary(config, env, cuda=cuda)
+
+
+async def _build(script: Path, env: dict[str, str], what: str, progress: Progress | None) -> None:
+    """Run the script; each of its steps ("fetching the sdist", "building, 45%") told."""
+    if progress is not None:
+        progress(f"{what}: starting")
+    log.info("%s (%s --cuda)", what, script)
+    proc = await asyncio.create_subprocess_exec(
+        str(script), "--cuda", stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    tail: list[str] = []
+    try:
+        async for raw in proc.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            tail = [*tail[-(TAIL - 1) :], line]
+            _, sep, step = line.partition("): ")
+            if sep and line.startswith("llama-server ") and progress is not None:
+                progress(f"{what}: {step}")
+        rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                await proc.wait()
+    if rc != 0:
+        said = "; ".join(line for line in tail[-5:] if line.strip())
+        raise EngineError(f"llama.cpp could not be built with CUDA (exit {rc}): {said}")
+    log.info("%s: done", what)
