@@ -41,9 +41,9 @@ def test_the_inventory_carries_the_toolkit_and_engines_from_recorded_cards(
     inv = inventory.collect(str(tmp_path), reader, toolkit="12.4", vllm=True)
     assert inv.cuda_toolkit == "12.4" and len(inv.gpus) == 8
     assert "vllm:gpu" in inv.engines and "vllm:cpu" not in inv.engines
-    bare = inventory.collect(str(tmp_path), reader, toolkit="")
+    bare = inventory.collect(str(tmp_path), reader, toolkit="", vllm=False)
     assert bare.cuda_toolkit == "" and bare.engines == ["llama.cpp:cpu"]
-    no_cards = inventory.collect(str(tmp_path), None, toolkit="12.4", vllm=True)
+    no_cards = inventory.collect(str(tmp_path), None, toolkit="12.4")  # vLLM by default
     assert no_cards.engines == ["llama.cpp:cpu", "vllm:cpu"]
 
 

@@ -119,12 +119,13 @@ def collect(
     gpus: GpuReader | None = None,
     bandwidth: Bandwidth | None = None,
     *,
-    vllm: bool = False,
+    vllm: bool = True,
     toolkit: str | None = None,
 ) -> Inventory:
     """The node's inventory now: its cards read through gpus (none without a reader), the
     bandwidth measured at the agent's start (membw.measure) where it was, the CUDA toolkit
-    (asked once unless given) and the engines it runs (vLLM where vllm says so)."""
+    (asked once unless given) and the engines it runs (vLLM unless vllm is False: every
+    AgentConfig has engines.vllm, installed when first needed; see vllm_allowed)."""
     mem = meminfo()
     report = gpus.read() if gpus is not None else None
     cards = report.gpus if report else []
