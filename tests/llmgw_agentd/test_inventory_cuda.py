@@ -113,3 +113,11 @@ def test_a_spec_on_cards_gets_the_cuda_build_of_this_toolkit_for_its_cards(tmp_p
         find(LlamaCpp(), env, "x86_64", cuda=("", ["9.0"]))
     # A site's own binary is used for both.
     assert find(LlamaCpp(binary=str(cpu)), env, cuda=("12.4", ["9.0"])) == cpu
+
+
+def test_cublas_is_looked_for_where_toolkits_put_it(tmp_path: Path) -> None:
+    assert not inventory.has_cublas(tmp_path)  # nvcc alone, as on this machine
+    headers = tmp_path / "targets" / "x86_64-linux" / "include"
+    headers.mkdir(parents=True)
+    (headers / "cublas_v2.h").write_text("")
+    assert inventory.has_cublas(tmp_path)

@@ -41,6 +41,7 @@ def test_cards_with_the_toolkit_are_offered_llama_cpp(
     tmp_path: Path, recording: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # cmake is here
+    monkeypatch.setattr(inventory, "has_cublas", lambda: True)  # and a whole toolkit
     inv = node(tmp_path, recording, toolkit="12.4", vllm=True)
     assert engine_support.offers(inv, "llama.cpp", gpu=True)
     assert engine_support.offers(inv, "vllm", gpu=True)

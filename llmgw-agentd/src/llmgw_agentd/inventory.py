@@ -81,6 +81,13 @@ def find_nvcc() -> str | None:
     return str(path) if os.access(path, os.X_OK) else None
 
 
+def has_cublas(home: Path = CUDA_HOME) -> bool:
+    """Whether cuBLAS's headers are here (llama.cpp's CUDA build links it): an nvcc alone,
+    as pip's nvidia-cuda-nvcc installs it, builds nothing (seen on the test machine)."""
+    found = [home / "include", *home.glob("targets/*/include"), Path("/usr/include")]
+    return any((d / "cublas_v2.h").is_file() for d in found)
+
+
 @functools.cache
 def installed_toolkit() -> str:
     """This node's CUDA toolkit, asked once (a toolkit installed later is seen after a
@@ -99,7 +106,7 @@ def engines(
         capabilities = [g.compute_capability for g in gpus]
         built = any(p.is_file() for p in llamacpp.cuda_binary_candidates(toolkit, capabilities))
         if can_build is None:
-            can_build = shutil.which("cmake") is not None
+            can_build = shutil.which("cmake") is not None and has_cublas()
         if built or can_build:
             out.append("llama.cpp:gpu")
     if vllm:
