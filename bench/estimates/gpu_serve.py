@@ -27,6 +27,9 @@ from integration.conftest import _binds  # noqa: E402
 from integration.llmgw_node import Node, gguf  # noqa: E402
 from llmgw.engine_memory import FIXED, MIB  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from run import number, unit_pids  # type: ignore[import-not-found]  # noqa: E402
+
 VLLM_INSIDE = "/var/cache/llmgw/vllm-gpu"
 ST_REPO = "local/SmolLM2-135M-Instruct"
 
@@ -79,8 +82,7 @@ def card_mib(pids: list[str]) -> int:
 
 def host_pids(node: Node, unit: str) -> list[str]:
     """The unit's processes as the host numbers them (nvidia-smi lists host PIDs)."""
-    group = node.ps.systemctl("show", "-P", "ControlGroup", unit).stdout.strip()
-    inside = node.ps.run(["cat", f"/sys/fs/cgroup{group}/cgroup.procs"]).stdout.split()
+    inside = unit_pids(node, unit)
     out = []
     # Inside PIDs differ from the host's: match by NSpid in every host process's status.
     for status in Path("/proc").glob("[0-9]*/status"):
@@ -114,7 +116,8 @@ def serve_and_measure(node: Node, key: str, name: str, start_s: float) -> dict[s
         "estimate_on_card": [p["memory"] for p in placed],
         "card_used_mib": card_mib(host_pids(node, unit)),
         "ram_estimate_mib": estimate_of(memory_max) >> 20,
-        "ram_current_mib": int(node.ps.systemctl("show", "-P", "MemoryCurrent", unit).stdout) >> 20,
+        "ram_current_mib": number(node.ps.systemctl("show", "-P", "MemoryCurrent", unit).stdout)
+        >> 20,
         "argv": node.ps.systemctl("show", "-P", "ExecStart", unit).stdout.strip()[:400],
     }
     node.llmgw("model", "replicas", name, "0", "--profile", "gpu")

@@ -63,6 +63,21 @@ def _status_kib(ps: harness.PrivateSystemd, pid: str, field: str) -> int:
     return 0
 
 
+def number(text: str) -> int:
+    """systemctl's figure, 0 where it says "[not set]"."""
+    return int(text.strip()) if text.strip().isdigit() else 0
+
+
+def unit_pids(node: Node, unit: str) -> list[str]:
+    """The unit's processes (inside numbers): its cgroup's procs, on cgroup v2 or v1."""
+    group = node.ps.systemctl("show", "-P", "ControlGroup", unit).stdout.strip()
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"):
+        got = node.ps.run(["cat", f"{root}{group}/cgroup.procs"], check=False)
+        if got.returncode == 0:
+            return got.stdout.split()
+    return []
+
+
 def measure(node: Node, case: Case, key: str) -> Row:
     """Serve case, ask one chat so the engine has worked once, then read its memory."""
     node.llmgw("model", "add", case.name, "--from", case.source, "--engine", case.engine,
@@ -72,9 +87,8 @@ def measure(node: Node, case: Case, key: str) -> Row:
     chat(node, key, case.name)
     [unit] = node.engine_units()
     show = node.ps.systemctl("show", "-P", "MemoryMax", unit).stdout.strip()
-    current = int(node.ps.systemctl("show", "-P", "MemoryCurrent", unit).stdout.strip())
-    group = node.ps.systemctl("show", "-P", "ControlGroup", unit).stdout.strip()
-    pids = node.ps.run(["cat", f"/sys/fs/cgroup{group}/cgroup.procs"]).stdout.split()
+    current = number(node.ps.systemctl("show", "-P", "MemoryCurrent", unit).stdout)
+    pids = unit_pids(node, unit)
     rss = sum(_status_kib(node.ps, p, "VmRSS") for p in pids) * 1024
     peak = sum(_status_kib(node.ps, p, "VmHWM") for p in pids) * 1024
     plan: dict[str, Any] = node.llmgw("model", "plan", case.name, "--json")
