@@ -178,7 +178,7 @@ async def test_engines_get_cpus_of_their_own_and_keep_them(node: Node) -> None:
     assert props(node, r1)["CPUAffinity"] == props(node, r1)["AllowedCPUs"]  # v1 too
     assert "AllowedCPUs" not in props(node, "llmgw-engine-r3.service")  # cores 0: not pinned
     node.fake.kill(r1)  # restarted: the same CPUs
-    await until(replicas, lambda s: ready()(s) and s["r1"].restarts == 1)
+    await until(replicas, lambda s: ready()(s) and s["r1"].restarts >= 1)
     assert allowed(node, r1) == [0, 1, 2]
     await replicas.apply([spec("r1", cores=3), spec("r2", cores=3, context=2048), spec("r3")])
     await until(replicas, lambda s: ready("r2")(s) and node.fake.started.count(r2) == 2)
@@ -235,7 +235,7 @@ async def test_an_engine_killed_over_its_memory_is_reported_as_oom(node: Node) -
     got = (await until(replicas, lambda s: s["r1"].oom_kills == 1, within=5))["r1"]
     assert got.reason == "oom" and got.state == "failed"
     assert "over its memory limit" in got.message
-    back = (await until(replicas, lambda s: ready()(s) and s["r1"].restarts == 1))["r1"]
+    back = (await until(replicas, lambda s: ready()(s) and s["r1"].restarts >= 1))["r1"]
     assert back.oom_kills == 1 and back.reason == "oom"  # why it last stopped
     node.fake.kill(UNIT)  # a crash is no OOM kill
     crashed = (await until(replicas, lambda s: s["r1"].reason == "exit", within=5))["r1"]
@@ -253,7 +253,7 @@ async def test_on_cgroup_v1_a_sigkill_while_the_kernel_counted_an_oom_kill_is_oo
     node.fake.kill(UNIT)
     got = (await until(replicas, lambda s: s["r1"].oom_kills == 1, within=5))["r1"]
     assert got.reason == "oom" and "over its memory limit" in got.message
-    await until(replicas, lambda s: ready()(s) and s["r1"].restarts == 1)
+    await until(replicas, lambda s: ready()(s) and s["r1"].restarts >= 1)
     node.fake.kill(UNIT)  # no OOM kill counted meanwhile: a plain SIGKILL
     got = (await until(replicas, lambda s: s["r1"].reason == "exit", within=5))["r1"]
     assert got.oom_kills == 1 and "killed by signal SIGKILL" in got.message
