@@ -185,7 +185,7 @@ def test_unknown_name_exits_4(daemon: Daemon, args: list[str]) -> None:
     [
         ["model", "serve", "smol"],
         ["model", "serve", "smol", "--replicas", "-1"],
-        ["model", "add", "smol", "--from", "file:/m.gguf", "--engine", "vllm"],
+        ["model", "add", "smol", "--from", "file:/m.gguf", "--engine", "tensorrt-llm"],
         ["node", "join", "http://cp:7710", "--token", "t"],
         ["nodes", "--bogus"],
     ],

@@ -19,10 +19,12 @@ from dbus_fast import Variant
 
 from llmgw import engine_memory
 from llmgw.config import AgentConfig
-from llmgw.wire import ReplicaSpec, ReplicaState, ReplicaStatus
-from llmgw_agentd import engines
+from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
+from llmgw_agentd import cpus, devices, engines, oom
 from llmgw_agentd.cache import Cache, FetchError
 from llmgw_agentd.engines import HEALTH_PATH, PROPS_PATH, EngineError
+from llmgw_agentd.gpus import GpuReader
+from llmgw_agentd.inventory import collect
 from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,7 @@ SANDBOX: tuple[tuple[str, Variant], ...] = (
 # spec, host, port, key file argument (None: no key) -> argv
 CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
 OnChange = Callable[[], None]
+InventoryReader = Callable[[], Inventory]
 
 
 class _Settings(msgspec.Struct):
@@ -87,6 +90,7 @@ class EngineRecord(msgspec.Struct):
     port: int
     spec: ReplicaSpec  # with api_key blanked: the key lives only in its 0600 file
     host: str = ""  # where it listens; "": every address (an agent older than this field)
+    cpus: list[int] = []  # the CPU ids of its AllowedCPUs; []: not pinned
 
 
 @dataclass(eq=False)
@@ -104,6 +108,10 @@ class _Replica:
     unwatch: Callable[[], None] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     last: UnitState | None = None  # the unit as systemd's signals last described it
+    cpus: list[int] = field(default_factory=list)  # its AllowedCPUs, kept across restarts
+    reason: str = ""  # why it last ended unasked: "oom", "exit"; "" none
+    oom_kills: int = 0  # how often the kernel ended it over its MemoryMax
+    kernel_ooms: int = -1  # the kernel's OOM kills when it last started (oom.kernel_count)
 
     @property
     def unit(self) -> str:
@@ -142,6 +150,9 @@ class Replicas:
         backoff: tuple[float, float] = (1.0, 30.0),
         cache: Cache | None = None,
         fetch_backoff: tuple[float, float] = (10.0, 300.0),
+        inventory: InventoryReader | None = None,
+        online_cpus: Callable[[], list[int]] = cpus.available,
+        kernel_ooms: Callable[[], int] = oom.kernel_count,
     ) -> None:
         self._config = config
         self._systemd = Systemd(bus_address)
@@ -160,6 +171,11 @@ class Replicas:
         self._orphans: set[str] = set()  # units of ours without a record: stopped at first apply
         self._lock = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
+        # The node's cards (a spec's UUIDs to /dev/nvidiaN, and whether they suit the engine)
+        # and the CPU ids engines are pinned to.
+        self._inventory = inventory or partial(collect, config.state_dir, GpuReader())
+        self._online_cpus = online_cpus
+        self._kernel_ooms = kernel_ooms  # the kernel's OOM kills so far (cgroup v1's only sign)
 
     # The agent's side
 
@@ -183,6 +199,7 @@ class Replicas:
             for spec in desired:
                 try:
                     check(spec)
+                    self._check_cards(spec)
                 except EngineError as e:
                     self._reject(spec, e)
                     continue
@@ -209,6 +226,8 @@ class Replicas:
                 restarts=r.restarts,
                 slots=r.slots,
                 context=r.context,
+                reason=r.reason,
+                oom_kills=r.oom_kills,
             )
             for r in self._replicas.values()
         ]
@@ -238,12 +257,15 @@ class Replicas:
             if record is None:
                 continue
             r = _Replica(record.spec, record.fingerprint, record.port, record.host or ANY)
+            r.cpus = list(record.cpus)
             self._replicas[r.spec.id] = r
             unit = units.pop(r.unit, None)
+            r.kernel_ooms = self._kernel_ooms()
             if unit is not None and unit.active_state in RUNNING_STATES:
                 log.info("adopting %s (port %d)", r.unit, r.port, extra=_fields(r))
                 self._supervise(r, launch=False)
             elif unit is not None and unit.active_state == "failed":
+                self._note_end(r, await self._systemd.state(r.unit))
                 r.state, r.message = "failed", "the engine failed while the agent was away"
             else:
                 r.state, r.message = "stopped", "not running; waiting for the control plane"
@@ -259,8 +281,9 @@ class Replicas:
                 r.state, r.message = "starting", ""
                 self._supervise(r, launch=True)
             return
-        port = 0
+        port, old_cpus = 0, []
         if r is not None:
+            old_cpus = r.cpus
             changed = "its spec changed"
             if r.fingerprint == fingerprint:
                 changed = f"it listens on {r.host}, the control plane reaches {self._host}"
@@ -274,6 +297,7 @@ class Replicas:
             return
         kept = msgspec.structs.replace(spec, api_key="", memory_max_bytes=self._memory_max(spec))
         r = _Replica(kept, fingerprint, port, self._host)
+        r.cpus = self._pick_cpus(spec, prefer=old_cpus)
         self._write_key(spec)
         self._write_record(r)
         self._replicas[spec.id] = r
@@ -367,7 +391,7 @@ class Replicas:
         """For an adopted unit: it may have ended before the watch was set."""
         r.ended.clear()
         st = await self._systemd.state(r.unit)
-        return None if st.running else st.describe()
+        return None if st.running else self._note_end(r, st)
 
     async def _launch(self, r: _Replica) -> str | None:
         """Start the unit; None when it runs, else why not."""
@@ -375,11 +399,12 @@ class Replicas:
         key = self._key_file(r.spec.id)
         try:
             argv = self._command(spec, r.host, r.port, KEY_ARG if key.exists() else None)
+            props = self._properties(r, key if key.exists() else None)
         except EngineError as e:
             return f"cannot be started: {e}"
-        props = self._properties(r, key if key.exists() else None)
         await self._systemd.reset_failed(r.unit)
         r.ended.clear()
+        r.kernel_ooms = self._kernel_ooms()
         try:
             result = await self._systemd.start_transient(r.unit, argv, props)
         except SystemdError as e:
@@ -393,7 +418,7 @@ class Replicas:
         if result == "done":
             return None
         st = await self._systemd.state(r.unit)
-        return st.describe() if st.result or st.exit_code else f"start job {result}"
+        return self._note_end(r, st) if st.result or st.exit_code else f"start job {result}"
 
     async def _serve(self, r: _Replica) -> tuple[str, bool]:
         """Probe until the unit ends; returns why it ended and whether it was ever ready."""
@@ -408,9 +433,11 @@ class Replicas:
                 st = await self._systemd.state(r.unit)
                 if st.ended:
                     last = r.last if st.removed and r.last is not None else st
-                    return last.describe(), was_ready
+                    return self._note_end(r, last), was_ready
                 continue
             code = await self._probe(r)
+            if code == 200 and not was_ready and not await self._lists_model(r):
+                code = 503  # up, but its model not listed yet (vLLM's /v1/models)
             if code == 200:
                 if not was_ready:  # ready for the first time in this run: its props, once
                     props = await self._props(r)
@@ -426,14 +453,29 @@ class Replicas:
                     self._set(r, "failed", "engine stopped answering /health")
 
     async def _probe(self, r: _Replica) -> int:
-        """/health's status code, 0 when nothing answered."""
+        """/health's status code (503 for a 200 whose body says it still loads), 0 when
+        nothing answered."""
         assert self._http is not None
         host = _probe_host(r.host)
         try:
             async with self._http.get(f"http://{host}:{r.port}{HEALTH_PATH}") as resp:
-                return resp.status
+                return health_code(resp.status, await resp.read())
         except (aiohttp.ClientError, TimeoutError, OSError):
             return 0
+
+    async def _lists_model(self, r: _Replica) -> bool:
+        """Whether the engine lists its model where it says so (asked with its key); True
+        for an engine whose /health is enough."""
+        path = engines.models_path(r.spec)
+        if path is None:
+            return True
+        assert self._http is not None
+        url = f"http://{_probe_host(r.host)}:{r.port}{path}"
+        try:
+            async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
+                return resp.status == 200 and engines.lists_model(r.spec, await resp.read())
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
 
     async def _props(self, r: _Replica) -> _Props:
         """The engine's slots and context from /props (asked with its key); 0 for what it does
@@ -494,15 +536,61 @@ class Replicas:
             ("MemoryMax", Variant("t", self._memory_max(spec))),
             ("MemorySwapMax", Variant("t", 0)),
             *SANDBOX,
+            *self._placement_properties(r),
         ]
-        if spec.devices:  # the cards (or MIG instances) the scheduler gave it, and only those
-            devices = "CUDA_VISIBLE_DEVICES=" + ",".join(spec.devices)
-            props.append(("Environment", Variant("as", [devices])))
         if spec.files and self._cache is not None:  # the cache, seen read-only ("-": if any)
             props.append(("ReadOnlyPaths", Variant("as", [f"-{self._cache.root}"])))
         if key is not None:
             props.append(("LoadCredential", Variant("a(ss)", [(KEY_CREDENTIAL, str(key))])))
+        if spec.engine == "vllm":  # torch's gloo (vLLM's workers) lists interfaces by netlink
+            props.append(("RestrictAddressFamilies", Variant("(bas)", [True, ["AF_NETLINK"]])))
         return props
+
+    # The placement: memory, CPUs, cards (kept apart from the rest of the unit's properties)
+
+    def _placement_properties(self, r: _Replica) -> list[tuple[str, Variant]]:
+        """What holds an engine to its placement: MemoryHigh below its MemoryMax (the kernel
+        reclaims and slows it there, before killing it at the limit), AllowedCPUs and the
+        threads of its engine's runtime (the CPUs the agent picked for its cores), and
+        DevicePolicy=closed with DeviceAllow for exactly its cards' device nodes, plus
+        CUDA_VISIBLE_DEVICES naming them; raises EngineError for a card not on this node."""
+        spec = r.spec
+        high = engine_memory.high(self._memory_max(spec))
+        props = [("MemoryHigh", Variant("t", high)), ("DevicePolicy", Variant("s", "closed"))]
+        env = cpus.thread_env(spec.engine, r.cpus)
+        if r.cpus:  # the cgroup's cpuset (cgroup v2 only), and the threads' affinity (any)
+            props.append(("AllowedCPUs", Variant("ay", cpus.mask(r.cpus))))
+            props.append(("CPUAffinity", Variant("ay", cpus.mask(r.cpus))))
+        if spec.devices:  # the cards (or MIG instances) the scheduler gave it, and only those
+            nodes = devices.nodes(spec.devices, self._inventory())
+            props.append(("DeviceAllow", Variant("a(ss)", [(n, "rw") for n in nodes])))
+            env.append("CUDA_VISIBLE_DEVICES=" + ",".join(spec.devices))
+        if env:
+            props.append(("Environment", Variant("as", env)))
+        return props
+
+    def _check_cards(self, spec: ReplicaSpec) -> None:
+        """Refuse a spec whose cards are not on this node or are below its engine's needs."""
+        if spec.devices:
+            devices.check(spec, self._inventory())
+
+    def _pick_cpus(self, spec: ReplicaSpec, prefer: list[int]) -> list[int]:
+        """The CPU ids for spec's cores: those it had (a spec changed), else free ones."""
+        held = [o.cpus for o in self._replicas.values() if o.spec.id != spec.id]
+        return cpus.pick(spec.cores, held, self._online_cpus(), prefer)
+
+    def _note_end(self, r: _Replica, st: UnitState) -> str:
+        """Count how a unit ended (the kernel's OOM kill apart from other ends); its words."""
+        now = self._kernel_ooms()
+        killed = oom.killed(st, r.kernel_ooms, now)
+        r.kernel_ooms = now
+        if killed:
+            r.reason = "oom"
+            r.oom_kills += 1
+            return UnitState(st.name, result="oom-kill").describe()
+        if st.result or st.exit_code:
+            r.reason = "exit"
+        return st.describe()
 
     def _memory_max(self, spec: ReplicaSpec) -> int:
         """The spec's limit, or the node's default when it has none (never 0: that kills)."""
@@ -530,7 +618,7 @@ class Replicas:
         self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self._records / f"{r.spec.id}.json"
         tmp = path.with_name(f".{path.name}.tmp")
-        record = EngineRecord(r.fingerprint, r.port, r.spec, r.host)
+        record = EngineRecord(r.fingerprint, r.port, r.spec, r.host, r.cpus)
         tmp.write_bytes(msgspec.json.encode(record))
         os.replace(tmp, path)
 
@@ -554,6 +642,27 @@ def _read_record(path: Path) -> EngineRecord | None:
         log.warning("%s: ignored, its replica id does not match its name", path)
         return None
     return record
+
+
+class _Health(msgspec.Struct):
+    """The part of a /health body the agent reads."""
+
+    status: str | None = None
+
+
+def health_code(status: int, body: bytes) -> int:
+    """/health's answer as readiness: a 200 is ready when its body is empty (vLLM), not JSON,
+    or JSON whose "status" is absent or "ok" (llama.cpp 11434.0.0 answers {"status":"ok"}
+    once loaded, 503 {"error":{"message":"Loading model"}} before); a 200 whose status is
+    anything else ({"status":"loading model"}, as some engine versions answer) counts as a
+    503: still loading."""
+    if status != 200 or not body.strip():
+        return status
+    try:
+        said = msgspec.json.decode(body, type=_Health).status
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return status
+    return status if said is None or said.lower() == "ok" else 503
 
 
 def _node_memory() -> int:

@@ -21,7 +21,7 @@ from aiohttp.typedefs import Handler, Middleware
 from llmgw import engine_args, sources, wire
 from llmgw.localsock import allowed, peer_credentials
 from llmgw.mirror_api import SetStatus
-from llmgwd import meter_views
+from llmgwd import engine_support, meter_views
 from llmgwd.catalog import (
     ApiKey,
     Catalog,
@@ -51,7 +51,7 @@ PRINCIPAL = web.RequestKey("llmgw.principal", str)  # who calls, for the log (ne
 MAX_REPLICAS = 1024
 MAX_CONTEXT = 1 << 24
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-ENGINES = ("llama.cpp",)
+ENGINES = ("llama.cpp", "vllm")
 
 
 def _own_version() -> str:
@@ -77,6 +77,10 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     version: str = ""  # the agent's
     cordoned: bool = False  # takes no new replicas
     draining: bool = False  # its replicas are being moved off
+    gpus: int = 0  # its cards
+    cuda_toolkit: str = ""  # nvcc's version ("12.4"); "": none (llama.cpp on CPUs only)
+    engines: list[str] = []  # "llama.cpp:cpu", "vllm:gpu", ...: what it runs where
+    note: str = ""  # what people should know of it (engine_support.node_note)
 
 
 class NodesView(Protocol):
@@ -124,6 +128,10 @@ class ClusterNodes:
                 memory_bytes=n.inventory.memory_bytes,
                 replicas=list(n.replicas),
                 version=n.version,
+                gpus=len(n.inventory.gpus),
+                cuda_toolkit=n.inventory.cuda_toolkit,
+                engines=list(n.inventory.engines),
+                note=engine_support.node_note(n.inventory),
             )
             for n in self.source()
         ]
@@ -398,6 +406,11 @@ def validate_model(body: ModelIn) -> Model:
     _check_source(body.source)
     if body.engine not in ENGINES:
         raise bad_field("engine", f"must be one of {', '.join(ENGINES)}")
+    if body.engine == "vllm" and not sources.is_hf(body.source):
+        raise bad_field(
+            "source", "vllm serves a safetensors set from the mirror: hf:ORG/REPO (a directory"
+            " of this host goes in with `llmgw mirror import DIR --as ORG/REPO`)"
+        )  # fmt: skip
     try:  # the check each node's agent makes again before it starts an engine
         engine_args.check(body.engine, body.args)
     except engine_args.EngineArgError as e:
@@ -411,7 +424,7 @@ def validate_model(body: ModelIn) -> Model:
     return Model(
         name=body.name,
         source=body.source,
-        engine="llama.cpp",
+        engine="vllm" if body.engine == "vllm" else "llama.cpp",
         args=body.args,
         context=body.context,
         max_tokens=body.max_tokens,
@@ -688,8 +701,11 @@ async def _add_hf(request: web.Request, ctx: ApiContext, model: Model) -> web.Re
 
     if ctx.mirror is None:
         raise bad_field("source", "this llmgwd has no mirror: hf: sources cannot be served")
+    src = sources.parse_hf(model.source)
     try:
-        pinned, files = await ctx.mirror.add(sources.parse_hf(model.source))
+        if model.engine == "vllm":  # refused before anything is fetched
+            src = src.pinned(await _safetensors_commit(ctx.mirror, src))
+        pinned, files = await ctx.mirror.add(src)
     except MirrorError as e:
         raise ApiError(
             e.status, str(e), "invalid_request_error", "mirror_failed", "source"
@@ -708,6 +724,19 @@ async def _add_hf(request: web.Request, ctx: ApiContext, model: Model) -> web.Re
         "model %s added (%s, %d files) by %s", model.name, model.source, len(files), _who(request)
     )
     return json_response(_view(ctx, model), 201)
+
+
+async def _safetensors_commit(mirror: Mirror, src: sources.HfSource) -> str:
+    """The commit src names, or a 400 when its set holds no safetensors weights with a
+    config.json (what vLLM serves)."""
+    snap = await mirror.resolve(src)
+    chosen = sources.select([f.path for f in snap.files], src.pattern)
+    if "config.json" not in chosen or not any(p.endswith(".safetensors") for p in chosen):
+        raise bad_field(
+            "source", f"{src.repo}@{snap.commit[:12]}: vllm serves safetensors weights with"
+            " their config.json, and this set holds none (a GGUF set runs on llama.cpp)"
+        )  # fmt: skip
+    return snap.commit
 
 
 async def _update(ctx: ApiContext, name: str, **changes: object) -> Model:

@@ -10,6 +10,7 @@ from llmgw.wire import ReplicaSpec
 
 HEALTH_PATH = "/health"  # every engine answers 200 here when ready, 503 while loading
 PROPS_PATH = "/props"  # llama.cpp: its total_slots and a slot's n_ctx (key needed)
+MODELS_PATH = "/v1/models"  # vLLM: ready once it lists the model (key needed)
 
 
 class EngineError(ValueError):
@@ -24,16 +25,24 @@ def check(spec: ReplicaSpec) -> None:
         llamacpp.check_source(spec)
         llamacpp.validate_args(spec.args)
         return
+    if spec.engine == "vllm":
+        from llmgw_agentd.engines import vllm
+
+        vllm.check_source(spec)
+        vllm.validate_args(spec.args)
+        return
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
 
 def local_source(spec: ReplicaSpec, set_dir: Path) -> str:
     """The file: source an engine loads an hf: set from, once the cache holds it in set_dir:
-    llama.cpp's GGUF file (a directory, for engines that load one)."""
+    llama.cpp's GGUF file, vLLM's directory."""
     if spec.engine == "llama.cpp":
         from llmgw_agentd.engines import llamacpp
 
         return f"file:{set_dir / llamacpp.gguf_in(spec.files)}"
+    if spec.engine == "vllm":
+        return f"file:{set_dir}"
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
 
@@ -42,6 +51,7 @@ def command(
 ) -> list[str]:
     """The argv that runs spec's engine as the unit's dynamic user; raises EngineError."""
     if spec.engine == "llama.cpp":
+        from llmgw_agentd import cpus
         from llmgw_agentd.engines import llamacpp
 
         binary = llamacpp.find_binary(config.engines.llama_cpp)
@@ -49,8 +59,14 @@ def command(
         check_reachable(Path(llamacpp.model_path(spec)), "model", execute=False)
         return llamacpp.command(
             spec, binary=str(binary), host=host, port=port, key_file=key_file,
-            threads=config.engines.llama_cpp.threads,
+            threads=cpus.threads_for(spec, config.engines.llama_cpp.threads),
         )
+    if spec.engine == "vllm":
+        from llmgw_agentd.engines import vllm
+
+        python = vllm.env_dir(config, spec) / "bin" / "python"
+        check_reachable(python, "vLLM's python", execute=True)
+        return vllm.command(spec, python=str(python), host=host, port=port, key_file=key_file)
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
 
@@ -72,3 +88,17 @@ def check_reachable(path: Path, what: str, *, execute: bool) -> None:
                 f"{what} {path}: directory {parent} is not searchable by others (engines run"
                 " as dynamic users: use a world-readable place such as /var/cache/llmgw)"
             )
+
+
+
+def models_path(spec: ReplicaSpec) -> str | None:
+    """Where an engine whose /health answered 200 says whether it serves its model yet
+    (vLLM lists it in /v1/models once loaded); None: /health is enough."""
+    return MODELS_PATH if spec.engine == "vllm" else None
+
+
+def lists_model(spec: ReplicaSpec, body: bytes) -> bool:
+    """Whether models_path's answer lists spec's model."""
+    from llmgw_agentd.engines import vllm
+
+    return vllm.lists_model(body, spec.model)
