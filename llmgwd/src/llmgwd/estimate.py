@@ -119,13 +119,30 @@ def memory_bytes(
     return shape.weights_bytes + kv_bytes(shape, context, cache) + margin_bytes(shape, gpu)
 
 
+# The engine's own runtime in RAM, besides weights, KV cache and margin: vLLM is three Python
+# processes with torch (API server, engine core, worker), measured here at 4.1-4.3 GB PSS
+# serving SmolLM2-135M (260 MB of weights) with 1 GiB of KV cache on CPUs (issue 16's
+# notes); llama-server's is inside the margin.
+RUNTIME_BYTES: dict[str, int] = {"llama.cpp": 0, "vllm": 3 << 30}
+
+
+def runtime_bytes(engine: str) -> int:
+    """RAM an engine takes whatever model it serves (0 for one not listed)."""
+    return RUNTIME_BYTES.get(engine, 0)
+
+
 def ram_bytes(
-    shape: ModelShape, context: int, cache: CacheType | None = None, gpu: bool = False
+    shape: ModelShape,
+    context: int,
+    cache: CacheType | None = None,
+    gpu: bool = False,
+    engine: str = "llama.cpp",
 ) -> int:
     """RAM one replica may take (what its memory limit is made from): as on CPUs, on cards
     too, where layers or the KV cache can stay in RAM (-ngl, --no-kv-offload), plus the
-    CUDA runtime's host side (GPU_FIXED again)."""
-    return memory_bytes(shape, context, cache, gpu=False) + (GPU_FIXED if gpu else 0)
+    CUDA runtime's host side (GPU_FIXED again) and the engine's own runtime."""
+    base = memory_bytes(shape, context, cache, gpu=False) + (GPU_FIXED if gpu else 0)
+    return base + runtime_bytes(engine)
 
 
 def context_that_fits(

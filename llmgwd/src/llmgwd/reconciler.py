@@ -485,7 +485,8 @@ class Reconciler:
         memory_max = 0
         if m.shape is not None:
             tokens = context or m.shape.context_length
-            ram = ram_bytes(m.shape, tokens, profile.cache_type, gpu=profile.kind == "gpu")
+            gpu = profile.kind == "gpu"
+            ram = ram_bytes(m.shape, tokens, profile.cache_type, gpu=gpu, engine=m.engine)
             grown = engine_memory.oom_factor(self.oom_kills(m.name).get(profile.name, 0))
             memory_max = engine_memory.limit(int(ram * grown))
         fraction = 0.0

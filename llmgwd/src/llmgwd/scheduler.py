@@ -49,6 +49,7 @@ from llmgwd.estimate import (
     kv_bytes,
     margin_bytes,
     memory_bytes,
+    runtime_bytes,
     shard_bytes,
 )
 from llmgwd.profiles import Profile, capability
@@ -226,6 +227,7 @@ class _Need:
         "min_cc",
         "min_ctx",
         "needs",
+        "runtime",
         "shards",
     )
 
@@ -239,6 +241,8 @@ class _Need:
         self.min_cc = capability(p.min_compute_capability)
         # An OOM kill is over the unit's MemoryMax, host RAM: on CPUs the place's memory grows.
         self.factor = 1.0 if self.gpu else engine_memory.oom_factor(d.oom_kills)
+        # On CPUs the engine's own runtime is in the place's memory too (on cards, in RAM).
+        self.runtime = 0 if self.gpu else runtime_bytes(p.engine)
         self.needs: dict[str, engine_cards.Needs] = {}  # by the node's CUDA toolkit
         self.full_ctx = p.context or d.context or s.context_length or DEFAULT_CONTEXT
         self.min_ctx = min(p.min_context, self.full_ctx)
@@ -250,12 +254,13 @@ class _Need:
         s = self.d.shape
         if self.shards > 1:
             return shard_bytes(s, ctx, self.cache, self.shards)
-        return int(memory_bytes(s, ctx, self.cache, gpu=self.gpu) * self.factor)
+        return int((memory_bytes(s, ctx, self.cache, gpu=self.gpu) + self.runtime) * self.factor)
 
     def context_in(self, avail: int) -> int:
         """The longest context that fits in avail on each device (limited to the wanted)."""
+        room = int(avail / self.factor) - self.runtime
         return context_that_fits(
-            self.d.shape, int(avail / self.factor), self.cache, self.gpu, self.full_ctx, self.shards
+            self.d.shape, room, self.cache, self.gpu, self.full_ctx, self.shards
         )
 
     def needs_on(self, inv: Inventory) -> engine_cards.Needs:
