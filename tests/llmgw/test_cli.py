@@ -142,7 +142,16 @@ def test_model_commands(daemon: Daemon) -> None:
     [m] = json.loads(daemon.cli("models", "--json").stdout)
     assert (m["name"], m["args"], m["ready"]) == ("smol", ["--temp", "0.2"], 1)
     assert m["replica_status"] == [
-        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0, "slots": 4}
+        {
+            "id": "r1",
+            "node": "n1",
+            "state": "ready",
+            "message": "",
+            "restarts": 0,
+            "slots": 4,
+            "reason": "",
+            "oom_kills": 0,
+        }
     ]
 
     assert daemon.cli("model", "stop", "smol").exit_code == 0
@@ -257,28 +266,51 @@ def test_node_token_and_nodes(daemon: Daemon) -> None:
     head = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "GPUS", "ENGINES"]
     assert rows(daemon.cli("nodes").stdout) == [
         [*head, "REPLICAS"],
-        ["gpu1", "10.0.0.7", "disconnected", "never", "16", "64.0 GiB", "0", "llama.cpp:cpu",
-         "0/1"],
-    ]  # fmt: skip
+        [
+            "gpu1",
+            "10.0.0.7",
+            "disconnected",
+            "never",
+            "16",
+            "64.0 GiB",
+            "0",
+            "llama.cpp:cpu",
+            "0/1",
+        ],
+    ]
     [n] = json.loads(daemon.cli("nodes", "--json").stdout)
     assert (n["name"], n["replicas"][0]["message"]) == ("gpu1", "oom")
 
 
 def test_nodes_say_the_engines_and_a_node_with_cards_but_no_cuda_toolkit(daemon: Daemon) -> None:
     def card_node(name: str, engines: list[str], toolkit: str = "", note: str = "") -> NodeInfo:
-        return NodeInfo(name=name, address="10.0.0.1", connected=True, last_seen=0.0, cores=8,
-                        memory_bytes=64 << 30, gpus=8, cuda_toolkit=toolkit, engines=engines,
-                        note=note)  # fmt: skip
+        return NodeInfo(
+            name=name,
+            address="10.0.0.1",
+            connected=True,
+            last_seen=0.0,
+            cores=8,
+            memory_bytes=64 << 30,
+            gpus=8,
+            cuda_toolkit=toolkit,
+            engines=engines,
+            note=note,
+        )
 
     daemon.nodes.items = [
         card_node("a", ["llama.cpp:cpu", "llama.cpp:gpu", "vllm:gpu"], toolkit="12.4"),
-        card_node("b", ["llama.cpp:cpu", "vllm:gpu"],
-                  note="no CUDA toolkit: llama.cpp runs on CPUs only here"),
-    ]  # fmt: skip
+        card_node(
+            "b",
+            ["llama.cpp:cpu", "vllm:gpu"],
+            note="no CUDA toolkit: llama.cpp runs on CPUs only here",
+        ),
+    ]
     out = daemon.cli("nodes").stdout
     table = rows(out)
-    assert [r[6:8] for r in table[1:3]] == [["8", "llama.cpp:cpu,gpu vllm:gpu (CUDA 12.4)"],
-                                            ["8", "llama.cpp:cpu vllm:gpu"]]  # fmt: skip
+    assert [r[6:8] for r in table[1:3]] == [
+        ["8", "llama.cpp:cpu,gpu vllm:gpu (CUDA 12.4)"],
+        ["8", "llama.cpp:cpu vllm:gpu"],
+    ]
     assert out.splitlines()[-1] == "b: no CUDA toolkit: llama.cpp runs on CPUs only here"
 
 
@@ -375,3 +407,24 @@ def test_every_command_has_help() -> None:
         r = CliRunner().invoke(main, [*args, "--help"])
         assert r.exit_code == 0
         assert "Usage: " in r.stdout
+
+
+def test_an_engine_killed_over_its_memory_is_said_so() -> None:
+    from llmgw.cli.model import status_of
+
+    m = {
+        "replicas": 1,
+        "ready": 0,
+        "replica_status": [
+            {
+                "state": "failed",
+                "message": "killed over its memory limit",
+                "reason": "oom",
+                "oom_kills": 2,
+            }
+        ],
+    }
+    assert status_of(m) == "out of memory: killed over its memory limit (2 OOM kills)"
+    m["replica_status"][0].update(state="ready", reason="")  # type: ignore[index]
+    m["ready"] = 1
+    assert status_of(m) == "ready (2 OOM kills)"

@@ -138,9 +138,10 @@ async def test_model_add_serve_stop_list(client: aiohttp.ClientSession, nodes: F
     )
     assert (m["replicas"], m["ready"]) == (2, 1)
     assert m["replica_status"] == [
-        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0, "slots": 4},
+        {"id": "r1", "node": "n1", "state": "ready", "message": "", "restarts": 0, "slots": 4,
+         "reason": "", "oom_kills": 0},
         {"id": "r2", "node": "n2", "state": "starting", "message": "loading", "restarts": 0,
-         "slots": 0},
+         "slots": 0, "reason": "", "oom_kills": 0},
     ]  # fmt: skip
 
     status, stopped = await call(client, "POST", "/models/smol/stop")

@@ -446,6 +446,8 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     message: str = ""
     restarts: int = 0  # how often its agent started it again after it died
     slots: int = 0  # requests its engine serves at once, the router's cap (0: not known)
+    reason: str = ""  # why it last ended unasked: "oom" (over its memory limit), "exit"
+    oom_kills: int = 0  # how often the kernel ended it over its memory limit
 
 
 class ModelView(msgspec.Struct, kw_only=True):
@@ -521,6 +523,8 @@ def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
                 message=message,
                 restarts=r.restarts,
                 slots=r.slots,
+                reason=r.reason,
+                oom_kills=r.oom_kills,
             )
             out.setdefault(r.model, []).append(view)
     return out

@@ -291,14 +291,17 @@ def plan(settings: Settings, name: str, as_json: bool) -> None:
 def status_of(m: dict[str, Any]) -> str:
     """One word (and the first failure's reason) for how a model is doing."""
     reps = m.get("replica_status", [])
+    ooms = sum(r.get("oom_kills", 0) for r in reps)
+    also = f" ({ooms} OOM kill{'s' if ooms != 1 else ''})" if ooms else ""
     failed = [r for r in reps if r["state"] == "failed"]
     if failed:
-        return f"failed: {failed[0]['message']}" if failed[0]["message"] else "failed"
+        word = "out of memory" if failed[0].get("reason") == "oom" else "failed"
+        return (f"{word}: {failed[0]['message']}" if failed[0]["message"] else word) + also
     if m.get("parked"):
         return "stopping (parking)" if reps else "parked"
     if m["replicas"] == 0:
-        return "stopping" if reps else "stopped"
-    return "ready" if m["ready"] >= m["replicas"] else "starting"
+        return ("stopping" if reps else "stopped") + also
+    return ("ready" if m["ready"] >= m["replicas"] else "starting") + also
 
 
 @click.command()
