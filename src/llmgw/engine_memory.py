@@ -21,6 +21,11 @@ from __future__ import annotations
 
 MIB = 1 << 20
 FIXED = 512 * MIB  # besides the estimate and its quarter
+# An engine's own runtime in RAM, whatever model it serves, inside its estimate: vLLM is
+# three Python processes with torch (API server, engine core, worker), measured here at
+# 4.1-4.3 GB PSS serving SmolLM2-135M (260 MB of weights) with 1 GiB of KV cache on CPUs;
+# llama-server's is inside the estimate's margin.
+RUNTIME_BYTES: dict[str, int] = {"llama.cpp": 0, "vllm": 3 << 30}
 LLAMA_CPP_CACHE_MAX_MIB = 8192  # llama-server's own default for --cache-ram
 
 

@@ -119,15 +119,11 @@ def memory_bytes(
     return shape.weights_bytes + kv_bytes(shape, context, cache) + margin_bytes(shape, gpu)
 
 
-# The engine's own runtime in RAM, besides weights, KV cache and margin: vLLM is three Python
-# processes with torch (API server, engine core, worker), measured here at 4.1-4.3 GB PSS
-# serving SmolLM2-135M (260 MB of weights) with 1 GiB of KV cache on CPUs (issue 16's
-# notes); llama-server's is inside the margin.
-RUNTIME_BYTES: dict[str, int] = {"llama.cpp": 0, "vllm": 3 << 30}
-
-
 def runtime_bytes(engine: str) -> int:
-    """RAM an engine takes whatever model it serves (0 for one not listed)."""
+    """RAM an engine takes whatever model it serves (engine_memory.RUNTIME_BYTES; 0 for one
+    not listed)."""
+    from llmgw.engine_memory import RUNTIME_BYTES
+
     return RUNTIME_BYTES.get(engine, 0)
 
 

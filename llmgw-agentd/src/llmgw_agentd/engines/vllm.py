@@ -74,11 +74,12 @@ def weights_bytes(files: list[ModelFile]) -> int:
 
 def kv_cache_bytes(spec: ReplicaSpec) -> int:
     """On CPUs, vLLM's KV cache: what the estimate behind the unit's limit keeps beside the
-    weights (at least MIN_KV_CACHE); 0: no estimate, vLLM's own default."""
+    weights and vLLM's own runtime (at least MIN_KV_CACHE); 0: no estimate, vLLM's default."""
     if not spec.memory_max_bytes:
         return 0
     estimate = max(0, spec.memory_max_bytes - engine_memory.FIXED) * 4 // 5
-    return max(MIN_KV_CACHE, estimate - weights_bytes(spec.files))
+    runtime = engine_memory.RUNTIME_BYTES["vllm"]
+    return max(MIN_KV_CACHE, estimate - weights_bytes(spec.files) - runtime)
 
 
 def env_dir(config: AgentConfig, spec: ReplicaSpec) -> Path:
