@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import AsyncIterator
 
 from llmgw import sources
@@ -97,6 +98,4 @@ async def record(body: ImportIn, store: BlobStore, records: Records) -> Snapshot
 
 
 def _now_iso() -> str:
-    import time
-
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())

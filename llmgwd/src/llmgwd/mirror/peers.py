@@ -158,9 +158,7 @@ async def _copy(mirror: Mirror, peer: Peer, item: Listed) -> None:
         log.info("mirror: %s@%s copied from peer %s", item.repo, item.commit[:12], peer.url)
     for ref in item.refs:
         if mirror.records.ref(item.repo, ref) is None:
-            await mirror.records.put_snapshot(
-                mirror.records.snapshot(item.repo, item.commit) or snap, ref
-            )
+            await mirror.records.put_ref(item.repo, ref, item.commit)
 
 
 async def _drop_gone(mirror: Mirror, peer: Peer, listed: set[tuple[str, str]]) -> None:

@@ -78,8 +78,12 @@ class Records:
         await self._store.put(SNAPSHOTS + key, _enc.encode(snap))
         self._snaps[key] = snap
         if revision and revision != snap.commit:
-            await self._store.put(f"{REFS}{snap.repo}@{revision}", snap.commit.encode())
-            self._refs[f"{snap.repo}@{revision}"] = snap.commit
+            await self.put_ref(snap.repo, revision, snap.commit)
+
+    async def put_ref(self, repo: str, revision: str, commit: str) -> None:
+        """Record that a branch or tag names a commit."""
+        await self._store.put(f"{REFS}{repo}@{revision}", commit.encode())
+        self._refs[f"{repo}@{revision}"] = commit
 
     async def drop_snapshot(self, repo: str, commit: str) -> None:
         """Forget a snapshot and every ref naming it."""

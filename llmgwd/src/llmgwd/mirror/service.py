@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,8 +243,6 @@ class Mirror:
 
     def sets(self) -> list[SetStatus]:
         """Sets in flight, and those finished within the hour."""
-        import time
-
         now = time.time()
         for key, job in list(self._jobs.items()):
             if job.state != "fetching" and now - job.finished_at > KEEP_FINISHED_S:
