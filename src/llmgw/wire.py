@@ -50,6 +50,9 @@ class Gpu(msgspec.Struct, frozen=True):
     memory_utilization_percent: int | None = None
     power_draw_mw: int | None = None
     power_limit_mw: int | None = None
+    # The card's device node is /dev/nvidiaMINOR (NVML's minor number, which need not be its
+    # index); -1: not told (an agent older than this field: its index is taken).
+    minor: int = -1
 
 
 class Inventory(msgspec.Struct, frozen=True):
@@ -216,12 +219,18 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     # The control plane takes Holdings and serves the mirror's files to nodes: the agent
     # sends Holdings only where this is True (an older one would refuse the message).
     mirror: bool = False
+    # Every control plane's cluster URL (https://HOST:7710): the agent keeps the list and
+    # tries the others when its link drops. []: a control plane older than this field.
+    control_planes: list[str] = []
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):
     """The control plane will not take this connection (and says why)."""
 
     reason: str
+    # A standby refuses agents: the leader's cluster URL, which the agent dials next ("": not
+    # that, or no leader now).
+    leader: str = ""
 
 
 class Renewed(msgspec.Struct, tag="renewed", frozen=True):
@@ -256,6 +265,21 @@ def decode_agent(data: bytes | str) -> AgentMessage:
 def decode_server(data: bytes | str) -> ServerMessage:
     """Decode a message the control plane sent."""
     return _server_decoder.decode(data)
+
+
+# Control planes (kept in the store under /servers/NAME, with the control plane's lease)
+
+ServerRole = Literal["leader", "standby"]
+
+
+class ServerInfo(msgspec.Struct, frozen=True):
+    """One live control plane, as it tells the others and `llmgw servers` shows it."""
+
+    name: str
+    url: str  # its cluster port's URL, as nodes dial it
+    role: ServerRole = "standby"
+    term: int = 0  # while leader: its term (the leader key's create revision); else 0
+    since: float = 0.0  # unix time it took this role
 
 
 # Joining (HTTPS on the cluster port, before the node has a certificate)
