@@ -41,6 +41,7 @@ from llmgwd.shapes import read_shape
 from llmgwd.usage import Usage
 
 if TYPE_CHECKING:
+    from llmgwd.control_planes import ControlPlanes
     from llmgwd.mirror.service import Mirror
     from llmgwd.mirror.sweep import NodeFiles
 
@@ -192,6 +193,7 @@ class ApiContext:
     remove_node: Callable[[str], Awaitable[bool]] | None = None
     mirror: Mirror | None = None  # None: hf: sources are refused here
     node_files: NodeFiles | None = None  # the nodes' caches, for sweeps
+    control_planes: ControlPlanes | None = None  # /servers: None, this llmgwd keeps none
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
@@ -1080,11 +1082,12 @@ async def create_token(request: web.Request) -> web.Response:
 
 def api_routes() -> list[web.RouteDef]:
     """The routes, relative to API_PREFIX."""
-    from llmgwd import api_mirror, api_nodes  # they build on this module's helpers
+    from llmgwd import api_mirror, api_nodes, api_servers  # they build on this module's helpers
 
     return [
         *api_nodes.routes(),
         *api_mirror.routes(),
+        *api_servers.routes(),
         web.get("/status", get_status),
         web.get("/nodes", get_nodes),
         web.get("/models", list_models),

@@ -1,0 +1,114 @@
+"""/api/v1's control planes: list them, make a token for a new one, take one out."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+import msgspec
+from aiohttp import web
+
+from llmgwd import control_planes as servers
+from llmgwd import server_tokens
+from llmgwd.api import ApiError, _ctx, _who, bad_field, json_response, read_body
+from llmgwd.control_planes import ControlPlanes
+
+log = logging.getLogger(__name__)
+
+
+class ServerTokenIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /servers/tokens"""
+
+    ttl_s: int = server_tokens.TTL_S
+
+
+class RemoveIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /servers/leave and DELETE /servers/{name}"""
+
+    force: bool = False
+
+
+class ServerTokenView(msgspec.Struct, kw_only=True):
+    """A new server token and the command a new control plane joins with."""
+
+    token: str
+    expires_in: int
+    url: str
+    command: str
+
+
+def _planes(request: web.Request) -> ControlPlanes:
+    planes = _ctx(request).control_planes
+    if planes is None:
+        raise ApiError(503, "this llmgwd keeps no control planes", "server_error", "no_servers")
+    return planes
+
+
+def _etcd(planes: ControlPlanes) -> servers.EtcdCluster:
+    if planes.etcd is None:
+        raise ApiError(
+            409,
+            "this cluster's store is SQLite, one control plane: run "
+            "`llmgw server migrate --to etcd` first",
+            "conflict_error",
+            "no_etcd",
+        )
+    return planes.etcd
+
+
+async def list_servers(request: web.Request) -> web.Response:
+    """GET /servers: every control plane, its etcd member's health, and who leads."""
+    planes = _planes(request)
+    return json_response(await servers.view(planes.store, planes.etcd, planes.me))
+
+
+async def create_server_token(request: web.Request) -> web.Response:
+    """POST /servers/tokens {ttl_s?}: a one-time token a new control plane joins with."""
+    planes = _planes(request)
+    body = await read_body(request, ServerTokenIn)
+    if not 60 <= body.ttl_s <= server_tokens.MAX_TTL_S:
+        raise bad_field("ttl_s", f"must be 60 to {server_tokens.MAX_TTL_S} seconds")
+    _etcd(planes)
+    token = await planes.tokens.mint(body.ttl_s)
+    log.info("server token made by %s", _who(request))
+    url = planes.join_url
+    command = f"llmgw server join {shlex.quote(url)} --token {shlex.quote(token)}"
+    return json_response(
+        ServerTokenView(token=token, expires_in=body.ttl_s, url=url, command=command), 201
+    )
+
+
+async def _remove(request: web.Request, name: str, leaving: bool) -> web.Response:
+    planes = _planes(request)
+    body = await read_body(request, RemoveIn)
+    etcd = _etcd(planes)
+    try:
+        gone = await servers.remove(etcd, name, me=planes.me, force=body.force, leaving=leaving)
+    except servers.NoSuchServer as e:
+        raise ApiError(404, str(e), "not_found_error", "server_not_found") from None
+    except servers.Refusal as e:
+        raise ApiError(409, str(e), "conflict_error", "quorum") from None
+    await planes.store.delete(servers.SERVERS + name)
+    verb = "left" if leaving else "removed by " + _who(request)
+    log.warning("control plane %s %s (etcd member %x)", name, verb, gone.id)
+    return json_response({"name": name, "member": format(gone.id, "x"), "removed": True})
+
+
+async def leave(request: web.Request) -> web.Response:
+    """POST /servers/leave {force?}: this control plane's etcd member leaves the cluster."""
+    return await _remove(request, _planes(request).me, True)
+
+
+async def remove_server(request: web.Request) -> web.Response:
+    """DELETE /servers/{name} {force?}: a dead control plane's member taken out."""
+    return await _remove(request, request.match_info["name"], False)
+
+
+def routes() -> list[web.RouteDef]:
+    """This module's routes, relative to /api/v1."""
+    return [
+        web.get("/servers", list_servers),
+        web.post("/servers/tokens", create_server_token),
+        web.post("/servers/leave", leave),
+        web.delete("/servers/{name}", remove_server),
+    ]
