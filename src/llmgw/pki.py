@@ -95,6 +95,30 @@ def make_server_cert(
     return CertKey(_cert_pem(cert), _key_pem(key))
 
 
+def make_etcd_cert(
+    ca: CertKey, name: str, ips: Sequence[str] = (), days: int = SERVER_DAYS
+) -> CertKey:
+    """An etcd member's or etcd client's certificate: serverAuth and clientAuth, for localhost,
+    127.0.0.1 and the IPs given. A member uses one for its peers and clients alike (etcd 3.4's
+    own JSON gateway dials the member with it, so a server cert needs clientAuth too); llmgwd
+    presents one to its member under --client-cert-auth."""
+    ca_cert, ca_key = _load_ca(ca)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    try:
+        addresses = [ipaddress.ip_address(a) for a in _unique(["127.0.0.1", *ips])]
+    except ValueError as e:
+        raise PKIError(f"not an IP address: {e}") from None
+    san: list[x509.GeneralName] = [x509.DNSName("localhost")]
+    san += [x509.IPAddress(a) for a in addresses]
+    usages = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+    builder = _leaf(subject, ca_cert, key.public_key(), days, *usages)
+    cert = builder.add_extension(x509.SubjectAlternativeName(san), critical=False).sign(
+        ca_key, hashes.SHA256()
+    )
+    return CertKey(_cert_pem(cert), _key_pem(key))
+
+
 def make_node_csr(node_name: str) -> tuple[bytes, bytes]:
     """A fresh node key and a CSR for it with CN = node name: (key PEM, CSR PEM)."""
     check_node_name(node_name)
@@ -360,15 +384,15 @@ def _leaf(
     ca_cert: x509.Certificate,
     public_key: _PublicKey,
     days: int,
-    usage: x509.ObjectIdentifier,
+    *usages: x509.ObjectIdentifier,
 ) -> x509.CertificateBuilder:
-    """An end-entity certificate with exactly one extended key usage."""
+    """An end-entity certificate with the extended key usages given."""
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     return (
         _base(subject, ca_cert.subject, public_key, days)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
