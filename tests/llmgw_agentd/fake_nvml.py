@@ -116,3 +116,6 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         return int(self._answer(handle, "nvmlDeviceGetEnforcedPowerLimit"))
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return int(self._answer(handle, "nvmlDeviceGetMinorNumber"))

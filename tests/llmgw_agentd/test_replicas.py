@@ -15,7 +15,7 @@ import pytest
 
 from llmgw.config import AgentConfig, Engines
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaStatus
-from llmgw_agentd.replicas import CommandBuilder, EngineRecord, Replicas
+from llmgw_agentd.replicas import CommandBuilder, EngineRecord, Preparer, Replicas
 from llmgw_agentd.systemd import Systemd
 from tests.llmgw_agentd.fake_systemd import FakeSystemd, fake_systemd
 
@@ -28,6 +28,10 @@ def engine_command(spec: ReplicaSpec, host: str, port: int, key: str | None) -> 
     argv = [sys.executable, FAKE_ENGINE, "--host", host, "--port", str(port), *spec.args]
     argv += ["--ctx-size", str(spec.context)] if spec.context else []
     return argv + (["--api-key-file", key] if key else [])
+
+
+async def ready_software(spec: ReplicaSpec, progress: Callable[[str], None]) -> None:
+    """The engine's software is there already (nothing built, nothing installed)."""
 
 
 def slow_command(spec: ReplicaSpec, host: str, port: int, key: str | None) -> list[str]:
@@ -64,7 +68,12 @@ class Node:
     def on_change(self) -> None:
         self.changes += 1
 
-    async def new_replicas(self, command: CommandBuilder = engine_command) -> Replicas:
+    async def new_replicas(
+        self,
+        command: CommandBuilder | None = engine_command,
+        prepare: Preparer | None = ready_software,
+    ) -> Replicas:
+        """An agent (None: the agent's own command, or own building and installing)."""
         r = Replicas(
             self.config,
             bus_address=self.address,
@@ -76,6 +85,7 @@ class Node:
             inventory=lambda: self.inventory,
             online_cpus=lambda: self.cpus,
             kernel_ooms=lambda: self.kernel_ooms,
+            prepare=prepare,
         )
         await r.start()
         self.made.append(r)

@@ -1,12 +1,13 @@
 """An engine's cards on this node: whether they suit its engine, and their device nodes.
 
 A spec names its cards (or MIG instances) by UUID; the node's inventory (NVML) says which
-card each is. The unit may open only those cards' /dev/nvidiaN (N: NVML's index of the card,
-which NVIDIA's driver gives the same minor number on every machine we know of), the
-driver's shared nodes (nvidiactl, nvidia-uvm, nvidia-uvm-tools), and, for a MIG instance,
-its own capability files (/dev/nvidia-caps/nvidia-capM, M from the driver's mig-minors
-list). Everything else is closed by DevicePolicy=closed, which still lets a CPU engine have
-/dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/tty and /dev/ptmx.
+card each is. The unit may open only those cards' /dev/nvidiaN (N: the card's minor number,
+which is not always NVML's index: eight RTX 4090s recorded under tests/ have minors 3, 2, 1,
+0, 7, 6, 5, 4), the driver's shared nodes (nvidiactl, nvidia-uvm, nvidia-uvm-tools), and,
+for a MIG instance, its own capability files (/dev/nvidia-caps/nvidia-capM, M from the
+driver's mig-minors list, which names the card by its minor number too). Everything else
+is closed by DevicePolicy=closed, which still lets a CPU engine have /dev/null, /dev/zero,
+/dev/full, /dev/random, /dev/urandom, /dev/tty and /dev/ptmx.
 """
 
 from __future__ import annotations
@@ -67,16 +68,23 @@ def nodes(devices: list[str], inventory: Inventory, mig_minors: Path = MIG_MINOR
     minors = _mig_minors(mig_minors) if any(d.startswith("MIG-") for d in devices) else {}
     for uuid in devices:
         card = find(inventory, uuid)
-        path = f"/dev/nvidia{card.gpu.index}"
+        number = minor(card.gpu)
+        path = f"/dev/nvidia{number}"
         if path not in cards:
             cards.append(path)
         if card.mig is not None:
             gi, ci = card.mig
-            base = f"gpu{card.gpu.index}/gi{gi}"
+            base = f"gpu{number}/gi{gi}"
             for name in (f"{base}/access", f"{base}/ci{ci}/access"):
                 if name in minors:
                     caps.append(f"/dev/nvidia-caps/nvidia-cap{minors[name]}")
     return cards + list(SHARED) + caps
+
+
+def minor(gpu: Gpu) -> int:
+    """The number of the card's device node: its minor number, else (an inventory older than
+    it) NVML's index."""
+    return gpu.minor if gpu.minor >= 0 else gpu.index
 
 
 def _mig_minors(path: Path) -> dict[str, int]:

@@ -46,6 +46,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int: ...
 
 
 class GpuReport(NamedTuple):
@@ -149,6 +150,7 @@ class GpuReader:
         mig = self._optional(nvml, nvml.nvmlDeviceGetMigMode, h)
         mig_on = bool(mig and mig[0] == 1)
         util = self._optional(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
+        minor_number = self._optional(nvml, nvml.nvmlDeviceGetMinorNumber, h)
         return Gpu(
             index=index,
             uuid=nvml.nvmlDeviceGetUUID(h),
@@ -162,6 +164,7 @@ class GpuReader:
             memory_utilization_percent=None if util is None else int(util.memory),
             power_draw_mw=self._optional(nvml, nvml.nvmlDeviceGetPowerUsage, h),
             power_limit_mw=self._optional(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, h),
+            minor=-1 if minor_number is None else int(minor_number),
         )
 
     def _instances(self, nvml: Nvml, card: Any) -> list[MigInstance]:

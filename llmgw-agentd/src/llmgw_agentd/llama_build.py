@@ -7,21 +7,20 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from llmgw.config import LlamaCpp
+from llmgw_agentd import once
 from llmgw_agentd.engines import EngineError, llamacpp
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]  # the replica's "starting" message; "" clears it
+Progress = once.Progress  # the replica's "starting" message; "" clears it
 TAIL = 20  # lines of the build's output kept for an error
 # Where the script is: beside a package's files, else in this checkout.
 SCRIPTS = (Path("/usr/share/llmgw/build-llama-server"),
            Path(__file__).resolve().parents[3] / "scripts" / "build-llama-server")  # fmt: skip
-
-_locks: dict[str, asyncio.Lock] = {}
 
 
 def find_script(env: dict[str, str] | None = None) -> Path:
@@ -49,8 +48,8 @@ async def ensure_cuda_build(
     script: Path | None = None,
 ) -> Path:
     """llama-server with CUDA for these cards: the site's binary, a build already made, or one
-    made now by build-llama-server --cuda into cache (one build at a time for each; a second
-    caller waits for it); raises EngineError saying why it cannot be had."""
+    made now by build-llama-server --cuda into cache (one build for every caller that waits
+    for it, going on when they go); raises EngineError saying why it cannot be had."""
     env = {**os.environ, "LLMGW_CACHE": str(cache)}
     cuda = (toolkit, capabilities)
     with contextlib.suppress(EngineError):
@@ -58,25 +57,18 @@ async def ensure_cuda_build(
     if not toolkit:
         raise EngineError("no CUDA toolkit on this node: llama.cpp runs on CPUs only here")
     archs = architectures(capabilities)
-    lock = _locks.setdefault(f"{cache}:{toolkit}:{archs}", asyncio.Lock())
-    if lock.locked() and progress is not None:
-        progress(f"waiting for the build of llama.cpp with CUDA {toolkit}")
-    async with lock:
-        with contextlib.suppress(EngineError):
-            return llamacpp.find_binary(config, env, cuda=cuda)
-        try:
-            await _build(script or find_script(), env | {"LLAMA_CUDA_ARCHITECTURES": archs},
-                         f"building llama.cpp with CUDA {toolkit}", progress)  # fmt: skip
-        finally:
-            if progress is not None:
-                progress("")
+
+    async def build(tell: Progress) -> Path:
+        await _build(script or find_script(), env | {"LLAMA_CUDA_ARCHITECTURES": archs},
+                     f"building llama.cpp with CUDA {toolkit}", tell)  # fmt: skip
         return llamacpp.find_binary(config, env, cuda=cuda)
 
+    return await once.run(f"llama.cpp {cache} cuda{toolkit} {archs}", build, progress)
 
-async def _build(script: Path, env: dict[str, str], what: str, progress: Progress | None) -> None:
+
+async def _build(script: Path, env: dict[str, str], what: str, progress: Progress) -> None:
     """Run the script; each of its steps ("fetching the sdist", "building, 45%") told."""
-    if progress is not None:
-        progress(f"{what}: starting")
+    progress(f"{what}: starting")
     log.info("%s (%s --cuda)", what, script)
     proc = await asyncio.create_subprocess_exec(
         str(script), "--cuda", stdin=asyncio.subprocess.DEVNULL,
@@ -89,7 +81,7 @@ async def _build(script: Path, env: dict[str, str], what: str, progress: Progres
             line = raw.decode(errors="replace").rstrip()
             tail = [*tail[-(TAIL - 1) :], line]
             _, sep, step = line.partition("): ")
-            if sep and line.startswith("llama-server ") and progress is not None:
+            if sep and line.startswith("llama-server "):
                 progress(f"{what}: {step}")
         rc = await proc.wait()
     finally:

@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,7 +20,7 @@ from dbus_fast import Variant
 from llmgw import engine_memory
 from llmgw.config import AgentConfig
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
-from llmgw_agentd import cpus, devices, engines, oom
+from llmgw_agentd import cpus, devices, engines, oom, prepare
 from llmgw_agentd.cache import Cache, FetchError
 from llmgw_agentd.engines import HEALTH_PATH, PROPS_PATH, EngineError
 from llmgw_agentd.gpus import GpuReader
@@ -66,6 +66,8 @@ SANDBOX: tuple[tuple[str, Variant], ...] = (
 
 # spec, host, port, key file argument (None: no key) -> argv
 CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
+# spec, progress -> the engine's software made ready (built, installed); raises EngineError
+Preparer = Callable[[ReplicaSpec, Callable[[str], None]], Awaitable[None]]
 OnChange = Callable[[], None]
 InventoryReader = Callable[[], Inventory]
 
@@ -153,6 +155,7 @@ class Replicas:
         inventory: InventoryReader | None = None,
         online_cpus: Callable[[], list[int]] = cpus.available,
         kernel_ooms: Callable[[], int] = oom.kernel_count,
+        prepare: Preparer | None = None,
     ) -> None:
         self._config = config
         self._systemd = Systemd(bus_address)
@@ -160,6 +163,7 @@ class Replicas:
         self._keys = runtime_dir / "keys"
         self._on_change = on_change
         self._command = command or self._engine_command
+        self._prepare = prepare or self._prepare_engine
         # Where engines listen: the configured address, else the one the link learns.
         self._host = config.address or LOOPBACK
         self._interval = probe_interval
@@ -398,6 +402,7 @@ class Replicas:
         spec = await self._local(r)
         key = self._key_file(r.spec.id)
         try:
+            await self._prepare(spec, partial(self._set, r, "starting"))
             argv = self._command(spec, r.host, r.port, KEY_ARG if key.exists() else None)
             props = self._properties(r, key if key.exists() else None)
         except EngineError as e:
@@ -517,7 +522,13 @@ class Replicas:
     def _engine_command(
         self, spec: ReplicaSpec, host: str, port: int, key: str | None
     ) -> list[str]:
-        return engines.command(spec, self._config, host=host, port=port, key_file=key)
+        cuda = prepare.cuda(spec, self._inventory())
+        return engines.command(spec, self._config, host=host, port=port, key_file=key, cuda=cuda)
+
+    async def _prepare_engine(self, spec: ReplicaSpec, progress: Callable[[str], None]) -> None:
+        """The engine's software: vLLM installed, llama-server built with CUDA for its cards,
+        before the unit starts (never in the agent's start-up: in the replica's own task)."""
+        await prepare.ensure(spec, self._config, self._inventory(), progress)
 
     def _properties(self, r: _Replica, key: Path | None) -> list[tuple[str, Variant]]:
         spec = r.spec

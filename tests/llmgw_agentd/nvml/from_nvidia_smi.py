@@ -103,6 +103,7 @@ class Keys:
     attached: tuple[tuple[str, ...], ...]
     name: tuple[tuple[str, ...], ...]
     uuid: tuple[tuple[str, ...], ...]
+    minor: tuple[tuple[str, ...], ...]
     capability: tuple[tuple[str, ...], ...]
     mig_current: tuple[tuple[str, ...], ...]
     mig_pending: tuple[tuple[str, ...], ...]
@@ -127,6 +128,7 @@ XML = Keys(
     attached=(("attached_gpus",),),
     name=(("product_name",),),
     uuid=(("uuid",),),
+    minor=(("minor_number",),),
     capability=(("cuda_compute_capability",), ("compute_cap",)),
     mig_current=(("mig_mode", "current_mig"),),
     mig_pending=(("mig_mode", "pending_mig"),),
@@ -158,6 +160,7 @@ TEXT = Keys(
     attached=(("Attached GPUs",),),
     name=(("Product Name",),),
     uuid=(("GPU UUID",),),
+    minor=(("Minor Number",),),
     capability=(),
     mig_current=(("MIG Mode", "Current"),),
     mig_pending=(("MIG Mode", "Pending"),),
@@ -244,11 +247,17 @@ class Converter:
             "nvmlDeviceGetPowerUsage": self.milliwatts(power),
             "nvmlDeviceGetEnforcedPowerLimit": self.milliwatts(limit),
             "nvmlDeviceGetMaxMigDeviceCount": self.max_mig(name),
+            "nvmlDeviceGetMinorNumber": self.minor(gpu),
             "mig_devices": [],
         }
         if mig[0] == 1:
             out["mig_devices"] = self.mig_devices(gpu, name, out["nvmlDeviceGetUUID"])
         return out
+
+    def minor(self, gpu: Node) -> int | dict[str, int]:
+        """The card's minor number (its /dev/nvidiaN), Not Supported where not printed."""
+        value = gpu.get(*self.keys.minor)
+        return int(value) if value is not None and value.isdigit() else NOT_SUPPORTED
 
     def capability(self, gpu: Node, name: str) -> list[int]:
         value = gpu.get(*self.keys.capability) if self.keys.capability else None

