@@ -27,8 +27,8 @@ path), or is llmgw's: the model, its served name, host, port and key (the agent)
 KV cache's type and size (the profile and the memory estimate), how weights are loaded (the
 agent: safetensors only), and the prefix cache's hash (the router's per-account cache_salt
 relies on sha256). vLLM reads `--max_num_seqs` as `--max-num-seqs` too; a dotted JSON field
-(`--compilation-config.mode`) or `-O3` is not on the list. Environment variables that name a
-path, a file or code are refused by check_env.
+(`--compilation-config.mode`) or `-O3` is not on the list. No environment variable is taken
+from a model or a site: an engine gets only those its agent sets (threads, caches, offline).
 """
 
 from __future__ import annotations
@@ -494,35 +494,4 @@ def check(engine: str, args: Sequence[str]) -> list[str]:
             inline, i = args[i], i + 1
         _check_value(written, inline, rule)
         out += [canonical, inline]
-    return out
-
-
-# Environment variables a site may give vLLM: tuning that names no path. Everything else is
-# refused: variables that name a path, a file or code (VLLM_CACHE_ROOT, VLLM_CONFIG_ROOT,
-# HF_HOME, LD_PRELOAD, PYTHONPATH, ...: the agent sets those it needs), and any other.
-VLLM_ENV: dict[str, Value] = {
-    "VLLM_CPU_OMP_THREADS_BIND": TEXT,  # cores ("0-3", "auto", "nobind"), checked below
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": _int(0, 1024),
-    "VLLM_LOGGING_LEVEL": _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-    "VLLM_ENGINE_ITERATION_TIMEOUT_S": _int(1),
-    "OMP_NUM_THREADS": _int(1, 4096),
-}
-_PATHLIKE = ("_PATH", "_DIR", "_ROOT", "_HOME", "_FILE", "_CACHE", "_PLUGINS", "_MODULE")
-
-
-def check_env(engine: str, env: dict[str, str]) -> list[str]:
-    """env as NAME=VALUE entries, or EngineArgError naming the first variable that may not
-    pass: one off the engine's list, one naming a path, or a value that is one."""
-    allowed = VLLM_ENV if engine == "vllm" else {}
-    out = []
-    for name, value in sorted(env.items()):
-        rule = allowed.get(name)
-        if rule is None:
-            pathlike = name.endswith(_PATHLIKE) or name.startswith(("LD_", "PYTHON", "HF_"))
-            why = "it names a path" if pathlike else "it is not on the list llmgw passes on"
-            raise EngineArgError(f"environment variable {name} is not allowed: {why}")
-        if "/" in value or "\n" in value:
-            raise EngineArgError(f"environment variable {name}: its value may not be a path")
-        _check_value(name, value, rule)
-        out.append(f"{name}={value}")
     return out

@@ -204,29 +204,3 @@ def test_vllm_tuning_passes_in_canonical_form() -> None:
     ]  # fmt: skip
     with pytest.raises(EngineArgError, match="out of range"):
         check("vllm", ["--max-num-seqs", "0"])
-
-
-@pytest.mark.parametrize(
-    ("env", "why"),
-    [
-        ({"VLLM_CACHE_ROOT": "/tmp/x"}, "names a path"),
-        ({"HF_HOME": "/x"}, "names a path"),
-        ({"LD_PRELOAD": "/x.so"}, "names a path"),
-        ({"PYTHONPATH": "/x"}, "names a path"),
-        ({"VLLM_PLUGINS": "evil"}, "names a path"),
-        ({"VLLM_CPU_OMP_THREADS_BIND": "/proc"}, "may not be a path"),
-        ({"VLLM_USE_SOMETHING": "1"}, "not on the list"),
-        ({"OMP_NUM_THREADS": "0"}, "out of range"),
-    ],
-)
-def test_vllm_environment_naming_paths_is_refused(env: dict[str, str], why: str) -> None:
-    with pytest.raises(EngineArgError) as e:
-        engine_args.check_env("vllm", env)
-    assert next(iter(env)) in str(e.value) and why in str(e.value)
-
-
-def test_vllm_tuning_environment_passes() -> None:
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4"}
-    assert engine_args.check_env("vllm", env) == [
-        "OMP_NUM_THREADS=4", "VLLM_CPU_OMP_THREADS_BIND=0-3",
-    ]  # fmt: skip
