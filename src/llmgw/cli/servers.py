@@ -1,0 +1,114 @@
+"""llmgw server token|leave|remove and llmgw servers: the control planes, grown and shrunk."""
+
+from __future__ import annotations
+
+import subprocess
+
+import click
+
+from llmgw.cli.common import API, Refused, Settings, api_path, call, pass_settings
+from llmgw.cli.output import echo_json, echo_table, json_option
+
+UNITS = ("llmgwd.service", "llmgw-etcd.service")
+
+
+@click.command("token")
+@click.option(
+    "--ttl",
+    "ttl_s",
+    type=click.IntRange(60, 3600),
+    default=900,
+    show_default=True,
+    help="Seconds the token works for.",
+)
+@json_option
+@pass_settings
+def token(settings: Settings, ttl_s: int, as_json: bool) -> None:
+    """Make a one-time token for a new control plane and print the command it joins with.
+
+    Run on a control plane of a cluster whose store is etcd (`llmgw server migrate --to
+    etcd` first on a one-machine SQLite cluster). The token is not a node token, nor the
+    reverse: `llmgw node join` refuses it.
+    """
+    answer = call(settings, "POST", f"{API}/servers/tokens", {"ttl_s": ttl_s})
+    if as_json:
+        echo_json(answer)
+        return
+    click.echo("Add a control plane to this cluster by running, on the new host:")
+    click.echo(f"  {answer['command']}")
+    click.echo(f"The token works once, for {int(answer['expires_in']) // 60} minutes.")
+
+
+def _stop_units() -> None:
+    """systemctl disable --now llmgwd and llmgw-etcd; a failure is said, not hidden."""
+    res = subprocess.run(
+        ["systemctl", "disable", "--now", *UNITS], capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        raise Refused(f"systemctl disable --now failed: {res.stderr.strip()}")
+
+
+@click.command("leave")
+@click.option("--force", is_flag=True, help="Leave even if the members left lose their quorum.")
+@click.option("--keep-running", is_flag=True, help="Leave llmgwd and llmgw-etcd running.")
+@json_option
+@pass_settings
+def leave(settings: Settings, force: bool, keep_running: bool, as_json: bool) -> None:
+    """Take this control plane out of the cluster: its etcd member is removed, then llmgwd
+    and llmgw-etcd are stopped and disabled here.
+
+    Refused for the last member, and (without --force) when the members left would not
+    have a quorum of healthy members.
+    """
+    answer = call(settings, "POST", f"{API}/servers/leave", {"force": force})
+    if not keep_running:
+        _stop_units()
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"Control plane {answer['name']} left the cluster; its units are stopped.")
+
+
+@click.command("remove")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Remove it even if it is healthy or quorum is lost.")
+@json_option
+@pass_settings
+def remove(settings: Settings, name: str, force: bool, as_json: bool) -> None:
+    """Remove control plane NAME (a dead host) from the store's etcd cluster.
+
+    Refused for the last member, for this control plane (`llmgw server leave`), and without
+    --force for a healthy member or when the members left would lose their quorum.
+    """
+    answer = call(settings, "DELETE", api_path("servers", name), {"force": force})
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"Control plane {name} removed (etcd member {answer['member']}).")
+
+
+@click.command("servers")
+@json_option
+@pass_settings
+def servers(settings: Settings, as_json: bool) -> None:
+    """List the control planes: address, etcd member and its health, and who leads.
+
+    HEALTH is the member as this control plane's member sees it (healthy, unreachable, not
+    started); ROLE is leader or standby, empty where no llmgwd runs now.
+    """
+    answer = call(settings, "GET", f"{API}/servers")
+    if as_json:
+        echo_json(answer)
+        return
+    rows = [
+        [
+            s["name"] + (" (this one)" if s.get("self") else ""),
+            s.get("url") or "-",
+            s.get("member") or "-",
+            s.get("health", ""),
+            s.get("role") or "-",
+        ]
+        for s in answer
+    ]
+    headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE"]
+    echo_table(headers, rows, "One control plane on SQLite: no etcd members.")
