@@ -9,7 +9,8 @@ Run at package build time by debian/rules and rpm/llmgw.spec (never at install t
 It lays out DESTDIR/usr/lib/llmgw/venv as a venv of the target's system Python:
 pyvenv.cfg, bin/python3 -> that interpreter, lib/pythonX.Y/site-packages with the locked
 third-party wheels (`uv export --frozen --no-dev`, hashes checked, wheels only) and the
-workspace's own three wheels, all installed with --no-deps; and the commands
+workspace's own three wheels, all installed with --no-deps; bin/uv (the uv wheel's binary,
+which the agent installs engines with); and the commands
 DESTDIR/usr/bin/{llmgw,llmgwd,llmgw-agentd}. The target interpreter need
 not exist here: wheels are chosen for --python-version and --glibc, so one build host can
 make the environment for another distribution's Python (Ubuntu 24.04's 3.12, say).
@@ -38,6 +39,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "/usr/lib/llmgw/venv"
 PACKAGES = ("llmgw", "llmgwd", "llmgw-agentd")
+# Binaries a wheel installs as scripts that are kept, in the environment's bin/, by the
+# distribution that ships them: the agent installs engines with its own uv (no distribution
+# packages uv), which the uv module finds at sys.prefix/bin/uv.
+KEPT_SCRIPTS = {"uv": "uv"}
 # The commands, each in the package of the distribution that defines it.
 ENTRY_POINTS = {
     "llmgw": ("llmgw", "llmgw.cli.main"),
@@ -127,6 +132,13 @@ def install(site: Path, python_version: str, glibc: str, work: Path) -> None:
     uv("pip", "install", *target, "--require-hashes", "-r", str(reqs))
     uv("pip", "install", *target, *sorted(str(w) for w in wheels.glob("*.whl")))
     # Console scripts written by the installer name this host's Python: ours replace them.
+    # A wheel's own binaries named in KEPT_SCRIPTS move to the environment's bin/.
+    venv_bin = site.parents[2] / "bin"
+    venv_bin.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_SCRIPTS:
+        if not (site / "bin" / name).is_file():
+            sys.exit(f"venv.py: the {KEPT_SCRIPTS[name]} wheel installed no bin/{name}")
+        shutil.move(site / "bin" / name, venv_bin / name)
     shutil.rmtree(site / "bin", ignore_errors=True)
     (site / ".lock").unlink(missing_ok=True)  # uv's lock on the target directory
 
@@ -201,6 +213,8 @@ def split(root: Path, lists: Path) -> None:
             pkg = by_file.get(source)
         if pkg is None and path in commands:
             pkg = path.name
+        if pkg is None and path.parent == venv / "bin" and path.name in KEPT_SCRIPTS:
+            pkg = owner[canonical(KEPT_SCRIPTS[path.name])]
         if pkg is None and site not in path.parents:
             pkg = "llmgw"  # pyvenv.cfg, the interpreter links
         if pkg is None:
