@@ -228,9 +228,10 @@ class Refused(msgspec.Struct, tag="refused", frozen=True):
     """The control plane will not take this connection (and says why)."""
 
     reason: str
-    # A standby refuses agents: the leader's cluster URL, which the agent dials next ("": not
-    # that, or no leader now).
+    # A standby refuses agents (standby True): the leader's cluster URL, which the agent
+    # dials next ("": no leader now: the agent tries the other control planes).
     leader: str = ""
+    standby: bool = False
 
 
 class Renewed(msgspec.Struct, tag="renewed", frozen=True):
@@ -298,3 +299,32 @@ class JoinResponse(msgspec.Struct, frozen=True):
 
     cert_pem: str
     ca_pem: str
+
+
+# A control plane joining (`llmgw server join` -> POST /servers/join on the cluster port, over
+# HTTPS pinned to the CA the server token names, before the host holds any of the cluster's keys)
+
+
+class EtcdMember(msgspec.Struct, frozen=True):
+    """One member of the store's etcd cluster."""
+
+    name: str  # "": added, not started yet (the joining one)
+    peer_urls: list[str]
+
+
+class ServerJoinRequest(msgspec.Struct, frozen=True):
+    """A new control plane asks for its place with a server token."""
+
+    token: str
+    name: str  # its name: the host's, host-name-like; its etcd member's name too
+    peer_url: str  # https://ADDRESS:7721, where the other members reach its etcd member
+
+
+class ServerJoinResponse(msgspec.Struct, frozen=True):
+    """What a control plane needs: the CA and its key, the cluster secret, the members."""
+
+    ca_pem: str
+    ca_key_pem: str
+    secret: str  # the cluster secret, base64
+    members: list[EtcdMember]  # every member, the new one included
+    cluster: str  # the cluster's name (server.yaml's name)
