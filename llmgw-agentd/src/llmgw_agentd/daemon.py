@@ -19,6 +19,7 @@ from llmgw.config import AgentConfig
 from llmgw_agentd import inventory, link, membw
 from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
+from llmgw_agentd.planes import PLANES_FILE, Planes
 from llmgw_agentd.replicas import Replicas
 
 log = logging.getLogger("llmgw-agentd")
@@ -115,6 +116,7 @@ class Agent:
             heartbeat_s=self.config.heartbeat_s,
             held=self.cache.held,
             on_sweep=self._sweep,
+            planes=Planes(server, Path(self.config.state_dir) / PLANES_FILE),
         )
         self._link_task = asyncio.create_task(self._link.run())
 

@@ -21,6 +21,7 @@ import msgspec
 from llmgw import pki, wire
 
 from . import renew
+from .planes import Planes
 from .renew import CA_CERT, NODE_CERT, NODE_KEY
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ OnDesired = Callable[[list[wire.ReplicaSpec]], Awaitable[None]]
 Held = Callable[[], Sequence[wire.HeldFile]]
 OnSweep = Callable[[wire.Sweep], Awaitable[None]]  # deletes what it may; Holdings follow
 OnAddress = Callable[[str], None]
-Outcome = Literal["failed", "refused", "lost"]
+# standby: a control plane that does not lead and names no leader; redirect: one that names it
+Outcome = Literal["failed", "refused", "lost", "standby", "redirect"]
 
 
 class JoinError(Exception):
@@ -196,8 +198,9 @@ class Link:
         clock: Callable[[], float] = time.time,
         held: Held | None = None,
         on_sweep: OnSweep | None = None,
+        planes: Planes | None = None,
     ) -> None:
-        self._url = f"{server.rstrip('/')}/agent"
+        self._planes = planes if planes is not None else Planes(server)
         self._pki_dir = pki_dir
         self.node = node
         self._version = version
@@ -225,6 +228,15 @@ class Link:
         self._last_problem = ""
 
     @property
+    def _url(self) -> str:
+        return f"{self._planes.url}/agent"
+
+    @property
+    def server(self) -> str:
+        """The control plane dialled now."""
+        return self._planes.url
+
+    @property
     def connected(self) -> bool:
         """Whether the control plane has accepted this node's connection."""
         return self._up
@@ -247,10 +259,12 @@ class Link:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 while True:
                     outcome = await self._connect_once(session)
-                    if outcome == "lost":
+                    if outcome in ("lost", "redirect"):
                         delay = MIN_BACKOFF_S
                     elif outcome == "refused":
                         delay = MAX_BACKOFF_S
+                    if outcome in ("failed", "lost", "standby"):
+                        self._planes.next()  # this one is gone or does not lead: the others
                     # Jitter: a restarted control plane is not hit by every node at once.
                     jitter = random.uniform(1.0, 1.2)  # noqa: S311 (not for secrets)
                     await asyncio.sleep(min(MAX_BACKOFF_S, delay * jitter))
@@ -293,8 +307,9 @@ class Link:
         try:
             async for frame in ws:
                 if frame.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-                    if self._handle(ws, frame.data) == "refused":
-                        return "refused"
+                    handled = self._handle(ws, frame.data)
+                    if handled != "ok":
+                        return handled
                 elif frame.type == aiohttp.WSMsgType.ERROR:
                     break
         finally:
@@ -324,12 +339,14 @@ class Link:
 
     def _handle(
         self, ws: aiohttp.ClientWebSocketResponse, data: bytes | str
-    ) -> Literal["ok", "refused"]:
+    ) -> Literal["ok", "refused", "standby", "redirect"]:
         try:
             msg = wire.decode_server(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("ignored a message from the control plane that is not valid: %s", e)
             return "ok"
+        if isinstance(msg, wire.Refused) and msg.standby:
+            return self._not_leader(msg)
         if isinstance(msg, wire.Refused):
             self.refused = msg.reason
             self._lost(f"the control plane refused this node: {msg.reason}")
@@ -342,12 +359,23 @@ class Link:
             return "ok"
         self._accepted()
         self._renews = msg.renews
+        self._planes.update(msg.control_planes)
         if msg.mirror and not self._mirror:
             self._mirror = True
             self._poked.set()  # Holdings follow this first Desired that takes them
         self._desired = list(msg.replicas)
         self._desired_ready.set()
         return "ok"
+
+    def _not_leader(self, msg: wire.Refused) -> Literal["standby", "redirect"]:
+        """A standby's answer: dial the leader it names, else the next control plane."""
+        here = self._planes.url
+        named = f"; the leader is {msg.leader}" if msg.leader else "; no leader is known now"
+        self._lost(f"{here} is not the leader{named}")
+        if msg.leader and msg.leader.rstrip("/") != here:
+            self._planes.follow(msg.leader)
+            return "redirect"
+        return "standby"
 
     async def _beat(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """A heartbeat every heartbeat_s, and at once on poke()."""

@@ -104,6 +104,10 @@ class ClusterState:
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
         self._removed: set[str] = set()  # removed since start: no connection is attached
         self.holdings = Holdings()  # what each node's model cache holds
+        # Leadership (leader.py): a standby refuses agents, naming the leader's cluster URL.
+        self.leading = True
+        self.leader_url = ""
+        self._control_planes: tuple[str, ...] = ()  # every control plane's URL, for agents
 
     # The reconciler's side
 
@@ -135,6 +139,36 @@ class ClusterState:
         self._tell_lost(node)
         self._changed(node)
         return True
+
+    def set_control_planes(self, urls: Sequence[str]) -> None:
+        """Every control plane's cluster URL: told to each agent (with its Desired)."""
+        planes = tuple(sorted(urls))
+        if planes == self._control_planes:
+            return
+        self._control_planes = planes
+        for entry in self._nodes.values():
+            if entry.conn is not None:
+                self._spawn(self._send_desired(entry.conn))
+
+    def stand_by(self, leader_url: str) -> None:
+        """This control plane stopped leading: every agent is told where the leader is (as
+        far as known) and closed, and what they reported is forgotten (the next leader
+        rebuilds it from their reports)."""
+        self.leading = False
+        self.leader_url = leader_url
+        reason = not_leader_reason(leader_url)
+        for entry in self._nodes.values():
+            if entry.lost_timer is not None:
+                entry.lost_timer.cancel()
+            if entry.conn is not None:
+                self._spawn(_refuse(entry.conn, reason, leader_url))
+        self._nodes.clear()
+        self._desired.clear()
+        self.holdings = Holdings()
+
+    def decided(self) -> list[str]:
+        """Nodes registered since start (or since this term began) that were told their set."""
+        return [name for name in self._nodes if name in self._desired]
 
     def send_sweep(self, node: str, sweep: wire.Sweep) -> bool:
         """Ask node's agent to sweep its cache (its answer reaches holdings.swept); False
@@ -289,7 +323,8 @@ class ClusterState:
             # Read under the lock, so the last send always carries the latest desired state.
             replicas = list(self._desired.get(conn.node, ()))
             try:
-                msg = wire.Desired(replicas, renews=True, mirror=True)
+                planes = list(self._control_planes)
+                msg = wire.Desired(replicas, renews=True, mirror=True, control_planes=planes)
                 await conn.ws.send_bytes(wire.encode(msg))
             except (ConnectionError, RuntimeError) as e:
                 log.info(
@@ -478,6 +513,10 @@ class _Handlers:
         await ws.prepare(request)
         key = _spki(x509.load_der_x509_certificate(der).public_key())
         conn = _Conn(ident.name, ws, request.remote or "", ident.serial, key)
+        if not self._state.leading:
+            leader = self._state.leader_url
+            await _refuse(conn, not_leader_reason(leader), leader)
+            return ws
         try:
             await self._admission(ident)
             await self._converse(conn)
@@ -599,10 +638,19 @@ async def _send(conn: _Conn, msg: wire.ServerMessage) -> None:
             await conn.ws.send_bytes(wire.encode(msg))
 
 
-async def _refuse(conn: _Conn, reason: str) -> None:
+def not_leader_reason(leader_url: str) -> str:
+    """What a standby answers an agent."""
+    if leader_url:
+        return f"this control plane is not the leader; the leader is {leader_url}"
+    return "this control plane is not the leader, and no leader is known now; try the others"
+
+
+async def _refuse(conn: _Conn, reason: str, leader: str | None = None) -> None:
+    """Send Refused and close; leader not None: a standby's refusal, naming the leader."""
+    msg = wire.Refused(reason, leader=leader or "", standby=leader is not None)
     async with conn.lock:
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await conn.ws.send_bytes(wire.encode(wire.Refused(reason)))
+            await conn.ws.send_bytes(wire.encode(msg))
     await conn.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"refused")
 
 

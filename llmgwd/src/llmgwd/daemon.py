@@ -21,15 +21,19 @@ from aiohttp import web
 
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
-from llmgwd import api, clientport, cluster
+from llmgwd import api, clientport, cluster, servers
 from llmgwd.catalog import Catalog
+from llmgwd.leader import Election, LeaderRecord
+from llmgwd.live import Published, RolePool
 from llmgwd.members import Members
 from llmgwd.mirror import setup as mirror_setup
-from llmgwd.reconciler import Reconciler
+from llmgwd.roles import Roles
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
+from llmgwd.session import Session
 from llmgwd.store.sqlite import SqliteStore
 from llmgwd.usage import Usage
+from llmgwd.wakeups import Waker
 
 log = logging.getLogger("llmgwd")
 
@@ -55,6 +59,11 @@ def advertise_url(config: ServerConfig) -> str:
         return config.cluster.advertise.rstrip("/")
     _, port = split_listen(config.cluster.listen)
     return f"https://{socket.getfqdn()}:{port}"
+
+
+def server_name(url: str) -> str:
+    """This control plane's name among the others (/servers/NAME): its advertised host."""
+    return urlsplit(url).hostname or socket.gethostname()
 
 
 def load_secret(path: Path) -> bytes:
@@ -129,14 +138,9 @@ class Daemon:
         await self.meter.load()  # budgets go on from what this month used before a restart
         self.usage.start()
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
-        self.reconciler = Reconciler(
-            self.store, self.catalog, self.cluster, secret, grace_s=cfg.node_grace_s
-        )
         self.mirror = await mirror_setup.start(cfg, state_dir, self.store, self.catalog)
-        self.cluster.on_change = lambda _node: self.reconciler.poke()
-        self.catalog.on_change(self.reconciler.poke)
+        self._start_roles(url, secret)
         self._spawn(self.catalog.follow(revision))
-        self._spawn(self.reconciler.run())
         self._spawn(sdnotify.watchdog())
         ctx = api.ApiContext(
             catalog=self.catalog,
@@ -146,7 +150,7 @@ class Daemon:
             token_ttl_s=cfg.join_token_ttl_s,
             name=cfg.name,
             usage=self.usage,
-            scheduling=self.reconciler,
+            scheduling=self.roles,
             remove_node=self.remove_node,
             mirror=self.mirror,
             node_files=mirror_setup.NodeFilesOf(self.cluster),
@@ -163,6 +167,27 @@ class Daemon:
             cfg.socket,
         )
 
+    def _start_roles(self, url: str, secret: bytes) -> None:
+        """The lease, the election and what each role runs: only the leader reconciles and
+        takes agents; every control plane follows the replicas the leader publishes."""
+        cfg = self.config
+        name = server_name(url)
+        self.session = Session(self.store, cfg.leader_ttl_s, on_new_lease=self._announce)
+        self.announcer = servers.Announcer(self.store, name, url, lambda: self.session.lease)
+        self.election = Election(self.store, self.session, LeaderRecord(name, url))
+        self.roles = Roles(self.store, self.catalog, self.cluster, secret, self.election,
+                           self.announcer, grace_s=cfg.node_grace_s)  # fmt: skip
+        self.catalog.on_change(self.roles.poke)
+        self.published = Published(self.store, secret)
+        local = lambda: self.roles.reconciler  # noqa: E731
+        self.waker = Waker(self.store, name, local, lambda: self.session.lease)
+        for work in (self.session.run(), self.announcer.run(), self.published.follow(),
+                     self.roles.follow_view(), self.election.run(self.roles.lead)):  # fmt: skip
+            self._spawn(work)
+
+    def _announce(self, _lease: int) -> None:
+        self.announcer.renew()
+
     async def _serve_cluster(self, keys: Pki) -> None:
         app = cluster.make_app(
             self.cluster, keys.ca, self.catalog.consume_token, self.members, files=self.mirror
@@ -174,7 +199,7 @@ class Daemon:
     async def remove_node(self, name: str) -> bool:
         """`llmgw node remove`: revoke the node's certificates in the store, then forget it here
         (its connection closed, its replicas placed elsewhere). Whether the node was known."""
-        placed = [p.node for p in self.reconciler.placements()]
+        placed = [p.node for p in self.roles.placements()]
         return await cluster.remove_node(self.cluster, self.members, name, placed)
 
     async def _serve_client(self, ctx: api.ApiContext) -> None:
@@ -182,10 +207,10 @@ class Daemon:
         self.router = Router(
             self.catalog,
             self.catalog,
-            self.cluster,
+            RolePool(self.cluster, self.published),
             max_body_bytes=cfg.max_body_bytes,
             meter=self.meter,
-            on_demand=self.reconciler,
+            on_demand=self.waker,
         )
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
@@ -224,6 +249,7 @@ class Daemon:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.router.close()
         await self.mirror.close()
+        await self.session.close()  # standbys take over at once rather than at the lease's TTL
         await self.store.close()
         log.info("llmgwd stopped")
 

@@ -1,0 +1,142 @@
+"""A control plane's role: what the leader runs for its term (the reconciler over the fenced
+store, the agents, the published replicas, the standbys' wake-ups), and the reconciler's
+views the API reads whichever the role (a standby's are read from the store)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from llmgwd import servers, wakeups
+from llmgwd.api import ApiError
+from llmgwd.catalog import Catalog, Model
+from llmgwd.cluster import ClusterState
+from llmgwd.fence import FencedStore
+from llmgwd.leader import Election
+from llmgwd.live import Publisher
+from llmgwd.profiles import Profile
+from llmgwd.reconciler import Failure, NodeFlags, Reconciler
+from llmgwd.scheduler import Placement, Verdict
+from llmgwd.store import Store
+
+log = logging.getLogger(__name__)
+
+VIEW_EVERY_S = 5.0  # a standby reads the leader's placements, flags and failures this often
+
+
+class Roles:
+    """Runs the leader's work while this process leads; the API's Scheduling either way."""
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: Catalog,
+        cluster: ClusterState,
+        secret: bytes,
+        election: Election,
+        announcer: servers.Announcer,
+        *,
+        grace_s: float,
+    ) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._cluster = cluster
+        self._secret = secret
+        self._election = election
+        self._announcer = announcer
+        self._grace_s = grace_s
+        self.reconciler: Reconciler | None = None  # the running one, while leading
+        self._view = self._new_reconciler(store, 0)  # a standby's, read from the store
+        cluster.leading = False
+        election.on_change(self._leader_changed)
+
+    def _new_reconciler(self, store: Store, term: int) -> Reconciler:
+        fenced = FencedStore(store, term, self._election.step_down)
+        return Reconciler(fenced, self._catalog, self._cluster, self._secret, grace_s=self._grace_s)
+
+    def poke(self) -> None:
+        """The catalog changed: the leader reconciles soon."""
+        if self.reconciler is not None:
+            self.reconciler.poke()
+
+    async def lead(self, term: int) -> None:
+        """The leader's work for one term; cancelled when the term ends."""
+        rec = self._new_reconciler(self._store, term)
+        publisher = Publisher(FencedStore(self._store, term, self._election.step_down),
+                              self._cluster, grace_s=self._grace_s)  # fmt: skip
+        revision = await self._store.revision()
+
+        def changed(_node: str) -> None:
+            rec.poke()
+            publisher.poke()
+
+        self._cluster.on_change = changed
+        self._cluster.leading = True
+        self.reconciler = self._view = rec
+        self._announcer.set_role("leader", term)
+        work = [
+            rec.run(),
+            publisher.run(),
+            wakeups.follow(self._store, revision, rec.touch),
+            servers.follow(self._store, self._cluster.set_control_planes),
+        ]
+        try:
+            await asyncio.gather(*work)
+        finally:
+            self.reconciler = None
+            self._cluster.on_change = None
+            self._cluster.stand_by("")
+            self._announcer.set_role("standby", 0)
+
+    def _leader_changed(self) -> None:
+        leader = self._election.leader
+        if not self._election.leading:
+            self._cluster.leader_url = leader.url if leader is not None else ""
+
+    async def follow_view(self) -> None:
+        """While standing by, read the leader's placements, flags and failures again every
+        VIEW_EVERY_S (for `llmgw model list`, `llmgw nodes` and plans asked of a standby)."""
+        while True:
+            if self.reconciler is None:
+                view = self._new_reconciler(self._store, 0)
+                with contextlib.suppress(Exception):
+                    await view.load()
+                    if self.reconciler is None:
+                        self._view = view
+            await asyncio.sleep(VIEW_EVERY_S)
+
+    # The API's Scheduling
+
+    def awake(self, model: Model) -> bool:
+        """Whether the model's replicas are wanted now."""
+        return self._view.awake(model)
+
+    def flags(self, node: str) -> NodeFlags:
+        """What an admin said of node."""
+        return self._view.flags(node)
+
+    async def set_flags(self, node: str, flags: NodeFlags) -> None:
+        """Cordon, drain or uncordon a node: the leader's to do."""
+        if self.reconciler is None:
+            leader = self._election.leader
+            where = f"; the leader is {leader.url}" if leader is not None else ""
+            message = f"this control plane is not the leader{where}: ask the leader"
+            raise ApiError(503, message, "server_error", "not_leader")
+        await self.reconciler.set_flags(node, flags)
+
+    def placements(self) -> list[Placement]:
+        """Where every replica is."""
+        return self._view.placements()
+
+    def failures(self) -> list[Failure]:
+        """Where models failed to start."""
+        return self._view.failures()
+
+    def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
+        """Per profile, where one more replica would go or why not."""
+        return self._view.explain(model)
+
+    def oom_kills(self, model: str) -> dict[str, int]:
+        """A model's engines' OOM kills by profile."""
+        return self._view.oom_kills(model)

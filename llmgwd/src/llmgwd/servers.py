@@ -1,0 +1,76 @@
+"""Every live control plane under /servers/NAME (wire.ServerInfo, with its own lease, so a
+dead one vanishes with it): what `llmgw servers` shows and what agents are told."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from llmgw import wire
+from llmgwd.store import Store, prefix_end
+
+log = logging.getLogger(__name__)
+
+SERVERS = "/servers/"
+
+_dec = msgspec.json.Decoder(wire.ServerInfo)
+
+
+class Announcer:
+    """Keeps this control plane's /servers/NAME true: put again on each change of role or of
+    lease (a lost lease took the key with it)."""
+
+    def __init__(self, store: Store, name: str, url: str, lease: Callable[[], int]) -> None:
+        self._store = store
+        self._info = wire.ServerInfo(name, url, since=time.time())
+        self._lease = lease
+        self._due = asyncio.Event()
+
+    def set_role(self, role: wire.ServerRole, term: int) -> None:
+        """This control plane's role changed."""
+        if (role, term) != (self._info.role, self._info.term):
+            self._info = wire.ServerInfo(self._info.name, self._info.url, role, term, time.time())
+            self._due.set()
+
+    def renew(self) -> None:
+        """A new lease: put the key again."""
+        self._due.set()
+
+    async def run(self) -> None:
+        """Put the key whenever due, for ever."""
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            lease = self._lease()
+            if not lease:
+                continue  # renew() comes with the next lease
+            try:
+                value = msgspec.json.encode(self._info)
+                await self._store.put(SERVERS + self._info.name, value, lease=lease)
+            except Exception as e:
+                log.warning("cannot record this control plane in the store (%s)", e)
+                await asyncio.sleep(1.0)
+                self._due.set()
+
+
+async def read(store: Store) -> tuple[list[wire.ServerInfo], int]:
+    """Every live control plane, and the revision read at."""
+    kvs, revision = await store.range(SERVERS, prefix_end(SERVERS))
+    return [_dec.decode(kv.value) for kv in kvs], revision
+
+
+async def follow(store: Store, on_urls: Callable[[list[str]], None]) -> None:
+    """Call on_urls with every live control plane's URL now and on each change."""
+    servers, revision = await read(store)
+    by_key = {SERVERS + s.name: s.url for s in servers}
+    on_urls(sorted(by_key.values()))
+    async for ev in store.watch(SERVERS, prefix_end(SERVERS), start_revision=revision + 1):
+        if ev.type == "put":
+            by_key[ev.kv.key] = _dec.decode(ev.kv.value).url
+        else:
+            by_key.pop(ev.kv.key, None)
+        on_urls(sorted(by_key.values()))
