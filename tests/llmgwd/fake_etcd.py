@@ -15,13 +15,26 @@ class FakeEtcd:
         default_factory=lambda: [Member(1, "cp1", ["https://10.0.0.1:7721"])]
     )
     down: set[int] = field(default_factory=set)
+    behind: set[int] = field(default_factory=set)  # learners not caught up yet
 
     async def members(self) -> list[Member]:
         return list(self.members_)
 
     async def add(self, peer_url: str) -> list[Member]:
-        self.members_.append(Member(len(self.members_) + 1, "", [peer_url]))
+        if any(m.learner for m in self.members_):
+            raise RuntimeError("etcdserver: too many learner members in cluster")
+        self.members_.append(Member(len(self.members_) + 1, "", [peer_url], learner=True))
         return list(self.members_)
+
+    async def promote(self, member_id: int) -> bool:
+        if member_id in self.behind:
+            return False
+        found = [m for m in self.members_ if m.id == member_id and m.learner]
+        if not found:
+            raise RuntimeError("etcdserver: can only promote a learner member")
+        self.members_ = [Member(m.id, m.name, m.peer_urls) if m in found else m
+                         for m in self.members_]  # fmt: skip
+        return True
 
     async def remove(self, member_id: int) -> None:
         self.members_ = [m for m in self.members_ if m.id != member_id]

@@ -4,12 +4,14 @@ listed, health seen, a dead member removed, and a SQLite store copied into etcd 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from llmgwd import migrate
+from llmgw import pki
+from llmgwd import etcd_member, migrate
 from llmgwd.catalog import Catalog, Model
 from llmgwd.etcd_cluster import EtcdCluster
 from llmgwd.store import prefix_end
@@ -80,3 +82,53 @@ async def test_sqlite_migrated_into_etcd_whole(tmp_path: Path) -> None:
             await migrate.copy(source, target)
         await target.close()
     await source.close()
+
+
+def _start_joined(
+    m0: local_etcd.Member, root: Path, peers: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """A second member, as `llmgw server join` starts it: the CA copied, state existing."""
+    pki_dir = root / "pki"
+    ca = pki.read_pair(m0.ca_file, m0.pki_dir / etcd_member.CA_KEY)
+    pki.write_pair(ca, pki_dir / etcd_member.CA_CERT, pki_dir / etcd_member.CA_KEY)
+    etcd_member.ensure_certs(pki_dir, "m1", "127.0.0.1")
+    client, peer = local_etcd._free_ports(1)[0], int(peers["m1"].rsplit(":", 1)[1])
+    etcd_member.write_member_config(
+        root / "etcd.yaml", name="m1", advertise_ip="127.0.0.1", initial_cluster=peers,
+        state="existing", state_dir=root, client_port=client, peer_port=peer, election_ms=500,
+    )  # fmt: skip
+    log = (root / "etcd.log").open("wb")
+    argv = [str(local_etcd.ETCD), "--config-file", str(root / "etcd.yaml")]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def test_a_joined_member_is_a_learner_until_caught_up(tmp_path: Path) -> None:
+    with local_etcd.cluster(tmp_path / "m0") as [m0]:
+        etcd, http = _client(m0)
+        peer = etcd_member.peer_url("127.0.0.1", local_etcd._free_ports(1)[0])
+        after = await etcd.add(peer)
+        [learner] = [m for m in after if m.learner]
+        assert learner.name == "" and learner.peer_urls == [peer]
+        # Not started: no vote, so the one member keeps its quorum and takes writes.
+        assert not await etcd.promote(learner.id)
+        store = await EtcdStore.open(
+            m0.endpoint, ca_file=m0.ca_file, cert_file=m0.cert_file, key_file=m0.key_file
+        )
+        await store.put("/still", b"writable")
+        [voter] = [m for m in after if not m.learner]
+        proc = _start_joined(m0, tmp_path / "m1", {"m0": voter.peer_urls[0], "m1": peer})
+        try:
+            promoted = False
+            for _ in range(150):
+                if promoted := await etcd.promote(learner.id):
+                    break
+                await asyncio.sleep(0.2)
+            assert promoted
+            members = await etcd.members()
+            assert sorted(m.name for m in members) == ["m0", "m1"]
+            assert not any(m.learner for m in members)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        await store.close()
+        await http.close()

@@ -77,6 +77,7 @@ async def test_a_server_token_buys_the_ca_key_secret_and_a_member(port: Port) ->
         wire.EtcdMember("cp2", ["https://10.0.0.2:7721"]),
     ]
     assert [m.peer_urls for m in port.etcd.members_][-1] == ["https://10.0.0.2:7721"]
+    assert port.etcd.members_[-1].learner  # no vote (no quorum of its own) until promoted
 
 
 async def _refused(port: Port, token: str) -> None:
@@ -125,3 +126,13 @@ async def test_a_bad_name_or_peer_url_is_a_400(port: Port) -> None:
     assert (await _join(port.url, _request(token, peer="http://10.0.0.2:7721")))[0] == 400
     assert (await _join(port.url, _request(token, peer="https://x:1; rm")))[0] == 400
     assert await port.tokens.valid(token)  # none of them spent it
+
+
+async def test_one_joins_at_a_time_the_next_after_its_promotion(port: Port) -> None:
+    first, second = await port.tokens.mint(), await port.tokens.mint()
+    assert (await _join(port.url, _request(first)))[0] == 200
+    status, body = await _join(port.url, _request(second, "cp3", "https://10.0.0.3:7721"))
+    assert status == 409 and b"another control plane is joining" in body, body
+    assert len(port.etcd.members_) == 2 and await port.tokens.valid(second)
+    assert await port.etcd.promote(2)
+    assert (await _join(port.url, _request(second, "cp3", "https://10.0.0.3:7721")))[0] == 200

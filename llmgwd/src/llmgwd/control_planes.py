@@ -35,7 +35,11 @@ class EtcdCluster(Protocol):
         ...
 
     async def add(self, peer_url: str) -> list[Member]:
-        """Add a member at peer_url; every member after (the new one named "")."""
+        """Add a learner at peer_url; every member after (the new one named "")."""
+        ...
+
+    async def promote(self, member_id: int) -> bool:
+        """Make a learner a voter; False while it has not caught up."""
         ...
 
     async def remove(self, member_id: int) -> None:
@@ -67,6 +71,7 @@ class ServerView(msgspec.Struct, frozen=True, kw_only=True):
     peer_url: str = ""
     health: Health = "no member"
     role: str = ""  # "leader", "standby", or "" when it runs no llmgwd now
+    learner: bool = False  # its member is a learner: joined, not yet promoted to a voter
     self: bool = False  # the control plane that answered
 
 
@@ -130,7 +135,7 @@ async def view(store: Store, etcd: EtcdCluster | None, me: str) -> list[ServerVi
         out.append(ServerView(
             name=m.name or f"(joining at {', '.join(m.peer_urls)})", url=rec.url if rec else "",
             member=format(m.id, "x"), peer_url=",".join(m.peer_urls),
-            health=_health(m, healthy), role=role, self=m.name == me,
+            health=_health(m, healthy), role=role, learner=m.learner, self=m.name == me,
         ))  # fmt: skip
     for name, rec in sorted(recs.items()):
         role = "leader" if name == lead else rec.role
@@ -162,9 +167,10 @@ def removal_refusal(members: list[Member], healthy: dict[int, bool], gone: Membe
 
 
 def find(members: list[Member], name: str) -> Member:
-    """The member of that name; NoSuchServer when there is none."""
+    """The member of that name (or that hex id: a member that never started has no name);
+    NoSuchServer when there is none."""
     for m in members:
-        if m.name == name:
+        if m.name == name or (not m.name and format(m.id, "x") == name):
             return m
     names = ", ".join(sorted(m.name for m in members if m.name)) or "none"
     raise NoSuchServer(f"no control plane {name!r} among the store's members ({names})")

@@ -9,9 +9,10 @@ import ssl
 import aiohttp
 
 from llmgwd.control_planes import Member
-from llmgwd.store.etcd_http import EtcdHttp, EtcdUnavailable, Json
+from llmgwd.store.etcd_http import EtcdError, EtcdHttp, EtcdUnavailable, Json
 
 HEALTH_TIMEOUT_S = 3.0
+FAILED_PRECONDITION = 9  # etcd's code for a learner not yet in sync (and for a voter)
 # The member's own metric of its peers: 1 while the connection to that peer is up.
 _ACTIVE = re.compile(r'etcd_network_active_peers\{Local="([0-9a-f]+)",Remote="([0-9a-f]+)"\} (\S+)')
 
@@ -48,8 +49,21 @@ class EtcdCluster:
         return _members(await self._client.call("/v3/cluster/member/list", {"linearizable": True}))
 
     async def add(self, peer_url: str) -> list[Member]:
-        """Add a voting member at peer_url; every member after (the new one unnamed)."""
-        return _members(await self._client.call("/v3/cluster/member/add", {"peerURLs": [peer_url]}))
+        """Add a learner at peer_url (it counts toward no quorum until promoted); every member
+        after (the new one unnamed until it starts)."""
+        body = {"peerURLs": [peer_url], "isLearner": True}
+        return _members(await self._client.call("/v3/cluster/member/add", body))
+
+    async def promote(self, member_id: int) -> bool:
+        """Make a learner a voting member: False while it has not caught up with the leader
+        (etcd refuses then; a voter is refused the same way)."""
+        try:
+            await self._client.call("/v3/cluster/member/promote", {"ID": str(member_id)})
+        except EtcdError as e:
+            if e.code == FAILED_PRECONDITION and "in sync" in e.message:
+                return False
+            raise
+        return True
 
     async def remove(self, member_id: int) -> None:
         """Take a member out of the cluster."""

@@ -2,8 +2,10 @@
 for the CA and its key, the cluster secret and its place among the store's etcd members.
 
 It answers only a live server token: no token, a node token, a used or an expired one are all
-the same 403, which says nothing of the cluster; a name already a member is a 409 that keeps
-the token (checked after the token, so only its holder learns the names).
+the same 403, which says nothing of the cluster; a name already a member, or another control
+plane still joining (etcd takes one learner at a time), is a 409 that keeps the token (checked
+after the token, so only its holder learns the names). The new member is added as a learner:
+it counts toward no quorum until promotion.Promoter finds it caught up.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class Joining:
             if m.name == req.name or req.peer_url in m.peer_urls:
                 why = f"{req.name!r} or {req.peer_url} is already a member of the store's cluster"
                 return _error(409, why, "server_is_member")
+        if any(m.learner for m in members):
+            # etcd takes one learner at a time: the next joins once that one is promoted.
+            why = "another control plane is joining (its etcd member is not promoted yet): retry"
+            return _error(409, why, "server_joining")
         if not await self.tokens.consume(req.token):
             return _error(403, "the server token is invalid, expired or already used", "bad_token")
         after = await self.etcd.add(req.peer_url)
