@@ -46,7 +46,8 @@ class Row(NamedTuple):
     case: Case
     estimate: int  # bytes, from the unit's MemoryMax
     plan: str  # what `llmgw model plan` says of it
-    current: int  # the unit's MemoryCurrent
+    current: int  # the unit's cgroup: memory.current (v2), memory.usage_in_bytes (v1)
+    cgroup_peak: int  # memory.peak (v2), memory.max_usage_in_bytes (v1); 0: not told
     rss: int  # its processes' VmRSS, summed
     peak: int  # their VmHWM, summed
 
@@ -78,6 +79,20 @@ def unit_pids(node: Node, unit: str) -> list[str]:
     return []
 
 
+def cgroup_memory(node: Node, unit: str) -> tuple[int, int]:
+    """The unit's whole cgroup (every process of it, page cache included): its memory now and
+    its peak, from cgroup v2's files or v1's memory controller; 0 for what is not there."""
+    group = node.ps.systemctl("show", "-P", "ControlGroup", unit).stdout.strip()
+    places = (("/sys/fs/cgroup", "memory.current", "memory.peak"),
+              ("/sys/fs/cgroup/memory", "memory.usage_in_bytes", "memory.max_usage_in_bytes"))
+    for root, now, most in places:  # fmt: skip
+        got = node.ps.run(["cat", f"{root}{group}/{now}", f"{root}{group}/{most}"], check=False)
+        figures = [number(line) for line in got.stdout.splitlines()]
+        if figures and figures[0]:
+            return figures[0], figures[1] if len(figures) > 1 else 0
+    return 0, 0
+
+
 def measure(node: Node, case: Case, key: str) -> Row:
     """Serve case, ask one chat so the engine has worked once, then read its memory."""
     node.llmgw("model", "add", case.name, "--from", case.source, "--engine", case.engine,
@@ -87,7 +102,8 @@ def measure(node: Node, case: Case, key: str) -> Row:
     chat(node, key, case.name)
     [unit] = node.engine_units()
     show = node.ps.systemctl("show", "-P", "MemoryMax", unit).stdout.strip()
-    current = number(node.ps.systemctl("show", "-P", "MemoryCurrent", unit).stdout)
+    current, cgroup_peak = cgroup_memory(node, unit)
+    current = current or number(node.ps.systemctl("show", "-P", "MemoryCurrent", unit).stdout)
     pids = unit_pids(node, unit)
     rss = sum(_status_kib(node.ps, p, "VmRSS") for p in pids) * 1024
     peak = sum(_status_kib(node.ps, p, "VmHWM") for p in pids) * 1024
@@ -96,7 +112,7 @@ def measure(node: Node, case: Case, key: str) -> Row:
     node.llmgw("model", "stop", case.name)
     node.wait(lambda: not node.engine_units(), "engine stopped", 300)
     node.llmgw("model", "remove", case.name)
-    return Row(case, estimate_of(int(show)), ", ".join(placed), current, rss, peak)
+    return Row(case, estimate_of(int(show)), ", ".join(placed), current, cgroup_peak, rss, peak)
 
 
 def chat(node: Node, key: str, model: str) -> None:
@@ -116,16 +132,20 @@ def mib(n: int) -> str:
 
 
 def table(rows: list[Row]) -> None:
-    print(f"{'model':24} {'engine':9} {'ctx':>6} {'estimate':>8} {'(plan)':>9} "
-          f"{'current':>8} {'rss':>8} {'peak rss':>8} {'cur/est':>7} {'peak/est':>8}")  # fmt: skip
+    print(f"{'model':24} {'engine':9} {'ctx':>6} {'estimate':>8} {'(plan)':>9} {'current':>8} "
+          f"{'peak':>8} {'rss':>8} {'peak rss':>8} {'peak/est':>8} {'rss/est':>7}")  # fmt: skip
     for r in rows:
         c = r.case
+        most = r.cgroup_peak or r.current
         print(f"{c.name:24} {c.engine:9} {c.context:6d} {mib(r.estimate)} {r.plan:>9} "
-              f"{mib(r.current)} {mib(r.rss)} {mib(r.peak)} {r.current / r.estimate:7.2f} "
-              f"{r.peak / r.estimate:8.2f}")  # fmt: skip
-    print("MiB; estimate: the placement's (weights + KV cache for the context + margin), read")
-    print("back from the unit's MemoryMax; current: the unit's MemoryCurrent (page cache of the")
-    print("model file included); rss/peak rss: VmRSS/VmHWM of the unit's processes, summed.")
+              f"{mib(r.current)} {mib(r.cgroup_peak)} {mib(r.rss)} {mib(r.peak)} "
+              f"{most / r.estimate:8.2f} {r.peak / r.estimate:7.2f}")  # fmt: skip
+    print("MiB; estimate: the placement's (weights + KV cache for the context + margin + the")
+    print("engine's runtime), read back from the unit's MemoryMax; current/peak: the unit's")
+    print("whole cgroup, every process of it and the page cache of the model's files (v2's")
+    print("memory.current/peak, v1's usage_in_bytes/max_usage_in_bytes; 0: not told);")
+    print("rss/peak rss: VmRSS/VmHWM of the unit's processes, summed (shared pages counted")
+    print("in each); peak/est: the cgroup's peak (else current) over the estimate.")
 
 
 def _script(name: str) -> Path:
