@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from llmgw import config
-from llmgw.cli import key, mirror, model, node, server, servers, usage
+from llmgw.cli import key, mirror, model, node, server, server_join, server_migrate, servers, usage
 from llmgw.cli.common import Settings
 
 
@@ -42,7 +42,8 @@ def main(ctx: click.Context, socket_path: str, agent_socket: str) -> None:
 main.add_command(server.server)
 main.add_command(server.status)
 main.add_command(servers.servers)
-for _command in (servers.token, servers.leave, servers.remove):
+for _command in (servers.token, servers.leave, servers.remove, server_join.join,
+                 server_migrate.migrate):  # fmt: skip
     server.server.add_command(_command)
 main.add_command(node.node)
 main.add_command(node.nodes)
