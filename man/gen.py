@@ -117,6 +117,24 @@ SETTINGS = {
     ),
     "server.mirror.parallel": "How many files the mirror downloads at once (1-64).",
     "server.log_level": "debug, info, warning or error: the least severe message logged.",
+    "server.store.backend": (
+        "Where the cluster's state lives: sqlite (one file in the state directory, one "
+        "control plane) or etcd (this host's etcd member, llmgw-etcd.service, one per "
+        "control plane of three or five)."
+    ),
+    "server.store.endpoint": (
+        "The client URL of this host's etcd member (etcd only); llmgw's members listen for "
+        "clients on the host only, on 7720 (peers on 7721), leaving a site's own etcd on "
+        "2379/2380 alone."
+    ),
+    "server.store.ca_file": "The CA etcd's certificate must chain to; empty: STATE_DIR/pki/ca.pem.",
+    "server.store.cert_file": (
+        "The client certificate llmgwd presents to its etcd member; empty: "
+        "STATE_DIR/pki/etcd-client.pem."
+    ),
+    "server.store.key_file": (
+        "The key of that certificate; empty: STATE_DIR/pki/etcd-client.key."
+    ),
     "server.cluster.advertise": (
         "The cluster port's URL as nodes reach it (https://HOST:7710), printed in join "
         "commands; empty: `llmgw server init` sets it from the host's main address."
@@ -124,6 +142,11 @@ SETTINGS = {
     "server.node_grace_s": (
         "How long, in seconds, a node that stopped reporting keeps its replicas in the "
         "router's pool before they are taken out."
+    ),
+    "server.leader_ttl_s": (
+        "The TTL, in seconds, of each control plane's lease in the store: a leader that dies "
+        "is replaced within about this, and one that cannot renew its lease in time steps "
+        "down before it runs out. With one control plane it only names who leads."
     ),
     "agent.node_name": "This node's name in the cluster; empty: the host name.",
     "agent.address": (

@@ -75,6 +75,23 @@ class Mirror(Strict):
         self.upstream = self.upstream.rstrip("/")
 
 
+class StoreConfig(Strict):
+    """Where the cluster's state lives: SQLite on this host, or this host's etcd member."""
+
+    backend: str = "sqlite"  # sqlite or etcd
+    endpoint: str = "https://127.0.0.1:7720"  # this host's member (etcd only)
+    ca_file: str = ""  # empty: STATE_DIR/pki/ca.pem
+    cert_file: str = ""  # empty: STATE_DIR/pki/etcd-client.pem
+    key_file: str = ""  # empty: STATE_DIR/pki/etcd-client.key
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("sqlite", "etcd"):
+            raise ValueError(f"backend: {self.backend!r} is neither sqlite nor etcd")
+        if not self.endpoint.startswith("https://") or "?" in self.endpoint:
+            raise ValueError(f"endpoint: {self.endpoint!r} is not an https:// URL")
+        self.endpoint = self.endpoint.rstrip("/")
+
+
 class ServerConfig(Strict):
     """/etc/llmgw/server.yaml"""
 
@@ -85,8 +102,12 @@ class ServerConfig(Strict):
     client: ClientPort = msgspec.field(default_factory=ClientPort)
     cluster: ClusterPort = msgspec.field(default_factory=ClusterPort)
     mirror: Mirror = msgspec.field(default_factory=Mirror)
+    store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     join_token_ttl_s: int = 3600
     node_grace_s: int = 60  # how long a silent node's replicas stay in the pool
+    # The lease of a control plane's record and leadership: a leader killed is replaced
+    # within about this; a leader that could not renew it steps down sooner, on its own clock.
+    leader_ttl_s: Annotated[int, msgspec.Meta(ge=2, le=60)] = 5
     log_level: str = "info"
 
 
