@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgwd.control_planes import Member
+from llmgwd.store.etcd_http import EtcdError
 
 
 @dataclass
@@ -16,13 +17,16 @@ class FakeEtcd:
     )
     down: set[int] = field(default_factory=set)
     behind: set[int] = field(default_factory=set)  # learners not caught up yet
+    unready: bool = False  # etcd refuses members for now (one connected for under 5 s)
 
     async def members(self) -> list[Member]:
         return list(self.members_)
 
     async def add(self, peer_url: str) -> list[Member]:
+        if self.unready:
+            raise EtcdError(9, "etcdserver: unhealthy cluster")
         if any(m.learner for m in self.members_):
-            raise RuntimeError("etcdserver: too many learner members in cluster")
+            raise EtcdError(9, "etcdserver: too many learner members in cluster")
         self.members_.append(Member(len(self.members_) + 1, "", [peer_url], learner=True))
         return list(self.members_)
 

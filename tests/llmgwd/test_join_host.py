@@ -94,3 +94,22 @@ def test_an_answer_with_a_key_not_the_cas_is_refused() -> None:
     with pytest.raises(join_host.JoinFailed, match="not the CA's") as e:
         join_host._checked(msgspec.json.encode(body), CA.cert_pem, "cp2")
     assert "PRIVATE" not in str(e.value)
+
+
+async def test_a_store_not_ready_is_waited_for(port: Port, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(join_host, "RETRY_EVERY_S", 0.01)
+    token = await port.tokens.mint()
+    port.etcd.unready = True
+    said: list[str] = []
+
+    def retried(why: str) -> None:
+        said.append(why)
+        port.etcd.unready = len(said) < 3  # ready at the third try
+
+    answer = await join_host.ask(port.url, token, "cp2", PEER, on_retry=retried)
+    assert answer.cluster == "lab" and len(said) == 3 and "unhealthy cluster" in said[0]
+    assert await port.etcd.promote(2)
+    port.etcd.unready = True
+    with pytest.raises(join_host.JoinFailed, match="HTTP 503"):
+        await join_host.ask(port.url, await port.tokens.mint(), "cp3", "https://10.0.0.3:7721",
+                            retry_s=0.05)  # fmt: skip

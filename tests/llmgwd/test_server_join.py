@@ -136,3 +136,13 @@ async def test_one_joins_at_a_time_the_next_after_its_promotion(port: Port) -> N
     assert len(port.etcd.members_) == 2 and await port.tokens.valid(second)
     assert await port.etcd.promote(2)
     assert (await _join(port.url, _request(second, "cp3", "https://10.0.0.3:7721")))[0] == 200
+
+
+async def test_etcd_not_ready_for_a_member_is_a_503_keeping_the_token(port: Port) -> None:
+    token = await port.tokens.mint()
+    port.etcd.unready = True
+    status, body = await _join(port.url, _request(token))
+    assert status == 503 and b"unhealthy cluster" in body and not _leaks(body), body
+    assert len(port.etcd.members_) == 1 and await port.tokens.valid(token)
+    port.etcd.unready = False
+    assert (await _join(port.url, _request(token)))[0] == 200

@@ -10,6 +10,7 @@ import binascii
 import hmac
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,6 +25,8 @@ from llmgwd.store.etcd_http import EtcdError, EtcdHttp
 
 MAX_CA_BYTES = 64 << 10
 CONNECT_TIMEOUT_S = 10.0
+RETRY_S = 60.0  # etcd adds a member once every member has been connected for 5 s
+RETRY_EVERY_S = 2.0
 SECRET_FILE = "secret"  # noqa: S105 (daemon.load_secret's file name in the state dir)
 
 
@@ -39,9 +42,18 @@ def check_url(url: str) -> str:
     return f"https://{parts.netloc}"
 
 
-async def ask(url: str, token: str, name: str, peer_url: str) -> wire.ServerJoinResponse:
+async def ask(
+    url: str,
+    token: str,
+    name: str,
+    peer_url: str,
+    *,
+    retry_s: float = RETRY_S,
+    on_retry: Callable[[str], None] = lambda _: None,
+) -> wire.ServerJoinResponse:
     """The CA at url checked against the token, then POST /servers/join over TLS that trusts
-    only that CA; the answer checked (the same CA, its own key, a member named name)."""
+    only that CA (again while the store's cluster is not ready for a member, a 503, for up to
+    retry_s, on_retry told why); the answer checked (the CA, its own key, this member)."""
     url = check_url(url)
     try:
         pki.split_join_token(token)
@@ -56,7 +68,13 @@ async def ask(url: str, token: str, name: str, peer_url: str) -> wire.ServerJoin
                 "server token names; the token was not sent"
             )
         request = wire.ServerJoinRequest(token=token, name=name, peer_url=peer_url)
-        body, status = await _post(session, f"{url}/servers/join", request, ca_pem)
+        deadline = time.monotonic() + retry_s
+        while True:
+            body, status = await _post(session, f"{url}/servers/join", request, ca_pem)
+            if status != 503 or time.monotonic() >= deadline:
+                break
+            on_retry(_reason(body))
+            await asyncio.sleep(RETRY_EVERY_S)
     if status != 200:
         raise JoinFailed(f"the control plane refused the join: {_reason(body)} (HTTP {status})")
     return _checked(body, ca_pem, name)

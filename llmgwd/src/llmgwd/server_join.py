@@ -4,7 +4,9 @@ for the CA and its key, the cluster secret and its place among the store's etcd 
 It answers only a live server token: no token, a node token, a used or an expired one are all
 the same 403, which says nothing of the cluster; a name already a member, or another control
 plane still joining (etcd takes one learner at a time), is a 409 that keeps the token (checked
-after the token, so only its holder learns the names). The new member is added as a learner:
+after the token, so only its holder learns the names), and etcd refusing the member for now
+(a member connected for under 5 s: "unhealthy cluster") a 503 that keeps it too: the token
+is spent only after the member is added. The new member is added as a learner:
 it counts toward no quorum until promotion.Promoter finds it caught up.
 """
 
@@ -22,6 +24,7 @@ from aiohttp import web
 from llmgw import pki, wire
 from llmgwd.control_planes import EtcdCluster, Member
 from llmgwd.server_tokens import ServerTokens
+from llmgwd.store.etcd_http import EtcdError
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +76,15 @@ class Joining:
             # etcd takes one learner at a time: the next joins once that one is promoted.
             why = "another control plane is joining (its etcd member is not promoted yet): retry"
             return _error(409, why, "server_joining")
-        if not await self.tokens.consume(req.token):
+        try:
+            after = await self.etcd.add(req.peer_url)
+        except EtcdError as e:  # etcd's own words: no key, no value, no token
+            log.warning("control plane %s cannot be added now: %s", req.name, e.message)
+            why = f"the store's cluster cannot add a member now ({e.message}); try again"
+            return _error(503, why, "store_not_ready")
+        if not await self.tokens.consume(req.token):  # spent meanwhile: the member goes again
+            await self._undo(after, req.peer_url)
             return _error(403, "the server token is invalid, expired or already used", "bad_token")
-        after = await self.etcd.add(req.peer_url)
         log.warning("control plane %s joining from %s (etcd peer %s)", req.name, remote,
                     req.peer_url)  # fmt: skip
         answer = wire.ServerJoinResponse(
@@ -86,6 +95,13 @@ class Joining:
             cluster=self.cluster,
         )
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
+
+
+    async def _undo(self, after: list[Member], peer_url: str) -> None:
+        if self.etcd is not None:
+            for m in after:
+                if not m.name and peer_url in m.peer_urls:
+                    await self.etcd.remove(m.id)
 
 
 def _named(m: Member, req: wire.ServerJoinRequest) -> wire.EtcdMember:

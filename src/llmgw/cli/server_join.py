@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pwd
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -86,7 +87,10 @@ def join(settings: Settings, url: str, token: str, advertise: str | None, peer_i
         raise Refused(f"there is no user {USER}: install the llmgwd package first") from None
     progress(f"Joining {url} as control plane {name} (etcd peer {etcd_member.peer_url(ip)}) ...")
     try:
-        answer = asyncio.run(join_host.ask(url, token, name, etcd_member.peer_url(ip)))
+        said = lambda why: progress(f"Not yet: {why}")  # noqa: E731
+        answer = asyncio.run(
+            join_host.ask(url, token, name, etcd_member.peer_url(ip), on_retry=said)
+        )
     except join_host.JoinFailed as e:
         raise Refused(str(e)) from None
     progress(f"Admitted to cluster {answer.cluster}: writing its CA, secret and etcd config")
@@ -108,12 +112,14 @@ def _start(settings: Settings, cfg: config.ServerConfig, name: str, wait_s: floa
     systemctl("enable", ETCD_UNIT, LLMGWD_UNIT)
     systemctl("start", "--no-block", ETCD_UNIT)
     progress(f"Started {ETCD_UNIT}; waiting for its member to catch up and be promoted ...")
+    started = time.monotonic()
     if not asyncio.run(join_host.wait_voter(cfg, wait_s)):
         raise Refused(
             f"this host's etcd member is still a learner after {wait_s:g} s: see `journalctl "
             f"-u {ETCD_UNIT}` here and `llmgw servers` on a control plane; llmgwd not started"
         )
-    progress(f"The member is a voter; starting {LLMGWD_UNIT} ...")
+    took = time.monotonic() - started
+    progress(f"The member was promoted to a voter after {took:.1f} s; starting {LLMGWD_UNIT} ...")
     systemctl("start", LLMGWD_UNIT)
     wait_for_llmgwd(settings, 60.0)
     click.echo(f"Control plane {name} joined cluster {cfg.name}; `llmgw servers` lists them all.")

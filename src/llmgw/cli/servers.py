@@ -94,7 +94,8 @@ def servers(settings: Settings, as_json: bool) -> None:
     """List the control planes: address, etcd member and its health, and who leads.
 
     HEALTH is the member as this control plane's member sees it (healthy, unreachable, not
-    started); ROLE is leader or standby, empty where no llmgwd runs now.
+    started), "(learner)" while a joined member has not caught up and been promoted to a
+    voter; ROLE is leader or standby, empty where no llmgwd runs now.
     """
     answer = call(settings, "GET", f"{API}/servers")
     if as_json:
@@ -105,7 +106,7 @@ def servers(settings: Settings, as_json: bool) -> None:
             s["name"] + (" (this one)" if s.get("self") else ""),
             s.get("url") or "-",
             s.get("member") or "-",
-            s.get("health", ""),
+            s.get("health", "") + (" (learner)" if s.get("learner") else ""),
             s.get("role") or "-",
         ]
         for s in answer
