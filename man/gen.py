@@ -132,9 +132,7 @@ SETTINGS = {
         "The client certificate llmgwd presents to its etcd member; empty: "
         "STATE_DIR/pki/etcd-client.pem."
     ),
-    "server.store.key_file": (
-        "The key of that certificate; empty: STATE_DIR/pki/etcd-client.key."
-    ),
+    "server.store.key_file": "The key of that certificate; empty: STATE_DIR/pki/etcd-client.key.",
     "server.cluster.advertise": (
         "The cluster port's URL as nodes reach it (https://HOST:7710), printed in join "
         "commands; empty: `llmgw server init` sets it from the host's main address."

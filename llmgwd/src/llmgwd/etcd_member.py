@@ -47,14 +47,22 @@ def client_url(port: int = CLIENT_PORT) -> str:
 def ensure_certs(pki_dir: Path, name: str, advertise_ip: str) -> None:
     """Make the member's and llmgwd's etcd certificates from the cluster CA in pki_dir, unless
     they are there already (the CA must be: llmgwd makes it at its first start, or join
-    fetches it)."""
+    fetches it). Run as root (the CLI), the files get pki_dir's owner: the member and llmgwd
+    run as llmgw and read them."""
     ca = pki.read_pair(pki_dir / CA_CERT, pki_dir / CA_KEY)
+    made: list[Path] = []
     if not (pki_dir / MEMBER_CERT).exists():
         member = pki.make_etcd_cert(ca, name, [advertise_ip])
         pki.write_pair(member, pki_dir / MEMBER_CERT, pki_dir / MEMBER_KEY)
+        made += [pki_dir / MEMBER_CERT, pki_dir / MEMBER_KEY]
     if not (pki_dir / CLIENT_CERT).exists():
         client = pki.make_etcd_cert(ca, f"llmgwd {name}")
         pki.write_pair(client, pki_dir / CLIENT_CERT, pki_dir / CLIENT_KEY)
+        made += [pki_dir / CLIENT_CERT, pki_dir / CLIENT_KEY]
+    owner = pki_dir.stat()
+    if os.geteuid() == 0:
+        for path in made:
+            os.chown(path, owner.st_uid, owner.st_gid)
 
 
 def member_config(
@@ -120,7 +128,8 @@ def write_member_config(
     peer_port: int = PEER_PORT,
     election_ms: int = ELECTION_MS,
 ) -> None:
-    """Write member_config(...) to path (CONFIG_PATH for the unit; 0640, replaced atomically)."""
+    """Write member_config(...) to path (CONFIG_PATH for the unit; 0644: it holds no secret,
+    only paths, and the member reads it as user llmgw; replaced atomically)."""
     config = member_config(
         name=name,
         advertise_ip=advertise_ip,
@@ -135,7 +144,7 @@ def write_member_config(
     text = "# Written by llmgw (llmgwd.etcd_member); read by llmgw-etcd.service.\n"
     text += yaml.safe_dump(config, sort_keys=False)
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)

@@ -215,6 +215,12 @@ class EtcdStore:
         answer = await self._call("/v3/lease/leases", {})
         return [_int(lease.get("ID")) for lease in answer.get("leases", [])]
 
+    async def is_leader(self) -> bool:
+        """Whether this client's member is etcd's Raft leader now (not llmgw's leader)."""
+        answer = await self._call("/v3/maintenance/status", {})
+        member = answer.get("header", {}).get("member_id")
+        return member is not None and member == answer.get("leader")
+
     async def compact(self, revision: int) -> None:
         """Drop the history before revision (etcd's compaction; not in the Store interface)."""
         await self._call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
