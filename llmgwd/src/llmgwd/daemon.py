@@ -31,7 +31,7 @@ from llmgwd.roles import Roles
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
 from llmgwd.session import Session
-from llmgwd.store.sqlite import SqliteStore
+from llmgwd.store.open import open_store
 from llmgwd.usage import Usage
 from llmgwd.wakeups import Waker
 
@@ -129,7 +129,7 @@ class Daemon:
         sdnotify.status("opening the store")
         secret = load_secret(state_dir / "secret")
         keys = load_pki(state_dir, url)
-        self.store = await SqliteStore.open(state_dir / "state.db")
+        self.store = await open_store(cfg, state_dir)
         self.catalog = Catalog(self.store)
         self.members = Members(self.store)
         revision = await self.catalog.load()
