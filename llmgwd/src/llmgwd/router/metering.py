@@ -3,6 +3,7 @@ checked, then all reserved, in one synchronous step), and settled to what it use
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from llmgwd.periods import Today, seconds_left
 from llmgwd.router import errors
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.router.usage_events import Tally
+from llmgwd.shares import Refill, Shares
 from llmgwd.usage import Usage
 
 Clock = Callable[[], float]
@@ -33,7 +35,7 @@ class Reservation:
     """One admitted request: what it reserved, and its tally for the proxy to fill in."""
 
     __slots__ = ("_meter", "_settled", "estimate", "headers", "key", "model", "picos", "second",
-                 "tally")  # fmt: skip
+                 "tally", "ticket")  # fmt: skip
 
     def __init__(
         self, meter: Meter, key: ApiKey, model: Model, estimate: Estimate, picos: int
@@ -47,6 +49,7 @@ class Reservation:
         self.second: int | None = None  # when the rate window counted it (None: no limit)
         self.headers: dict[str, str] = {}
         self.tally = Tally()
+        self.ticket: object = None  # what the cluster's shares reserved (None: no shares)
 
     def used(self) -> tuple[int, int]:
         """(prompt, completion) tokens to count: the engine's usage when it gave one."""
@@ -68,16 +71,22 @@ class Reservation:
 
 
 class Meter:
-    """Rate limits, budgets and the usage counter, as the router applies them."""
+    """Rate limits, budgets and the usage counter, as the router applies them.
+
+    With shares (several control planes over one store: llmgwd.allotments), a request must
+    also fit this control plane's share of each of its key's limits and budgets.
+    """
 
     def __init__(
         self,
         usage: Usage | None = None,
         *,
+        shares: Shares | None = None,
         wall: Clock = time.time,
         monotonic: Clock = time.monotonic,
     ) -> None:
         self.usage = usage if usage is not None else Usage(None)
+        self.shares = shares
         self.limits = RateLimits()
         self.budgets = Budgets()
         self._wall = wall
@@ -94,18 +103,46 @@ class Meter:
     def admit(self, key: ApiKey, model: Model, estimate: Estimate) -> Reservation:
         """Reserve the request's most tokens and spend, or raise the 429 of the first limit or
         budget it would break. No await in here: checks and reservations are one step."""
+        admitted = self._admit(key, model, estimate, wait=False)
+        assert isinstance(admitted, Reservation)
+        return admitted
+
+    async def reserve(self, key: ApiKey, model: Model, estimate: Estimate) -> Reservation:
+        """admit, waiting (at most the shares' wait_s) while a short share is refilled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.shares.wait_s if self.shares is not None else 0.0)
+        while isinstance(
+            admitted := self._admit(key, model, estimate, wait=loop.time() < deadline), Refill
+        ):  # others on this control plane may take the refill first: wait for the next one
+            await admitted.wait(deadline - loop.time())
+        return admitted
+
+    def _admit(
+        self, key: ApiKey, model: Model, estimate: Estimate, *, wait: bool
+    ) -> Reservation | Refill:
         now, ts = self._monotonic(), self._wall()
-        tokens = estimate.total
+        tokens, day = estimate.total, self._today.at(ts)
         picos = pricing.cost(model, estimate.prompt, estimate.completion)
-        exhausted = self.budgets.check(key.id, key.limits, tokens, picos, self._today.at(ts))
+        exhausted = self.budgets.check(key.id, key.limits, tokens, picos, day)
         if exhausted is not None:
             raise _quota_error(key, exhausted, ts)
         refusal = self.limits.check(key.id, key.limits, tokens, now, estimate.requests)
         if refusal is not None:
             raise _rate_error(key, refusal, self.limits.states(key.id, key.limits, now))
+        shares, share = self.shares, (key.id, key.limits, tokens, picos, estimate.requests, day)
+        if shares is not None:
+            short = shares.check(*share, wait=wait)
+            if isinstance(short, Refill):
+                return short
+            if isinstance(short, Exhausted):
+                raise _quota_error(key, short, ts)
+            if short is not None:
+                raise _rate_error(key, short, self.limits.states(key.id, key.limits, now))
         reservation = Reservation(self, key, model, estimate, picos)
         reservation.second = self.limits.take(key.id, key.limits, tokens, now, estimate.requests)
         self.budgets.take(key.id, tokens, picos)
+        if shares is not None:
+            reservation.ticket = shares.take(*share)
         if reservation.second is not None:
             reservation.headers = rate_headers(self.limits.states(key.id, key.limits, now))
         return reservation
@@ -119,6 +156,8 @@ class Meter:
         if r.second is not None:
             self.limits.settle(r.key.id, r.second, r.estimate.total, tokens, self._monotonic())
         self.budgets.settle(r.key.id, (r.estimate.total, r.picos), tokens, picos, day)
+        if self.shares is not None:
+            self.shares.settle(r.ticket, tokens, picos)
         if r.tally.answered:
             self.usage.add((day, r.key.id, r.model.name), prompt, completion, picos)
 

@@ -188,7 +188,7 @@ class Router:
         if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
             doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
         stream = doc.get("stream") is True
-        reservation = self.meter.admit(key, model, bounds)
+        reservation = await self.meter.reserve(key, model, bounds)
         try:
             if stream:
                 reservation.tally.pass_usage = ask_for_usage(doc)
