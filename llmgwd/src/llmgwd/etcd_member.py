@@ -30,7 +30,9 @@ CA_CERT, CA_KEY = "ca.pem", "ca.key"
 MEMBER_CERT, MEMBER_KEY = "etcd-member.pem", "etcd-member.key"
 CLIENT_CERT, CLIENT_KEY = "etcd-client.pem", "etcd-client.key"
 ELECTION_MS = 1000  # etcd's default election timeout (heartbeats at a tenth of it)
-KEEP_REVISIONS = 10000  # history kept for watches, as the SQLite store keeps
+KEEP_REVISIONS = 10000
+MAX_TXN_OPS = 1024
+MAX_REQUEST_BYTES = 8 * 1024 * 1024  # history kept for watches, as the SQLite store keeps
 
 
 def peer_url(ip: str, port: int = PEER_PORT) -> str:
@@ -107,6 +109,10 @@ def member_config(
         "enable-grpc-gateway": True,
         "election-timeout": election_ms,
         "heartbeat-interval": election_ms // 10,
+        # What the SQLite store takes in one write, near enough: a txn of up to 1024
+        # operations (etcd: 128) and 8 MiB (etcd: 1.5 MiB), such as a migration's batches.
+        "max-txn-ops": MAX_TXN_OPS,
+        "max-request-bytes": MAX_REQUEST_BYTES,
         "auto-compaction-mode": "revision",
         "auto-compaction-retention": str(KEEP_REVISIONS),
         "enable-v2": False,

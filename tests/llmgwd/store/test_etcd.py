@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmgw import pki
-from llmgwd.store.base import CompactedError, Store, prefix_end
+from llmgwd.store.base import CompactedError, Put, Store, prefix_end
 from llmgwd.store.etcd import EtcdStore
 from llmgwd.store.etcd_http import EtcdUnavailable
 from tests.llmgwd.store import local_etcd
@@ -155,3 +155,15 @@ async def test_many_watches_and_writes_at_once(store: EtcdStore) -> None:
     revs = await asyncio.gather(*(store.put(f"m/{i}", b"x") for i in range(30)))
     for events in watches:
         assert [e.kv.mod_revision for e in await take(events, 30)] == sorted(revs)
+
+
+async def test_a_large_txn_and_value_fit_as_on_sqlite(store: EtcdStore) -> None:
+    """The member takes what the SQLite store takes in one write, near enough: 1000 puts in
+    one txn (etcd's default allows 128) and a 4 MiB value (its default, 1.5 MiB)."""
+    result = await store.txn([], [Put(f"big/{i:04}", b"x") for i in range(1000)])
+    kvs, _ = await store.range("big/", prefix_end("big/"))
+    assert len(kvs) == 1000 and {kv.mod_revision for kv in kvs} == {result.revision}
+    value = bytes(range(256)) * (4 * 4096)
+    await store.put("huge", value)
+    kv = await store.get("huge")
+    assert kv is not None and kv.value == value

@@ -257,7 +257,8 @@ class EtcdStore:
             except EtcdError as e:
                 if self._closed:
                     return
-                log.warning("etcd watch cut (%s); again from revision %d", e.message, next_rev)
+                level = logging.WARNING if failures == 0 else logging.DEBUG  # once per outage
+                log.log(level, "etcd watch cut (%s); again from revision %d", e.message, next_rev)
             if await self._pause(_RECONNECT_S[min(failures, len(_RECONNECT_S) - 1)]):
                 return
             failures += 1
