@@ -22,6 +22,7 @@ from aiohttp import web
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
 from llmgwd import api, clientport, cluster, servers
+from llmgwd.allotments import Allotments
 from llmgwd.catalog import Catalog
 from llmgwd.leader import Election, LeaderRecord
 from llmgwd.live import Published, RolePool
@@ -134,7 +135,10 @@ class Daemon:
         self.members = Members(self.store)
         revision = await self.catalog.load()
         self.usage = Usage(self.store)
-        self.meter = Meter(self.usage)
+        self.shares = Allotments(self.store) if cfg.store.backend == "etcd" else None
+        if self.shares is not None:  # several control planes: each spends its share of a limit
+            await self.shares.start()
+        self.meter = Meter(self.usage, shares=self.shares)
         await self.meter.load()  # budgets go on from what this month used before a restart
         self.usage.start()
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
@@ -244,6 +248,8 @@ class Daemon:
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.usage.stop()  # after the runners: every request has settled by now
+        if self.shares is not None:
+            await self.shares.stop()  # what this control plane did not use goes back
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
