@@ -154,6 +154,20 @@ def exposure(ps: PrivateSystemd, unit: str) -> float:
     return float(m.group(1))
 
 
+def test_the_agent_package_ships_its_uv(debs: dict[str, list[Path]], tmp_path: Path) -> None:
+    """The agent installs vLLM with uv, which neither Debian nor RHEL packages: the
+    llmgw-agentd .deb carries uv's binary where the uv module finds it (sys.prefix/bin)."""
+    [agent] = [d for d in debs["old"] if d.name.startswith("llmgw-agentd_")]
+    listing = subprocess.run(["dpkg-deb", "-c", str(agent)], capture_output=True, text=True,
+                             check=True).stdout.splitlines()  # fmt: skip
+    [entry] = [line for line in listing if line.endswith(" ./usr/lib/llmgw/venv/bin/uv")]
+    assert entry.startswith("-rwxr-xr-x")
+    subprocess.run(["dpkg-deb", "-x", str(agent), str(tmp_path)], check=True)
+    r = subprocess.run([str(tmp_path / "usr/lib/llmgw/venv/bin/uv"), "--version"],
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith("uv "), r.stderr
+
+
 def test_install_enables_and_starts_nothing(host: PrivateSystemd) -> None:
     for unit in ("llmgwd.service", "llmgw-agentd.service"):
         assert host.systemctl("is-enabled", unit, check=False).stdout.strip() == "disabled"
@@ -175,7 +189,8 @@ def test_units_verify_and_llmgwd_is_hardened(host: PrivateSystemd) -> None:
     # /lib/systemd/system (bookworm's debhelper) is /usr/lib/systemd/system on merged /usr.
     units = host.run("ls -d /lib/systemd/system/llmgw*").stdout.split()
     assert {Path(u).name for u in units} == {
-        "llmgwd.service", "llmgw-agentd.service", "llmgw-engines.slice"}  # fmt: skip
+        "llmgwd.service", "llmgw-etcd.service", "llmgw-agentd.service",
+        "llmgw-engines.slice"}  # fmt: skip
     # verify also runs `man` on each Documentation= page: the packages' pages must be there.
     r = host.run(["systemd-analyze", "verify", *units], check=False)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -318,7 +333,8 @@ def test_rpm_payload_installs_and_serves(rpms: list[Path], make_systemd: MakeSys
     assert ps.run(["stat", "-c", "%a %U %G", "/etc/llmgw"]).stdout.split() == [
         "750", "root", "llmgw"]  # fmt: skip
     units = [f"/usr/lib/systemd/system/{u}" for u in
-             ("llmgwd.service", "llmgw-agentd.service", "llmgw-engines.slice")]  # fmt: skip
+             ("llmgwd.service", "llmgw-etcd.service", "llmgw-agentd.service",
+              "llmgw-engines.slice")]  # fmt: skip
     r = ps.run(["systemd-analyze", "verify", *units], check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ps.systemctl("is-enabled", "llmgwd.service", check=False).stdout.strip() == "disabled"
