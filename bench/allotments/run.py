@@ -11,9 +11,11 @@ ledgers, usage, leases) over the steady part (after a 2 s warm-up). Then a key w
 rpm N is hammered through the planes at once (eight clients each, back to back): passed
 against N, and against what per-process counting lets through (N on each plane); with
 --sustained S, the same key is offered 2N a minute for S seconds and the most requests
-admitted in any 60 s window is printed (the bound is N).
+admitted in any 60 s window is printed (the bound is N). Last, a key with a budget of
+--budget tokens is spent through them all at once until each client is refused.
 
-    bench/allotments/run [--rate 300] [--seconds 10] [--rpm 120] [--sustained 0] [--etcd]
+    bench/allotments/run [--rate 300] [--seconds 10] [--rpm 120] [--budget 30000]
+                         [--sustained 0] [--etcd]
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class Plane:
             r = await self.meter.reserve(key, MODEL, ASK)
         except ApiError as e:
             self.refused += 1
-            if self.refused <= 3:
+            if self.refused <= 3 and e.detail.code not in ("rate_limit_exceeded",):
                 print("refused:", e.detail.message, file=sys.stderr)
             return
         self.admitted_at.append(time.monotonic())
@@ -217,6 +219,22 @@ async def hammer(planes: list[Plane], rpm: int, each: int) -> int:
     return sum(p.answered for p in planes) - answered
 
 
+async def spend(planes: list[Plane], budget: int) -> int:
+    """Eight clients per plane spending a key's budget of tokens until each is refused; the
+    tokens spent (100 a request)."""
+    limits = KeyLimits(budget_tokens=budget)
+    key = ApiKey(id="budget", name="budget", hash="", prefix="sk", limits=limits)
+
+    async def client(p: Plane) -> None:
+        refused = p.refused
+        while p.refused == refused:
+            await p.request(key, 0.0)
+
+    answered = sum(p.answered for p in planes)
+    await asyncio.gather(*(client(p) for p in planes for _ in range(8)))
+    return (sum(p.answered for p in planes) - answered) * 100
+
+
 async def sustained(planes: list[Plane], rpm: int, seconds: float) -> int:
     """2N a minute offered for seconds; the most admitted in any 60 s window."""
     key = ApiKey(id="sus", name="sus", hash="", prefix="sk", limits=KeyLimits(rpm=rpm))
@@ -242,6 +260,7 @@ async def scenario(n: int, shared: bool, args: argparse.Namespace, tmp: Path) ->
             if shared:
                 out["steady"] = await steady(planes, args.rate, args.seconds, args.keys)
             out[f"rpm {args.rpm} hammered"] = await hammer(planes, args.rpm, args.rpm // 4)
+            out[f"budget {args.budget} tokens spent"] = await spend(planes, args.budget)
             if args.sustained and shared:
                 out[
                     f"rpm {args.rpm}, most in any 60 s of {args.sustained} s at 2N/min"
@@ -266,6 +285,7 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--keys", type=int, default=20)
     parser.add_argument("--rpm", type=int, default=120)
+    parser.add_argument("--budget", type=int, default=30_000)
     parser.add_argument("--sustained", type=float, default=0.0)
     parser.add_argument("--etcd", action="store_true")
     asyncio.run(main(parser.parse_args()))
