@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
-from llmgwd import api, clientport, cluster, servers
+from llmgwd import api, clientport, cluster, servers, servers_setup
 from llmgwd.allotments import Allotments
 from llmgwd.catalog import Catalog
 from llmgwd.leader import Election, LeaderRecord
@@ -144,6 +144,11 @@ class Daemon:
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
         self.mirror = await mirror_setup.start(cfg, state_dir, self.store, self.catalog)
         self._start_roles(url, secret)
+        self.planes = servers_setup.build(
+            cfg, self.store, keys.ca, secret, name=server_name(url), url=url
+        )
+        for work in self.planes.tasks():  # the promoter of joined members (etcd only)
+            self._spawn(work)
         self._spawn(self.catalog.follow(revision))
         self._spawn(sdnotify.watchdog())
         ctx = api.ApiContext(
@@ -158,6 +163,7 @@ class Daemon:
             remove_node=self.remove_node,
             mirror=self.mirror,
             node_files=mirror_setup.NodeFilesOf(self.cluster),
+            control_planes=self.planes.planes,
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)
@@ -196,6 +202,7 @@ class Daemon:
         app = cluster.make_app(
             self.cluster, keys.ca, self.catalog.consume_token, self.members, files=self.mirror
         )
+        self.planes.add_route(app)  # POST /servers/join
         ctx = cluster.server_ssl_context(keys.ca.cert_pem, keys.server_cert, keys.server_key)
         host, port = split_listen(self.config.cluster.listen)
         self._runners.append(await cluster.serve(app, host, port, ctx))
@@ -256,6 +263,7 @@ class Daemon:
         await self.router.close()
         await self.mirror.close()
         await self.session.close()  # standbys take over at once rather than at the lease's TTL
+        await self.planes.close()
         await self.store.close()
         log.info("llmgwd stopped")
 
