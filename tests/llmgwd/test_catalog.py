@@ -91,3 +91,31 @@ async def test_follow_applies_changes_made_by_another_writer(store: SqliteStore)
         assert reader.get("late") is None
     finally:
         task.cancel()
+
+
+async def test_follow_reads_everything_again_after_its_watch_was_compacted() -> None:
+    """A control plane whose watch fell behind the store's compaction (etcd's
+    auto-compaction, a watch cut for minutes) reads the catalog again and goes on following:
+    a key revoked meanwhile stops authenticating there, and later changes still arrive."""
+    store = await SqliteStore.open(":memory:", keep_revisions=10)
+    try:
+        reader, writer = Catalog(store), Catalog(store)
+        key, secret = await writer.create_key("bob")
+        rev = await reader.load()
+        await writer.revoke_key(key.id)
+        for i in range(40):  # other writes: the history from rev on is compacted away
+            await store.put(f"/usage/x/{i}", b"{}")
+        changed = asyncio.Event()
+        reader.on_change(changed.set)
+        task = asyncio.create_task(reader.follow(rev))
+        try:
+            await asyncio.wait_for(changed.wait(), 5)
+            assert reader.authenticate(secret) is None
+            changed.clear()
+            await writer.add_model(Model(name="later", source="file:/l.gguf"))
+            await asyncio.wait_for(changed.wait(), 5)
+            assert reader.get("later") is not None
+        finally:
+            task.cancel()
+    finally:
+        await store.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import time
@@ -17,6 +19,8 @@ from llmgwd import profiles as profiles_
 from llmgwd.estimate import ModelShape
 from llmgwd.profiles import Profile
 from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
+
+log = logging.getLogger(__name__)
 
 Role = Literal["user", "admin"]
 Period = Literal["day", "month"]  # budgets' periods, in UTC
@@ -108,6 +112,12 @@ _model_dec = msgspec.json.Decoder(Model)
 _key_dec = msgspec.json.Decoder(ApiKey)
 _token_dec = msgspec.json.Decoder(JoinToken)
 _enc = msgspec.json.Encoder()
+FOLLOW_RETRY_S = 1.0  # between a failed watch and reading the catalog again
+
+
+def _why(e: Exception) -> str:
+    """An error for the log: its type and message (store errors carry no key or value)."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 class CatalogError(Exception):
@@ -137,7 +147,23 @@ class Catalog:
         return max(rev, rev2)
 
     async def follow(self, revision: int) -> None:
-        """Apply the store's changes from revision on, for ever (run as a task)."""
+        """Apply the store's changes from revision on, for ever (run as a task). A watch that
+        fails (its start compacted away, the store unreachable) is not the end: everything is
+        read again and followed from there, so no change is ever missed for good."""
+        while True:
+            try:
+                if revision < 0:
+                    revision = await self.load()
+                    self._changed()
+                await self._apply(revision)
+                return  # the store closed
+            except Exception as e:
+                log.warning("following the catalog failed (%s); reading it again", _why(e))
+                revision = -1
+                await asyncio.sleep(FOLLOW_RETRY_S)
+
+    async def _apply(self, revision: int) -> None:
+        """Apply each change from revision on, until the watch ends or fails."""
         async for ev in self._store.watch("/", prefix_end("/"), start_revision=revision + 1):
             key = ev.kv.key
             if key.startswith(MODELS):
@@ -156,8 +182,11 @@ class Catalog:
                 self._set_keys(list(keys.values()))
             else:
                 continue
-            for listener in self._listeners:
-                listener()
+            self._changed()
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call listener after every change of models or keys."""
