@@ -24,6 +24,7 @@ from llmgwd.leader import LEADER
 from llmgwd.live import LIVE, Published, Publisher, RolePool
 from llmgwd.router import Router
 from llmgwd.store import prefix_end
+from llmgwd.store.etcd_http import EtcdUnavailable
 from llmgwd.store.sqlite import SqliteStore
 from llmgwd.wakeups import WAKE, Waker, follow
 
@@ -288,3 +289,37 @@ async def test_each_control_plane_is_recorded_with_its_lease_and_role(store: Sql
         assert (await servers.read(store))[0] == []
     finally:
         task.cancel()
+
+
+class _UnreachableOnce:
+    """A store whose first range fails as an unreachable etcd member does."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self.failed = False
+
+    async def range(self, key: str, end: str | None = None) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise EtcdUnavailable("https://127.0.0.1:7720", "ClientConnectorError")
+        return await self._store.range(key, end)
+
+    def watch(self, key: str, end: str | None = None, *, start_revision: int = 0) -> Any:
+        return self._store.watch(key, end, start_revision=start_revision)
+
+
+async def test_a_standby_follows_the_published_replicas_after_its_etcd_member_was_unreachable(
+    store: SqliteStore, tasks: Tasks
+) -> None:
+    """etcd down when a standby (re)reads the published replicas is not the end of following
+    them: it reads again once the member answers."""
+    flaky = _UnreachableOnce(store)
+    published = Published(flaky, SECRET)  # type: ignore[arg-type]
+    follow_task = tasks.start(published.follow())
+    standby = RolePool(cluster.ClusterState(), published)
+    state = await leader_state(20001)
+    fenced = FencedStore(store, await term_of(store), lambda _: None)
+    tasks.start(Publisher(fenced, state, grace_s=30).run())
+    await eventually(lambda: standby.ready("smol") or follow_task.done())
+    assert flaky.failed and not follow_task.done()
+    assert [e.replica_id for e in standby.ready("smol")] == ["r1"]

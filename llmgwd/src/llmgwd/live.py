@@ -23,7 +23,6 @@ from llmgwd.catalog import engine_key
 from llmgwd.cluster import ClusterState
 from llmgwd.pool import Endpoint
 from llmgwd.store import Delete, Put, Store, prefix_end
-from llmgwd.store.base import CompactedError
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +151,8 @@ class Published:
                     else:
                         self._by_key.pop(ev.kv.key, None)
                 return  # the store closed
-            except (CompactedError, OSError, ConnectionError, msgspec.DecodeError) as e:
-                log.warning("following the published replicas failed (%s); again", e)
+            except Exception as e:  # compacted, etcd unreachable (EtcdError), a bad value
+                log.warning("following the published replicas failed (%s); again", _why(e))
                 await asyncio.sleep(PERIOD_S)
 
     def ready(self, model: str) -> list[Endpoint]:
@@ -189,3 +188,7 @@ class RolePool:
     def wanted(self, model: str) -> int:
         """How many replicas of model are wanted."""
         return self._cluster.wanted(model) or self._published.wanted(model)
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
