@@ -353,3 +353,68 @@ async def test_progress_says_verifying_while_a_resumed_partial_is_checked(
     assert said.endswith(f"; verifying {SET[0].path}"), said
     checking.clear()
     assert "verifying" not in cache._progress(SET, SET, set())
+
+
+@pytest.fixture
+async def second() -> AsyncIterator[FakeMirror]:
+    """Another control plane's cluster port, with every file."""
+    m = FakeMirror()
+    app = web.Application()
+    app.router.add_get("/mirror/files/{sha256}", m.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    m.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield m
+    await runner.cleanup()
+
+
+async def test_a_control_plane_lacking_a_file_sends_the_agent_to_the_next(
+    tmp_path: Path, mirror: FakeMirror, second: FakeMirror
+) -> None:
+    for f in SET:
+        mirror.missing[f.sha256] = 1000  # the linked control plane never got the set
+    cache = Cache(
+        tmp_path / "models", lambda: Mirror(mirror.url, others=(second.url,)), retry_s=0.05
+    )
+    try:
+        where = await cache.ensure(hf_spec())
+    finally:
+        await cache.close()
+    assert (where / SET[0].path).read_bytes() == GGUF
+    assert [mirror.gets(f.sha256) for f in SET] == [1, 1]
+    assert [second.gets(f.sha256) for f in SET] == [1, 1]
+
+
+async def test_a_file_no_control_plane_has_yet_is_waited_for_on_all(
+    tmp_path: Path, mirror: FakeMirror, second: FakeMirror
+) -> None:
+    sha = SET[1].sha256
+    mirror.missing[sha], second.missing[sha] = 1000, 2
+    said: list[str] = []
+    cache = Cache(
+        tmp_path / "models",
+        lambda: Mirror(mirror.url, others=(second.url,)),
+        retry_s=0.05,
+        tick_s=0.01,
+    )
+    try:
+        await cache.ensure(hf_spec(), said.append)
+    finally:
+        await cache.close()
+    assert second.gets(sha) == 3 and mirror.gets(sha) == 3
+    assert any("waiting for the mirror" in s for s in said), said
+
+
+async def test_a_control_plane_that_cannot_be_reached_is_passed_over(
+    tmp_path: Path, second: FakeMirror
+) -> None:
+    dead = "http://127.0.0.1:1"  # nothing listens: connection refused
+    cache = Cache(tmp_path / "models", lambda: Mirror(dead, others=(second.url,)), retry_s=0.05)
+    try:
+        where = await cache.ensure(hf_spec())
+    finally:
+        await cache.close()
+    assert (where / "config.json").read_bytes() == CONFIG
+    assert [second.gets(f.sha256) for f in SET] == [1, 1]

@@ -33,10 +33,17 @@ class FetchError(Exception):
 
 @dataclass(frozen=True)
 class Mirror:
-    """Where files come from: the control plane's cluster port, and the link's mutual TLS."""
+    """Where files come from: the linked control plane's cluster port, then the others'
+    (a file one lacks or one that cannot be reached), with the link's mutual TLS."""
 
     url: str  # https://HOST:7710
     ssl: ssl.SSLContext | None = None
+    others: tuple[str, ...] = ()  # the other control planes' cluster ports, tried in turn
+
+    @property
+    def urls(self) -> list[str]:
+        """Every control plane to ask, the linked one first."""
+        return [self.url, *(u for u in self.others if u != self.url)]
 
 
 Progress = Callable[[str], None]  # the replica's "starting" message
@@ -127,14 +134,11 @@ class Cache:
                 await ticker
 
     async def _fetch(self, mirror: Mirror, f: ModelFile, waiting: set[str]) -> None:
-        """One file, waiting (and asking again) while the mirror does not have it yet."""
-        url = f"{mirror.url}{FILES_PATH}{f.sha256}"
+        """One file, waiting (and asking again) while no control plane has it yet."""
         while True:
             try:
-                await self._downloads.get(self._http(), url, f, ssl=mirror.ssl)
-            except download.DownloadError as e:
-                if e.status != 404:
-                    raise FetchError(f"cannot fetch {f.path} from the mirror: {e}") from None
+                if await self._from_any(mirror, f):
+                    break
                 waiting.add(f.sha256)
                 await asyncio.sleep(self._retry_s)
                 continue
@@ -145,9 +149,31 @@ class Cache:
                 raise FetchError(f"disk full on {self.root}: {e}") from None
             except BlobStoreError as e:
                 raise FetchError(f"cannot fetch {f.path}: {e}") from None
-            waiting.discard(f.sha256)
-            self._changed()
-            return
+        waiting.discard(f.sha256)
+        self._changed()
+
+    async def _from_any(self, mirror: Mirror, f: ModelFile) -> bool:
+        """One file from the first control plane that has it; False when each that answered
+        lacks it (404); FetchError when none answered but with another failure."""
+        urls = mirror.urls
+        failure: download.DownloadError | None = None
+        lacking = False
+        for url in urls:
+            try:
+                # Fewer tries where another control plane can be asked: a partial is resumed.
+                tries = {"attempts": 3} if len(urls) > 1 else {}
+                await self._downloads.get(
+                    self._http(), f"{url}{FILES_PATH}{f.sha256}", f, ssl=mirror.ssl, **tries
+                )
+                return True
+            except download.DownloadError as e:
+                if e.status == 404:
+                    lacking = True
+                else:
+                    failure = e
+        if lacking or failure is None:
+            return False
+        raise FetchError(f"cannot fetch {f.path} from the mirror: {failure}")
 
     async def _tell(
         self,

@@ -62,9 +62,13 @@ class Agent:
             self._link.holdings_changed()
 
     def _mirror(self) -> Mirror:
-        """The mirror's files are on the joined control plane's cluster port (mutual TLS)."""
-        server = link.read_join(self.pki_dir).server
-        return Mirror(server, link.link_ssl_context(self.pki_dir))
+        """The mirror's files are on the linked control plane's cluster port (mutual TLS),
+        and on the other control planes' (asked when it lacks a file or cannot be reached)."""
+        joined = link.read_join(self.pki_dir).server
+        server = self._link.server if self._link is not None else joined
+        planes = Planes(joined, Path(self.config.state_dir) / PLANES_FILE)
+        others = tuple(u for u in planes.urls if u != server)
+        return Mirror(server, link.link_ssl_context(self.pki_dir), others=others)
 
     async def _sweep(self, msg: wire.Sweep) -> None:
         """The control plane's sweep: what no replica here runs or fetches goes."""
