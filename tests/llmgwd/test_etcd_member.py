@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import os
+import ssl
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from llmgw import pki
 from llmgwd import etcd_member
+from tests.llmgwd.store import local_etcd
 
 
 def test_the_config_listens_for_clients_on_the_host_only_and_peers_with_tls(
@@ -40,7 +43,9 @@ def test_the_config_listens_for_clients_on_the_host_only_and_peers_with_tls(
             "key-file": "/var/lib/llmgw/pki/etcd-member.key",
             "trusted-ca-file": "/var/lib/llmgw/pki/ca.pem",
             "client-cert-auth": True,
+            **({"allowed-cn": etcd_member.PEER_CN} if side.startswith("peer") else {}),
         }
+    assert config["PeerTLSInfo"] == {"AllowedCN": etcd_member.PEER_CN}
     assert path.stat().st_mode & 0o777 == 0o644
 
 
@@ -76,3 +81,33 @@ def test_certificates_serve_and_dial_and_belong_to_the_pki_dirs_owner(tmp_path: 
     before = (d / etcd_member.MEMBER_CERT).read_bytes()
     etcd_member.ensure_certs(d, "cp1", "10.0.0.1")
     assert (d / etcd_member.MEMBER_CERT).read_bytes() == before  # kept, not made again
+
+
+def _peer_members(port: int, ca_pem: bytes, cert: Path, key: Path) -> int:
+    """The status of GET /members on a member's peer port, presenting cert."""
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", port, context=pki.client_context(ca_pem, cert, key), timeout=5
+    )
+    try:
+        conn.request("GET", "/members")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.skipif(not local_etcd.ETCD.exists(), reason="etcd is not installed")
+def test_the_peer_port_refuses_a_nodes_certificate(tmp_path: Path) -> None:
+    """Agents' node certificates come from the same CA (clientAuth): on the peer port, which
+    listens on the host's network address, one would let any node host speak Raft to the
+    member (forge appends, write any key). Only the members' own certificates are let in."""
+    with local_etcd.cluster(tmp_path, 2) as (m0, _m1):  # two: the peers still reach each other
+        config = yaml.safe_load((tmp_path / m0.name / "etcd.yaml").read_text())
+        port = int(config["listen-peer-urls"].rsplit(":", 1)[1])
+        ca = pki.read_pair(m0.ca_file, m0.pki_dir / etcd_member.CA_KEY)
+        key_pem, csr = pki.make_node_csr("gpu1")
+        (tmp_path / "node.pem").write_bytes(pki.sign_csr(ca, csr, "gpu1"))
+        (tmp_path / "node.key").write_bytes(key_pem)
+        member = (m0.pki_dir / etcd_member.MEMBER_CERT, m0.pki_dir / etcd_member.MEMBER_KEY)
+        assert _peer_members(port, ca.cert_pem, *member) == 200
+        with pytest.raises(ssl.SSLError):
+            _peer_members(port, ca.cert_pem, tmp_path / "node.pem", tmp_path / "node.key")

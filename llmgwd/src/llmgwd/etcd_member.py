@@ -29,6 +29,10 @@ PEER_PORT = 7721
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
 MEMBER_CERT, MEMBER_KEY = "etcd-member.pem", "etcd-member.key"
 CLIENT_CERT, CLIENT_KEY = "etcd-client.pem", "etcd-client.key"
+# The CN of every member's certificate, the only one the peer port lets in: the cluster CA
+# also signs the agents' node certificates (clientAuth, CN a node name, which has no space),
+# and the peer port listens on the host's network address.
+PEER_CN = "llmgw etcd member"
 ELECTION_MS = 1000  # etcd's default election timeout (heartbeats at a tenth of it)
 KEEP_REVISIONS = 10000
 MAX_TXN_OPS = 1024
@@ -54,7 +58,7 @@ def ensure_certs(pki_dir: Path, name: str, advertise_ip: str) -> None:
     ca = pki.read_pair(pki_dir / CA_CERT, pki_dir / CA_KEY)
     made: list[Path] = []
     if not (pki_dir / MEMBER_CERT).exists():
-        member = pki.make_etcd_cert(ca, name, [advertise_ip])
+        member = pki.make_etcd_cert(ca, PEER_CN, [advertise_ip])
         pki.write_pair(member, pki_dir / MEMBER_CERT, pki_dir / MEMBER_KEY)
         made += [pki_dir / MEMBER_CERT, pki_dir / MEMBER_KEY]
     if not (pki_dir / CLIENT_CERT).exists():
@@ -103,7 +107,10 @@ def member_config(
         "initial-cluster-state": state,
         "initial-cluster-token": "llmgw",
         "client-transport-security": member_tls,
-        "peer-transport-security": dict(member_tls),
+        # Peers: only members' certificates (PEER_CN), never a node's. etcd 3.5+ reads
+        # allowed-cn here; 3.4 has no such key and reads PeerTLSInfo's AllowedCN below.
+        "peer-transport-security": {**member_tls, "allowed-cn": PEER_CN},
+        "PeerTLSInfo": {"AllowedCN": PEER_CN},
         # The JSON gateway llmgwd talks to: on by default on etcd's command line, not in a
         # config file.
         "enable-grpc-gateway": True,
