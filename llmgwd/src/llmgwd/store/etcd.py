@@ -11,6 +11,7 @@ from typing import Literal
 
 from llmgwd.store.base import KV, CompactedError, Compare, Delete, Event, Get, Put, TxnResult
 from llmgwd.store.etcd_http import (
+    CALL_TIMEOUT_S,
     NOT_FOUND,
     OUT_OF_RANGE,
     EtcdError,
@@ -25,6 +26,7 @@ from llmgwd.store.etcd_http import (
 log = logging.getLogger(__name__)
 
 OPEN_WAIT_S = 60.0  # how long open() waits for the member to answer (it may be starting)
+KEEPALIVE_TIMEOUT_S = CALL_TIMEOUT_S  # a keepalive is a stream: no call's timeout of its own
 _RECONNECT_S = (0.05, 0.2, 0.5, 1.0, 2.0)  # pauses between a cut watch's reconnects
 _TARGETS = {"version": "VERSION", "create": "CREATE", "mod": "MOD", "value": "VALUE"}
 _FIELDS = {"version": "version", "create": "create_revision", "mod": "mod_revision"}
@@ -198,13 +200,16 @@ class EtcdStore:
         if self._closed:
             raise RuntimeError("the store is closed")
         try:
-            async for result in self._client.stream("/v3/lease/keepalive", {"ID": str(lease)}):
-                ttl = _int(result.get("TTL"))
-                if ttl <= 0:  # etcd answers an unknown or expired lease with TTL 0
-                    raise KeyError("no such lease")
-                return float(ttl)
+            async with asyncio.timeout(KEEPALIVE_TIMEOUT_S):
+                async for result in self._client.stream("/v3/lease/keepalive", {"ID": str(lease)}):
+                    ttl = _int(result.get("TTL"))
+                    if ttl <= 0:  # etcd answers an unknown or expired lease with TTL 0
+                        raise KeyError("no such lease")
+                    return float(ttl)
         except EtcdError as e:
             raise _refused(e) from None
+        except TimeoutError:
+            raise EtcdUnavailable(self._client.endpoint, "no answer to a lease keepalive") from None
         raise EtcdUnavailable(self._client.endpoint, "no answer to a lease keepalive")
 
     async def lease_revoke(self, lease: int) -> None:
