@@ -10,16 +10,19 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmgwd import servers
+from llmgw import wire
+from llmgwd import cluster, servers
 from llmgwd.api import ApiError
 from llmgwd.catalog import Catalog
 from llmgwd.cluster import ClusterState
 from llmgwd.leader import Election, LeaderRecord
+from llmgwd.members import Members
 from llmgwd.reconciler import NodeFlags
 from llmgwd.roles import Roles
 from llmgwd.session import Session
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_leader import eventually
+from tests.llmgwd.test_standby import INVENTORY, FakeWs
 
 
 @dataclass
@@ -94,3 +97,26 @@ async def test_only_the_leader_reconciles_and_takes_agents(
     await eventually(lambda: standby.roles.reconciler is not None)
     assert standby.cluster.leading
     assert standby.roles.flags("n1") == NodeFlags(cordoned=True)  # loaded from the store
+
+
+async def test_a_node_removed_through_a_standby_is_cut_off_by_the_leader(
+    two: tuple[SqliteStore, list[ControlPlane]],
+) -> None:
+    """`llmgw node remove` asked of a standby revokes the node in the store; the leader, which
+    holds the node's connection and places its replicas, must drop it too, and take it again
+    once it joined again with a token (through any control plane)."""
+    store, cps = two
+    await eventually(lambda: sum(cp.roles.reconciler is not None for cp in cps) == 1)
+    leader = next(cp for cp in cps if cp.roles.reconciler is not None)
+    standby = next(cp for cp in cps if cp is not leader)
+    members = Members(store)
+    assert await members.admit("n1", "01")
+    conn = cluster._Conn("n1", FakeWs(), "127.0.0.1", "01", b"")  # type: ignore[arg-type]
+    await leader.cluster._attach(conn, wire.Register("n1", "127.0.0.1", "t", INVENTORY))
+    assert leader.cluster.known() == ["n1"]
+
+    assert await cluster.remove_node(standby.cluster, members, "n1")  # the standby's API
+
+    await eventually(lambda: leader.cluster.known() == [] and leader.cluster.removed("n1"))
+    assert await members.admit("n1", "02")  # a token join, answered by a standby
+    await eventually(lambda: not leader.cluster.removed("n1"))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from llmgwd.store import Compare, Put, Store
+from llmgwd.store import Compare, Put, Store, prefix_end
 
 NODES = "/members/"
 
@@ -134,3 +134,14 @@ def refusal(member: Member | None, serial: str) -> str | None:
             "remove the node (llmgw node remove) and join it again with a new token"
         )
     return None
+
+
+async def follow(store: Store, on_record: Callable[[Member], None]) -> None:
+    """Call on_record with every node's record now and with each one put later, for ever: the
+    leader learns of a node removed, or joined again, through another control plane."""
+    kvs, revision = await store.range(NODES, prefix_end(NODES))
+    for kv in kvs:
+        on_record(_dec.decode(kv.value))
+    async for ev in store.watch(NODES, prefix_end(NODES), start_revision=revision + 1):
+        if ev.type == "put":
+            on_record(_dec.decode(ev.kv.value))

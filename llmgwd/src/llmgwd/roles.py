@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 
-from llmgwd import servers, wakeups
+from llmgwd import members, servers, wakeups
 from llmgwd.api import ApiError
 from llmgwd.catalog import Catalog, Model
 from llmgwd.cluster import ClusterState
@@ -80,6 +80,7 @@ class Roles:
             publisher.run(),
             wakeups.follow(self._store, revision, rec.touch),
             servers.follow(self._store, self._cluster.set_control_planes),
+            members.follow(self._store, self._member_changed),
         ]
         try:
             await asyncio.gather(*work)
@@ -88,6 +89,14 @@ class Roles:
             self._cluster.on_change = None
             self._cluster.stand_by("")
             self._announcer.set_role("standby", 0)
+
+    def _member_changed(self, member: members.Member) -> None:
+        """A node's record as stored (`llmgw node remove` or a token join may have been
+        answered by a standby): the leader drops a removed node, takes one joined again."""
+        if member.active:
+            self._cluster.allow(member.name)
+        elif not self._cluster.removed(member.name):
+            self._cluster.remove(member.name)
 
     def _leader_changed(self) -> None:
         leader = self._election.leader
