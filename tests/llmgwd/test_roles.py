@@ -15,7 +15,7 @@ from llmgwd import cluster, servers
 from llmgwd.api import ApiError
 from llmgwd.catalog import Catalog
 from llmgwd.cluster import ClusterState
-from llmgwd.leader import Election, LeaderRecord
+from llmgwd.leader import LEADER, Election, LeaderRecord
 from llmgwd.members import Members
 from llmgwd.reconciler import NodeFlags
 from llmgwd.roles import Roles
@@ -120,3 +120,19 @@ async def test_a_node_removed_through_a_standby_is_cut_off_by_the_leader(
     await eventually(lambda: leader.cluster.known() == [] and leader.cluster.removed("n1"))
     assert await members.admit("n1", "02")  # a token join, answered by a standby
     await eventually(lambda: not leader.cluster.removed("n1"))
+
+
+async def test_a_leader_write_fenced_off_is_a_503_not_leader(
+    two: tuple[SqliteStore, list[ControlPlane]],
+) -> None:
+    """A cordon asked of a leader whose term has just ended in the store (paused past its
+    lease, as the failover test does): the fence refuses the write, and the admin is told
+    this control plane does not lead (a 503), not 'internal error' with a traceback logged."""
+    store, cps = two
+    await eventually(lambda: sum(cp.roles.reconciler is not None for cp in cps) == 1)
+    leader = next(cp for cp in cps if cp.roles.reconciler is not None)
+    await store.delete(LEADER)  # the term is over; this process has not seen it yet
+    with pytest.raises(ApiError, match="not the leader") as e:
+        await leader.roles.set_flags("n1", NodeFlags(cordoned=True))
+    assert e.value.status == 503
+    assert await store.get("/nodeflags/n1") is None

@@ -12,7 +12,7 @@ from llmgwd import members, servers, wakeups
 from llmgwd.api import ApiError
 from llmgwd.catalog import Catalog, Model
 from llmgwd.cluster import ClusterState
-from llmgwd.fence import FencedStore
+from llmgwd.fence import Fenced, FencedStore
 from llmgwd.leader import Election
 from llmgwd.live import Publisher
 from llmgwd.profiles import Profile
@@ -126,13 +126,21 @@ class Roles:
         return self._view.flags(node)
 
     async def set_flags(self, node: str, flags: NodeFlags) -> None:
-        """Cordon, drain or uncordon a node: the leader's to do."""
+        """Cordon, drain or uncordon a node: the leader's to do (a term that ended under the
+        write, its fence refusing it, is not the leader either)."""
         if self.reconciler is None:
-            leader = self._election.leader
-            where = f"; the leader is {leader.url}" if leader is not None else ""
-            message = f"this control plane is not the leader{where}: ask the leader"
-            raise ApiError(503, message, "server_error", "not_leader")
-        await self.reconciler.set_flags(node, flags)
+            raise self._not_leader()
+        try:
+            await self.reconciler.set_flags(node, flags)
+        except Fenced:
+            raise self._not_leader() from None
+
+    def _not_leader(self) -> ApiError:
+        leader = self._election.leader
+        known = leader is not None and leader != self._election.me  # not this one's old term
+        where = f"; the leader is {leader.url}" if leader is not None and known else ""
+        message = f"this control plane is not the leader{where}: ask the leader"
+        return ApiError(503, message, "server_error", "not_leader")
 
     def placements(self) -> list[Placement]:
         """Where every replica is."""
