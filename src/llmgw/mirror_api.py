@@ -34,6 +34,14 @@ class PeerView(msgspec.Struct, kw_only=True):
     last_error: str = ""
 
 
+class HeldSet(msgspec.Struct, kw_only=True):
+    """A model's set among several control planes: which hold it whole, which fetches it."""
+
+    source: str  # hf:ORG/REPO@COMMIT[:PATTERN]
+    planes: list[str] = []  # the control planes holding it whole, by name
+    fetching: str = ""  # the control plane fetching it from upstream now ("": none)
+
+
 class MirrorStatus(msgspec.Struct, kw_only=True):
     """GET /mirror: what the mirror holds and what it is fetching."""
 
@@ -44,6 +52,7 @@ class MirrorStatus(msgspec.Struct, kw_only=True):
     free_bytes: int
     sets: list[SetStatus] = []
     peers: list[PeerView] = []
+    held: list[HeldSet] = []  # several control planes (on etcd) only
 
 
 class ImportFile(msgspec.Struct, frozen=True):

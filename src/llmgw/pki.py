@@ -119,6 +119,25 @@ def make_etcd_cert(
     return CertKey(_cert_pem(cert), _key_pem(key))
 
 
+PLANE_ORG = "llmgw control plane"  # the O of a control plane's client certificate
+
+
+def make_plane_cert(ca: CertKey, name: str, days: int = SERVER_DAYS) -> CertKey:
+    """A control plane's client certificate (clientAuth, CN its name, O PLANE_ORG), made by a
+    control plane with the CA key every control plane holds, to fetch another's mirror files.
+    A node's certificate never carries the O: sign_csr takes only the CN from a CSR."""
+    ca_cert, ca_key = _load_ca(ca)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, PLANE_ORG),
+            x509.NameAttribute(NameOID.COMMON_NAME, name),
+        ]
+    )
+    builder = _leaf(subject, ca_cert, key.public_key(), days, ExtendedKeyUsageOID.CLIENT_AUTH)
+    return CertKey(_cert_pem(builder.sign(ca_key, hashes.SHA256())), _key_pem(key))
+
+
 def make_node_csr(node_name: str) -> tuple[bytes, bytes]:
     """A fresh node key and a CSR for it with CN = node name: (key PEM, CSR PEM)."""
     check_node_name(node_name)
@@ -217,6 +236,18 @@ def node_identity(cert_der: bytes) -> NodeIdentity | None:
         return None
     name = _common_name(cert.subject)
     return NodeIdentity(name, _serial(cert)) if _NODE_NAME.fullmatch(name) else None
+
+
+def plane_name_of(cert_der: bytes) -> str | None:
+    """The control plane a client certificate TLS has already verified speaks for: its CN
+    if it is a clientAuth certificate with O PLANE_ORG (make_plane_cert), else None."""
+    ident = node_identity(cert_der)
+    if ident is None:
+        return None
+    orgs = x509.load_der_x509_certificate(cert_der).subject.get_attributes_for_oid(
+        NameOID.ORGANIZATION_NAME
+    )
+    return ident.name if [a.value for a in orgs] == [PLANE_ORG] else None
 
 
 def node_name_of(cert_der: bytes) -> str | None:

@@ -28,8 +28,15 @@ def _mirror(ctx: ApiContext) -> Mirror:
 
 
 async def get_mirror(request: web.Request) -> web.Response:
-    """GET /mirror: what the mirror holds, its sets in flight and its peers."""
-    return json_response(_mirror(_ctx(request)).status())
+    """GET /mirror: what the mirror holds, its sets in flight and its peers (and, among
+    several control planes, which holds each model's set)."""
+    ctx = _ctx(request)
+    mirror = _mirror(ctx)
+    status = mirror.status()
+    if mirror.fleet is not None:
+        used = [m.source for m in ctx.catalog.all() if sources.is_hf(m.source) and m.files]
+        status.held = await mirror.fleet.held(used)
+    return json_response(status)
 
 
 async def put_upload(request: web.Request) -> web.Response:

@@ -142,7 +142,9 @@ class Daemon:
         await self.meter.load()  # budgets go on from what this month used before a restart
         self.usage.start()
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
-        self.mirror = await mirror_setup.start(cfg, state_dir, self.store, self.catalog)
+        self.mirror = await mirror_setup.start(
+            cfg, state_dir, self.store, self.catalog, plane=self._mirror_plane(keys, url)
+        )
         self._start_roles(url, secret)
         self.planes = servers_setup.build(
             cfg, self.store, keys.ca, secret, name=server_name(url), url=url
@@ -194,6 +196,17 @@ class Daemon:
         for work in (self.session.run(), self.announcer.run(), self.published.follow(),
                      self.roles.follow_view(), self.election.run(self.roles.lead)):  # fmt: skip
             self._spawn(work)
+
+    def _mirror_plane(self, keys: Pki, url: str) -> mirror_setup.Plane | None:
+        """On etcd (several control planes) each set is fetched upstream once and copied."""
+        if self.config.store.backend != "etcd":
+            return None
+
+        def lease() -> int:
+            session: Session | None = getattr(self, "session", None)  # made just after
+            return session.lease if session is not None else 0
+
+        return mirror_setup.Plane(server_name(url), keys.ca, lease)
 
     def _announce(self, _lease: int) -> None:
         self.announcer.renew()

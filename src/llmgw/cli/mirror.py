@@ -31,7 +31,8 @@ def mirror() -> None:
 @json_option
 @pass_settings
 def status(settings: Settings, as_json: bool) -> None:
-    """What the mirror holds, the sets it is fetching (the whole set's progress) and its peers."""
+    """What the mirror holds, the sets it is fetching (the whole set's progress), its peers
+    and, among several control planes, which of them holds each model's set."""
     s = call(settings, "GET", f"{API}/mirror")
     if as_json:
         echo_json(s)
@@ -46,6 +47,10 @@ def status(settings: Settings, as_json: bool) -> None:
     for p in s["peers"]:
         err = f", {p['last_error']}" if p["last_error"] else ""
         click.echo(f"  peer {p['url']}: synced {ago(p['last_sync'])}{err}")
+    for h in s.get("held", []):
+        where = ", ".join(h["planes"]) or "no control plane yet"
+        fetching = f" ({h['fetching']} fetching it from upstream)" if h["fetching"] else ""
+        click.echo(f"  {h['source']} on {where}{fetching}")
 
 
 def _is_git(path: Path, n: int) -> bool:

@@ -28,8 +28,9 @@ _enc = msgspec.json.Encoder()
 
 
 class Records:
-    """Snapshots, refs and peers: read once from the store, then kept in memory with every
-    write going through the store first (one control plane writes them: the leader)."""
+    """Snapshots, refs and peers: read from the store at start, then kept in memory with
+    every write going through the store first (by the control plane asked); another control
+    plane reads them again when it gets a set from the others (Mirror._obtain)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -20,8 +22,10 @@ from llmgw.mirror_api import MirrorStatus, PeerView, SetStatus
 from llmgw.sources import HfSource
 from llmgw.wire import ModelFile
 from llmgwd.mirror import hub_client
+from llmgwd.mirror.fleet import Fleet
 from llmgwd.mirror.hub_client import HubError
 from llmgwd.mirror.jobs import SetJob
+from llmgwd.mirror.node_files import FILES
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.snapshot import Snapshot
 
@@ -63,6 +67,10 @@ class Mirror:
         self._session: aiohttp.ClientSession | None = None
         self._on_done: list[Callable[[str, list[ModelFile]], None]] = []
         self.models_use: Callable[[], set[str]] = set  # the sha256s the catalog's models use
+        # Several control planes (on etcd): each set fetched upstream once, copied by the
+        # others from one that has it (their cluster ports, with this TLS); None: one alone.
+        self.fleet: Fleet | None = None
+        self.plane_tls: ssl.SSLContext | None = None
 
     async def start(self) -> None:
         """Read the records; open the upstream session."""
@@ -167,13 +175,18 @@ class Mirror:
             return  # fetching, or waiting to try again
         missing = [f for f in files if not (f.sha256 and self.store.has(f.sha256))]
         if not missing:
+            if self.fleet is not None:
+                self._spawn(self.fleet.mark(source))  # the others may copy it from here
             return
         job = SetJob(src.repo, src.revision, files, self.settings.parallel)
         self._jobs[key] = job
-        task = asyncio.create_task(self._background(job, source))
-        self._by_key[key] = task
+        self._by_key[key] = self._spawn(self._background(job, source))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _background(self, job: SetJob, source: str) -> None:
         """Fetch a set; a failure that may pass (the upstream away, a full disk) is tried
@@ -181,7 +194,7 @@ class Mirror:
         wait = RETRY_FIRST_S
         while True:
             try:
-                files = await self._run(job)
+                files = await self._obtain(job, source)
                 break
             except ChecksumMismatch as e:
                 log.error("mirror: %s@%s: %s", job.repo, job.commit[:12], e)
@@ -189,23 +202,41 @@ class Mirror:
             except (MirrorError, BlobStoreError, HubError, download.DownloadError) as e:
                 job.error = f"{e}; trying again in {wait:.0f} s"
                 log.error("mirror: %s@%s: %s", job.repo, job.commit[:12], job.error)
+            except Exception as e:  # the store, with several control planes
+                job.error = f"{type(e).__name__}; trying again in {wait:.0f} s"
+                log.exception("mirror: %s@%s", job.repo, job.commit[:12])
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_S)
         log.info("mirror: %s@%s fetched whole (%d files)", job.repo, job.commit[:12], len(files))
         for listener in self._on_done:
             listener(source, files)
 
-    async def _run(self, job: SetJob) -> list[ModelFile]:
-        token = self._token()
+    async def _obtain(self, job: SetJob, source: str) -> list[ModelFile]:
+        """The set from upstream; with several control planes, through the fleet (from
+        another control plane that holds it, or from upstream by the one that claims it)."""
+        if self.fleet is None:
+            return await self._run(job)
+        files = await self.fleet.obtain(source, job.files, lambda plane: self._run(job, plane))
+        await self.records.load()  # the snapshot another control plane recorded
+        return files
+
+    async def _run(self, job: SetJob, plane: str | None = None) -> list[ModelFile]:
+        """Fetch the set's files from upstream, or by sha256 from the control plane whose
+        cluster port is at plane (mutual TLS)."""
+        token = None if plane else self._token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        extra: dict[str, Any] = {"ssl": self.plane_tls, "attempts": 3} if plane else {}
         session = self.http()
 
         async def one(
             f: ModelFile, progress: Callable[[int], None], verifying: Callable[[bool], None]
         ) -> str:
-            url = hub_client.resolve_url(self.settings.upstream, job.repo, job.commit, f.path)
+            if plane:
+                url = f"{plane}{FILES}{f.sha256}"
+            else:
+                url = hub_client.resolve_url(self.settings.upstream, job.repo, job.commit, f.path)
             return await self.downloads.get(
-                session, url, f, headers=headers, progress=progress, verifying=verifying
+                session, url, f, headers=headers, progress=progress, verifying=verifying, **extra
             )
 
         return await job.run(one)

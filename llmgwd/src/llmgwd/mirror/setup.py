@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
-from llmgw import sources
+from llmgw import pki, sources
 from llmgw.config import ServerConfig
 from llmgw.wire import HeldFile, ModelFile, Sweep
 from llmgwd.catalog import Catalog, CatalogError
 from llmgwd.cluster import ClusterState
-from llmgwd.mirror import hub_auth, hub_server, peers
+from llmgwd.mirror import fleet, hub_auth, hub_server, peers
+from llmgwd.mirror.holders import Holders
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
 from llmgwd.mirror.shapes import shape_of_set
@@ -33,18 +36,51 @@ def settings(cfg: ServerConfig, state_dir: Path) -> Settings:
     )
 
 
-async def start(cfg: ServerConfig, state_dir: Path, store: Store, catalog: Catalog) -> Mirror:
+@dataclass(frozen=True, slots=True)
+class Plane:
+    """This control plane among several (on etcd): its name, the cluster CA (with its key),
+    and its lease in the store (0 while it has none)."""
+
+    name: str
+    ca: pki.CertKey
+    lease: Callable[[], int]
+
+
+async def start(
+    cfg: ServerConfig, state_dir: Path, store: Store, catalog: Catalog, plane: Plane | None = None
+) -> Mirror:
     """Open the mirror, read each set's shape when it is whole, and carry on fetching the
-    sets of the catalog's models that a stop cut short."""
+    sets of the catalog's models that a stop cut short. Among several control planes, every
+    one holds every model's set, fetched from upstream once (mirror.fleet)."""
     mirror = Mirror(settings(cfg, state_dir), Records(store))
     await mirror.start()
     follow_catalog(mirror, catalog)
-    for model in catalog.all():
-        if sources.is_hf(model.source) and model.files:
-            mirror.fetch(model.source, list(model.files))
+    if plane is not None:
+        join_fleet(mirror, store, plane, state_dir / "pki")
+        catalog.on_change(lambda: fetch_models(mirror, catalog))
+    fetch_models(mirror, catalog)
     task = asyncio.get_running_loop().create_task(peers.run(mirror))
     _pending.add(task)
     return mirror
+
+
+def fetch_models(mirror: Mirror, catalog: Catalog) -> None:
+    """Fetch every model's set this mirror lacks (those whole or in flight are left be)."""
+    for model in catalog.all():
+        if sources.is_hf(model.source) and model.files:
+            mirror.fetch(model.source, list(model.files))
+
+
+def join_fleet(
+    mirror: Mirror, store: Store, plane: Plane, pki_dir: Path, wait_s: float = fleet.WAIT_S
+) -> None:
+    """Fetch sets with the other control planes: claims and holdings in the store, files
+    copied from their cluster ports with a client certificate made here with the CA."""
+    cert, key = pki_dir / "plane.pem", pki_dir / "plane.key"
+    pki_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    pki.write_pair(pki.make_plane_cert(plane.ca, plane.name), cert, key)
+    mirror.plane_tls = pki.client_context(plane.ca.cert_pem, cert, key)
+    mirror.fleet = fleet.Fleet(Holders(store, plane.name, plane.lease), wait_s)
 
 
 def follow_catalog(mirror: Mirror, catalog: Catalog) -> None:
