@@ -100,6 +100,9 @@ async def sweep_files(
         out = sweep.mirror_part(mirror.store, used, only, dry_run)
     except BlobStoreError as e:
         raise ApiError(500, str(e), "server_error", "sweep_failed") from None
+    if mirror.fleet is not None and not dry_run:
+        models = (m for m in ctx.catalog.all() if m.name != leaving)
+        await mirror.fleet.swept({m.source for m in models if sources.is_hf(m.source)})
     if ctx.node_files is not None:
         out.nodes = await sweep.nodes_part(ctx.node_files, used, only, dry_run)
     return out

@@ -224,3 +224,18 @@ async def test_only_a_control_planes_certificate_is_let_in_as_one(three: Cluster
     (d / "n.key").write_bytes(key)
     assert await _get(pki.client_context(three.ca.cert_pem, d / "n.pem", d / "n.key"), url) == 403
     assert await _get(pki.client_context(three.ca.cert_pem), url) == 403
+
+
+async def test_a_control_plane_that_swept_a_set_no_longer_says_it_holds_it(
+    three: Cluster,
+) -> None:
+    cp1, cp2, _ = three.planes
+    for p in (cp1, cp2):
+        p.mirror.fetch(SOURCE, FILES)
+    await holders(cp1, ["cp1", "cp2"])
+    fleet = cp1.mirror.fleet
+    assert fleet is not None
+    await fleet.swept({SOURCE})  # its model is still there: kept
+    assert await holders(cp1, ["cp1", "cp2"])
+    await fleet.swept(set())  # the model removed, its files swept here
+    assert await holders(cp1, ["cp2"]) == [(SOURCE, ["cp2"], "")]

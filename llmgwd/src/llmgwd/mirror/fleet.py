@@ -59,6 +59,14 @@ class Fleet:
             await self.holders.mark(source)
             self._marked.add(source)
 
+    async def swept(self, kept: set[str]) -> None:
+        """After a sweep here: this control plane no longer says it holds a set not in kept
+        (the sets the catalog's models use)."""
+        for source, names in (await self.holders.everything()).items():
+            if self.holders.name in names and source not in kept:
+                await self.holders.unmark(source)
+                self._marked.discard(source)
+
     async def held(self, sources: list[str]) -> list[HeldSet]:
         """Which control planes hold each set some control plane holds, and each of sources."""
         everything = await self.holders.everything()

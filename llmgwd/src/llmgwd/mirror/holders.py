@@ -62,6 +62,10 @@ class Holders:
         """This control plane holds source whole."""
         await self._store.put(f"{HELD}{source}/{self.name}", _enc.encode(Held(time.time())))
 
+    async def unmark(self, source: str) -> None:
+        """This control plane no longer holds source (swept)."""
+        await self._store.delete(f"{HELD}{source}/{self.name}")
+
     async def holders(self, source: str) -> list[str]:
         """The control planes that hold source whole, by name."""
         head = f"{HELD}{source}/"
