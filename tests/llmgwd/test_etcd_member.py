@@ -37,6 +37,7 @@ def test_the_config_listens_for_clients_on_the_host_only_and_peers_with_tls(
     assert config["initial-cluster-state"] == "existing"
     assert config["data-dir"] == "/var/lib/llmgw/etcd"
     assert config["enable-grpc-gateway"] is True
+    assert config["pre-vote"] is True  # a member back from a partition deposes no leader
     for side in ("client-transport-security", "peer-transport-security"):
         assert config[side] == {
             "cert-file": "/var/lib/llmgw/pki/etcd-member.pem",
