@@ -17,10 +17,12 @@ from typing import Any
 
 from integration.harness import REPO, Bind, Lan, PrivateSystemd
 from integration.llmgw_node import MODEL, VENV, Node, gguf
+from llmgw import ipc
 
 PREFIX = "10.232.0"
 CPS = {"cp1": f"{PREFIX}.11", "cp2": f"{PREFIX}.12", "cp3": f"{PREFIX}.13"}
 AGENTS = {"n1": f"{PREFIX}.21"}
+MORE_AGENTS = {"n2": f"{PREFIX}.22"}  # the second agent host, for cp_cluster(agents=2)
 CLIENT_PORT, CLUSTER_PORT = 7700, 7710
 CACHE = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
 ETCD_UNIT = "llmgw-etcd.service"
@@ -107,6 +109,22 @@ def servers(node: Node) -> list[dict[str, Any]]:
     return found
 
 
+def api(node: Node, method: str, path: str, body: object = None,
+        timeout: float = 10.0) -> tuple[int, Any]:  # fmt: skip
+    """One /api/v1 call on node's llmgwd socket, from this process (through /proc/PID/root:
+    no CLI started inside, so it is quick enough to poll); ipc.IpcError when unreachable."""
+    sock = f"/proc/{node.ps.pid}/root/run/llmgw/llmgwd.sock"
+    return ipc.request(sock, method, f"/api/v1{path}", body, timeout=timeout)
+
+
+def leader(node: Node, timeout: float = 5.0) -> str:
+    """Who leads, as node's `llmgw servers` says ("": nobody; the name is its address)."""
+    status, found = api(node, "GET", "/servers", timeout=timeout)
+    if status != 200:
+        return ""
+    return next((s["name"] for s in found if s["role"] == "leader"), "")
+
+
 class Booted:
     """Boots the hosts and the lan, and shuts them all down at the end."""
 
@@ -138,19 +156,20 @@ class Booted:
             raise RuntimeError("; ".join(errors))
 
 
-def _first(cluster: CpCluster, booted: Booted, binary: str) -> Node:
-    """cp1 on SQLite with the agents joined, SmolLM2 served and used, then migrated."""
+def _first(cluster: CpCluster, booted: Booted, binary: str, agents: int) -> Node:
+    """cp1 on SQLite with the agents joined, SmolLM2 served (one replica an agent host) and
+    used, then migrated."""
     cp1 = booted.host("cp1", CPS["cp1"], binary)
     install_etcd_unit(cp1.ps)
     cp1.init_server(host=CPS["cp1"], agent=False, extra="node_grace_s: 10\n")
-    for name, ip in AGENTS.items():
+    for name, ip in list({**AGENTS, **MORE_AGENTS}.items())[:agents]:
         n = booted.host(name, ip, binary)
         n.start_agent()
         n.join(cp1.token(), server=cp1, url=f"https://{CPS['cp1']}:{CLUSTER_PORT}")
         cluster.agents[name] = n
     cp1.llmgw("model", "add", MODEL, "--from", f"file:{gguf()}", "--engine", "llama.cpp")
-    cp1.llmgw("model", "serve", MODEL, "--replicas", str(len(AGENTS)))
-    cp1.wait_ready(len(AGENTS))
+    cp1.llmgw("model", "serve", MODEL, "--replicas", str(agents))
+    cp1.wait_ready(agents)
     cluster.cps["cp1"] = cp1
     cluster.key = cp1.llmgw("key", "create", "tests", "--json")["key"]
     answers = cluster.chat_each()
@@ -186,13 +205,14 @@ def _join(cluster: CpCluster, booted: Booted, name: str, binary: str) -> None:
 
 
 @contextlib.contextmanager
-def cp_cluster(label: str, binary: str) -> Iterator[CpCluster]:
-    """The whole cluster, built as an operator would; every host shut down after."""
+def cp_cluster(label: str, binary: str, agents: int = 1) -> Iterator[CpCluster]:
+    """The whole cluster, built as an operator would, with agents agent hosts (1 or 2);
+    every host shut down after."""
     booted = Booted(label)
     booted.lan.create()
     cluster = CpCluster(cps={}, agents={})
     try:
-        cp1 = _first(cluster, booted, binary)
+        cp1 = _first(cluster, booted, binary, agents)
         _migrate(cluster, cp1)
         for name in CPS:
             if name != "cp1":
