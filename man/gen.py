@@ -146,6 +146,12 @@ SETTINGS = {
         "is replaced within about this, and one that cannot renew its lease in time steps "
         "down before it runs out. With one control plane it only names who leads."
     ),
+    "server.store_grace_s": (
+        "With store.backend etcd: how long, in seconds, a control plane that cannot reach "
+        "the store (its lease no longer trusted) goes on answering /v1 from the keys and "
+        "models it last knew; after that it answers 503 store_unreachable, so a key revoked "
+        "meanwhile stops working there too. 0: it answers for ever."
+    ),
     "agent.node_name": "This node's name in the cluster; empty: the host name.",
     "agent.address": (
         "The address this node's engines listen on and the control plane reaches them at; "

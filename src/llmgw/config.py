@@ -108,6 +108,9 @@ class ServerConfig(Strict):
     # The lease of a control plane's record and leadership: a leader killed is replaced
     # within about this; a leader that could not renew it steps down sooner, on its own clock.
     leader_ttl_s: Annotated[int, msgspec.Meta(ge=2, le=60)] = 5
+    # On etcd: how long a control plane cut off from the store goes on answering /v1 from
+    # the keys and models it last knew before it refuses (a revoked key must stop somewhere).
+    store_grace_s: Annotated[int, msgspec.Meta(ge=0)] = 30
     log_level: str = "info"
 
 

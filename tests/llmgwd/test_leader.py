@@ -244,3 +244,41 @@ class _NoNodes:
 
     def removed(self, node: str) -> bool:
         return False
+
+
+class Down:
+    """A store whose lease calls fail, as a member cut off from its cluster's quorum."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.down = False
+
+    async def lease_grant(self, ttl_s: float) -> int:
+        if self.down:
+            raise OSError("unreachable")
+        return await self.store.lease_grant(ttl_s)
+
+    async def lease_keepalive(self, lease: int) -> float:
+        if self.down:
+            raise OSError("unreachable")
+        return await self.store.lease_keepalive(lease)
+
+
+async def test_a_session_cut_from_the_store_is_stale_after_its_grace(store: SqliteStore) -> None:
+    now = [0.0]
+    down = Down(store)
+    session = Session(down, 4.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    await session._grant()
+    assert session.trusted() and session.stale_s(10) == 0.0
+    down.down = True
+    now[0] = 2.0  # trusted until 0.6 of the TTL after the grant was sent: 2.4
+    with pytest.raises(OSError):
+        await session._renew()
+    now[0] = 10.0  # untrusted for 7.6 s: within a grace of 10
+    assert not session.trusted() and session.stale_s(10) == 0.0
+    now[0] = 14.0
+    assert session.stale_s(10) == pytest.approx(11.6)
+    assert session.stale_s(0) == 0.0  # no grace: never refuses
+    down.down = False
+    await session._grant()
+    assert session.stale_s(10) == 0.0

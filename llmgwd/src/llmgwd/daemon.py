@@ -208,6 +208,13 @@ class Daemon:
 
         return mirror_setup.Plane(server_name(url), keys.ca, lease)
 
+    def _stale_s(self) -> float:
+        """How long this control plane has been cut off from the etcd store past its grace
+        (0: not, or on SQLite, which is this host's own file)."""
+        if self.config.store.backend != "etcd":
+            return 0.0
+        return self.session.stale_s(self.config.store_grace_s)
+
     def _announce(self, _lease: int) -> None:
         self.announcer.renew()
 
@@ -235,6 +242,7 @@ class Daemon:
             max_body_bytes=cfg.max_body_bytes,
             meter=self.meter,
             on_demand=self.waker,
+            stale_s=self._stale_s,
         )
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)

@@ -39,11 +39,25 @@ class Session:
         self._clock = clock
         self.lease = 0
         self.deadline = 0.0
+        self._started = clock()
         self._changed = asyncio.Event()  # a lease granted or lost
 
     def trusted(self) -> bool:
         """Whether the lease is surely still alive in the store (by this process's clock)."""
         return self.lease != 0 and self._clock() < self.deadline
+
+    def untrusted_s(self) -> float:
+        """How long the lease has not been trusted: 0 while it is, else the time since the
+        last trusted one ran out (or since start, before the first was granted)."""
+        if self.trusted():
+            return 0.0
+        return max(0.0, self._clock() - max(self.deadline, self._started))
+
+    def stale_s(self, grace_s: float) -> float:
+        """untrusted_s once it passed grace_s, else 0 (grace_s 0: always 0): how long what
+        this control plane knows may have been out of date, when that is too long."""
+        untrusted = self.untrusted_s()
+        return untrusted if grace_s > 0 and untrusted > grace_s else 0.0
 
     async def wait_changed(self) -> None:
         """Until a lease is granted or lost."""

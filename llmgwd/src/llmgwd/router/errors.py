@@ -204,6 +204,20 @@ def model_unavailable(message: str, retry_after_s: int) -> ApiError:
     )
 
 
+def store_unreachable(stale_s: float, retry_after_s: int) -> ApiError:
+    """503: this control plane lost the cluster's store long enough that its keys and models
+    may be out of date (a key revoked meanwhile must not keep working here)."""
+    return ApiError(
+        503,
+        f"This control plane has been cut off from the cluster's store for {stale_s:.0f} s, "
+        "so it cannot tell whether your key is still valid; send the request to another "
+        "control plane.",
+        "server_error",
+        code="store_unreachable",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def model_busy(message: str, retry_after_s: int) -> ApiError:
     """503: every replica of the model is full and the request waited its turn in vain."""
     return ApiError(

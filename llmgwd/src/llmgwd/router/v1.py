@@ -95,7 +95,11 @@ class Router:
         on_demand: OnDemand | None = None,
         wake_timeout_s: float = 120.0,
         wake_poll_s: float = 0.2,
+        stale_s: Callable[[], float] | None = None,
     ) -> None:
+        # How long this control plane's view of keys and models may be out of date (0: not;
+        # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
+        self._stale_s = stale_s
         self._on_demand = on_demand
         self._wake_timeout_s = wake_timeout_s
         self._wake_poll_s = wake_poll_s
@@ -201,6 +205,9 @@ class Router:
 
     def _authenticate(self, request: web.Request) -> ApiKey:
         """The caller's key from `Authorization: Bearer KEY`; messages never quote the key."""
+        stale = self._stale_s() if self._stale_s is not None else 0.0
+        if stale > 0:
+            raise errors.store_unreachable(stale, self._retry_after_s)
         header = request.headers.get("Authorization", "").strip()
         if not header:
             raise errors.invalid_api_key(

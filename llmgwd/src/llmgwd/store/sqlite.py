@@ -506,8 +506,10 @@ class SqliteStore:
                 await changed.wait()
 
     async def _expire_leases(self) -> None:
-        """Revoke each lease when its deadline passes; sleeps until the next deadline."""
-        while True:
+        """Revoke each lease when its deadline passes; sleeps until the next deadline. Ends
+        once the store is closed: a cancel that Python 3.11's wait_for swallows (its inner
+        wait done at the same moment) must not leave it retrying on a closed file for ever."""
+        while not self._closed:
             now = time.monotonic()
             for lease in [i for i, held in self._leases.items() if held.deadline <= now]:
                 await self._expire(lease)
@@ -520,7 +522,7 @@ class SqliteStore:
     async def _expire(self, lease: int) -> None:
         """Revoke one expired lease; on a failure keep it and retry a little later."""
         held = self._leases.pop(lease, None)
-        if held is None:  # revoked by its owner meanwhile
+        if held is None or self._closed:  # revoked by its owner meanwhile, or closing
             return
         try:
             self._advance(await self._call(self._db.lease_revoke, lease))
