@@ -38,6 +38,7 @@ from llmgwd.profiles import DEFAULT, Profile, problems
 from llmgwd.reconciler import Failure, NodeFlags
 from llmgwd.scheduler import Placement, Verdict
 from llmgwd.shapes import read_shape
+from llmgwd.store import StoreUnavailable
 from llmgwd.usage import Usage
 
 if TYPE_CHECKING:
@@ -276,9 +277,25 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         type_ = _HTTP_TYPES.get(e.status, "invalid_request_error")
         code = e.reason.lower().replace(" ", "_")
         return error_response(ApiError(e.status, e.reason, type_, code))
+    except StoreUnavailable as e:
+        log.warning("%s %s: the store is unavailable (%s)", request.method, request.path, e)
+        return error_response(_store_unavailable())
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
         return error_response(ApiError(500, "internal error", "server_error", "internal_error"))
+
+
+def _store_unavailable() -> ApiError:
+    """503 for a request the store could not take now (etcd without quorum or changing
+    leader): say so, rather than a bare 500, so the caller knows to ask again."""
+    return ApiError(
+        503,
+        "the cluster's store cannot answer now (its quorum is lost or its leader changing); "
+        "a change may not have been made: check, then ask again in a few seconds",
+        "server_error",
+        "store_unavailable",
+        headers={"Retry-After": "2"},
+    )
 
 
 # Request bodies.

@@ -8,8 +8,20 @@ from llmgwd.store.base import (
     Get,
     Put,
     Store,
+    StoreUnavailable,
     TxnResult,
     prefix_end,
 )
 
-__all__ = ["KV", "Compare", "Delete", "Event", "Get", "Put", "Store", "TxnResult", "prefix_end"]
+__all__ = [
+    "KV",
+    "Compare",
+    "Delete",
+    "Event",
+    "Get",
+    "Put",
+    "Store",
+    "StoreUnavailable",
+    "TxnResult",
+    "prefix_end",
+]

@@ -93,6 +93,12 @@ class CompactedError(Exception):
     """A watch or read asked for a revision older than the store still keeps."""
 
 
+class StoreUnavailable(Exception):
+    """The store cannot answer now (no quorum, its member out of reach, a leader change under
+    the request): a write may or may not have been made; asking again later is safe for a
+    compare-and-set. Messages name no key or value."""
+
+
 class Store(Protocol):
     """The one interface every backend (SQLite, etcd) implements and the conformance suite tests.
 

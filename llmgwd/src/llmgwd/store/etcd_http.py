@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from llmgw import pki
+from llmgwd.store.base import StoreUnavailable
 
 Json = dict[str, Any]
 
@@ -38,11 +39,20 @@ class EtcdError(Exception):
         self.message = message
 
 
-class EtcdUnavailable(EtcdError):
+class EtcdUnavailable(EtcdError, StoreUnavailable):
     """The member could not be reached, or the connection broke before an answer."""
 
     def __init__(self, endpoint: str, why: str) -> None:
         super().__init__(14, f"{endpoint} unreachable: {why}")  # 14: gRPC's UNAVAILABLE
+
+
+class EtcdBusy(EtcdError, StoreUnavailable):
+    """The member answered that it cannot serve now: UNAVAILABLE (no leader, leader changed)
+    or DEADLINE_EXCEEDED (request timed out), as etcd says while its quorum is lost or moving."""
+
+
+# gRPC codes of a member that cannot serve now (DEADLINE_EXCEEDED, UNAVAILABLE).
+BUSY_CODES = (4, 14)
 
 
 def b64(data: bytes | str) -> str:
@@ -140,4 +150,5 @@ def _raise_for(answer: Json) -> None:
         return
     code = answer.get("code", answer.get("grpc_code"))
     message = answer.get("message") or answer.get("error") or "unknown error"
-    raise EtcdError(code if isinstance(code, int) else 2, str(message))  # 2: UNKNOWN
+    code = code if isinstance(code, int) else 2  # 2: UNKNOWN
+    raise (EtcdBusy if code in BUSY_CODES else EtcdError)(code, str(message))
