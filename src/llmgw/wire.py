@@ -76,6 +76,9 @@ class Inventory(msgspec.Struct, frozen=True):
     # Engines this node can run, as "ENGINE:cpu" or "ENGINE:gpu" ("vllm:cpu", "llama.cpp:gpu");
     # []: an agent older than this field (llama.cpp on CPUs only).
     engines: list[str] = []
+    # The node's nftables table (llmgw-agentd/firewall.py): "ok", "off" (not run on this
+    # node), or why it could not be set ("nftables: ..."); "": an agent older than this field.
+    firewall: str = ""
 
 
 class ModelFile(msgspec.Struct, frozen=True):
