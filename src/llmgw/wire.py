@@ -79,6 +79,32 @@ class Inventory(msgspec.Struct, frozen=True):
     # The node's nftables table (llmgw-agentd/firewall.py): "ok", "off" (not run on this
     # node), or why it could not be set ("nftables: ..."); "": an agent older than this field.
     firewall: str = ""
+    # The node's Slurm as the agent sees it; None: it runs no Slurm of llmgw's (or is older).
+    slurm: SlurmReport | None = None
+
+
+class SlurmReport(msgspec.Struct, frozen=True):
+    """The node's Slurm as its agent reports it (llmgw_agentd/slurm)."""
+
+    version: str = ""  # "22.05.8", as slurmd -V says; "": not installed
+    node_line: str = ""  # slurmd -C's first line: "NodeName=n1 CPUs=2 ... RealMemory=24105"
+    state: str = ""  # the node's state in Slurm as sinfo says it ("idle", "drained"...)
+    jobs: list[str] = []  # job ids running on the node now (slurmstepd's infinity is none)
+    message: str = ""  # what failed last, for people ("": nothing)
+
+
+class SlurmPart(msgspec.Struct, frozen=True):
+    """A node's part in Slurm, as the leader tells it (Desired.slurm)."""
+
+    slurmd: bool = False  # run slurmd, configless from conf_server
+    slurmctld: bool = False  # run slurmctld here, on the files below
+    conf_server: str = ""  # the controller's "HOST:6817"
+    munge_key: str = ""  # base64 of the munge key (derived from the cluster secret)
+    cluster_name: str = ""
+    # The controller's files (slurmctld only; slurmd gets them from the controller):
+    slurm_conf: str = ""
+    gres_conf: str = ""
+    cgroup_conf: str = ""
 
 
 class ModelFile(msgspec.Struct, frozen=True):
@@ -225,6 +251,8 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     # Every control plane's cluster URL (https://HOST:7710): the agent keeps the list and
     # tries the others when its link drops. []: a control plane older than this field.
     control_planes: list[str] = []
+    # The node's part in Slurm; None: none (an agent stops the Slurm it started).
+    slurm: SlurmPart | None = None
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):
