@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from llmgwd.control_planes import ControlPlanes
     from llmgwd.mirror.service import Mirror
     from llmgwd.mirror.sweep import NodeFiles
+    from llmgwd.slurm.settings import SettingsStore
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class ApiContext:
     mirror: Mirror | None = None  # None: hf: sources are refused here
     node_files: NodeFiles | None = None  # the nodes' caches, for sweeps
     control_planes: ControlPlanes | None = None  # /servers: None, this llmgwd keeps none
+    slurm: SettingsStore | None = None  # /slurm: None, Slurm's settings are not kept here
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
@@ -1099,9 +1101,10 @@ async def create_token(request: web.Request) -> web.Response:
 
 def api_routes() -> list[web.RouteDef]:
     """The routes, relative to API_PREFIX."""
-    from llmgwd import api_mirror, api_nodes, api_servers  # they build on this module's helpers
+    from llmgwd import api_mirror, api_nodes, api_servers, api_slurm  # on this module's helpers
 
     return [
+        *api_slurm.routes(),
         *api_nodes.routes(),
         *api_mirror.routes(),
         *api_servers.routes(),

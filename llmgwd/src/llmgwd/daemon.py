@@ -32,6 +32,7 @@ from llmgwd.roles import Roles
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
 from llmgwd.session import Session
+from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.open import open_store
 from llmgwd.usage import Usage
 from llmgwd.wakeups import Waker
@@ -166,6 +167,7 @@ class Daemon:
             mirror=self.mirror,
             node_files=mirror_setup.NodeFilesOf(self.cluster),
             control_planes=self.planes.planes,
+            slurm=SettingsStore(self.store),
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)

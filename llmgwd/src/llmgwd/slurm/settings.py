@@ -1,0 +1,105 @@
+"""Slurm's settings in the cluster (`slurm.enabled`, its name, controller, nodes, lent ones,
+partition), kept in the store at /slurm/settings and checked like every setting."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from llmgw import pki
+from llmgwd.meter_views import Invalid
+from llmgwd.store import Compare, Put, Store
+
+SETTINGS = "/slurm/settings"
+# Slurm lower-cases ClusterName and slurmdbd keeps it in table names: short and plain.
+CLUSTER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
+PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Slurm's settings as stored (and as GET /api/v1/slurm shows them)."""
+
+    enabled: bool = False
+    cluster_name: str = "llmgw"
+    controller: str = ""  # the node that runs slurmctld
+    nodes: list[str] = []  # the nodes in Slurm (slurmd runs there)
+    lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
+    partition: str = "llmgw"
+
+
+class SlurmSettingsIn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A change of Slurm's settings: the fields given replace the stored ones."""
+
+    enabled: bool | msgspec.UnsetType = msgspec.UNSET
+    cluster_name: str | msgspec.UnsetType = msgspec.UNSET
+    controller: str | msgspec.UnsetType = msgspec.UNSET
+    nodes: list[str] | msgspec.UnsetType = msgspec.UNSET
+    lent: list[str] | msgspec.UnsetType = msgspec.UNSET
+    partition: str | msgspec.UnsetType = msgspec.UNSET
+
+
+def merged(old: SlurmSettings, change: SlurmSettingsIn) -> SlurmSettings:
+    """old with the fields change gives."""
+    given = {
+        f: v for f in change.__struct_fields__ if (v := getattr(change, f)) is not msgspec.UNSET
+    }
+    return msgspec.structs.replace(old, **given)
+
+
+def _check_node(param: str, name: str) -> None:
+    try:
+        pki.check_node_name(name)
+    except pki.PKIError as e:
+        raise Invalid(param, f"{name!r}: {e}") from None
+
+
+def check(s: SlurmSettings) -> SlurmSettings:
+    """s, or Invalid naming the field at fault."""
+    if not CLUSTER_RE.fullmatch(s.cluster_name):
+        raise Invalid("cluster_name", "1-40 lower-case letters, digits or '_', from a letter")
+    if not PARTITION_RE.fullmatch(s.partition):
+        raise Invalid("partition", "1-64 letters, digits, '_', '.' or '-', from a letter or digit")
+    if s.controller:
+        _check_node("controller", s.controller)
+    for name in s.nodes:
+        _check_node("nodes", name)
+    if len(set(s.nodes)) != len(s.nodes):
+        raise Invalid("nodes", "a node is named twice")
+    if stray := sorted(set(s.lent) - set(s.nodes)):
+        raise Invalid("lent", f"not in Slurm's nodes: {', '.join(stray)}")
+    if len(set(s.lent)) != len(s.lent):
+        raise Invalid("lent", "a node is named twice")
+    if s.enabled and not s.controller:
+        raise Invalid("controller", "Slurm on needs a controller node")
+    return s
+
+
+_dec = msgspec.json.Decoder(SlurmSettings)
+_enc = msgspec.json.Encoder()
+
+
+class SettingsStore:
+    """Slurm's settings in the store (any control plane reads and changes them)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def get(self) -> SlurmSettings:
+        """The stored settings (the defaults, Slurm off, when none are)."""
+        kv = await self._store.get(SETTINGS)
+        return _dec.decode(kv.value) if kv is not None else SlurmSettings()
+
+    async def change(self, change: SlurmSettingsIn) -> SlurmSettings:
+        """Apply change to the stored settings, check and store them; Invalid if they are
+        wrong. A change made meanwhile by another caller is read again, not overwritten."""
+        while True:
+            kv = await self._store.get(SETTINGS)
+            old = _dec.decode(kv.value) if kv is not None else SlurmSettings()
+            new = check(merged(old, change))
+            rev = kv.mod_revision if kv is not None else 0
+            res = await self._store.txn(
+                [Compare(SETTINGS, "mod", "=", rev)], [Put(SETTINGS, _enc.encode(new))]
+            )
+            if res.succeeded:
+                return new
