@@ -16,7 +16,7 @@ from aiohttp.typedefs import Handler
 
 from llmgw import localsock, sdnotify, wire
 from llmgw.config import AgentConfig
-from llmgw_agentd import inventory, link, membw
+from llmgw_agentd import fwkeep, inventory, link, membw
 from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.planes import PLANES_FILE, Planes
@@ -52,6 +52,13 @@ class Agent:
         self._gpus = GpuReader()
         self._bandwidth: membw.Bandwidth | None = None
         self._measuring: asyncio.Task[None] | None = None
+        self._planes: Planes | None = None
+        self.firewall = fwkeep.Firewall(config.port_range, self._plane_urls)
+        self._firewall_task: asyncio.Task[None] | None = None
+
+    def _plane_urls(self) -> list[str]:
+        """The control planes the engines' ports are open to (none before joining)."""
+        return list(self._planes.urls) if self._planes is not None else []
 
     def _poke(self) -> None:
         if self._link is not None:
@@ -85,6 +92,7 @@ class Agent:
             log.info("not joined to a cluster yet: waiting for `llmgw node join`")
         else:
             self._connect(joined.server)
+        self._firewall_task = asyncio.create_task(self.firewall.run())
         sdnotify.ready(f"node {self.node}: {len(self.replicas.statuses())} engines")
         # Measured once, after READY: it takes a second or two and must not hold up a restart.
         self._measuring = asyncio.create_task(self._measure_bandwidth())
@@ -104,9 +112,12 @@ class Agent:
 
     def inventory(self) -> wire.Inventory:
         """What this node has now, as a heartbeat carries it."""
-        return inventory.collect(self.config.state_dir, self._gpus, self._bandwidth)
+        found = inventory.collect(self.config.state_dir, self._gpus, self._bandwidth)
+        return msgspec.structs.replace(found, firewall=self.firewall.status)
 
     def _connect(self, server: str) -> None:
+        self._planes = Planes(server, Path(self.config.state_dir) / PLANES_FILE)
+        self.firewall.poke()
         self._link = link.Link(
             server,
             self.pki_dir,
@@ -120,7 +131,7 @@ class Agent:
             heartbeat_s=self.config.heartbeat_s,
             held=self.cache.held,
             on_sweep=self._sweep,
-            planes=Planes(server, Path(self.config.state_dir) / PLANES_FILE),
+            planes=self._planes,
         )
         self._link_task = asyncio.create_task(self._link.run())
 
@@ -179,6 +190,7 @@ class Agent:
             "node": self.node,
             "connected": self._link.connected if self._link else False,
             "replicas": msgspec.to_builtins(self.replicas.statuses()),
+            "firewall": self.firewall.status,
         }
         return web.json_response(data)
 
@@ -187,6 +199,8 @@ class Agent:
         sdnotify.stopping()
         if self._measuring is not None:
             self._measuring.cancel()
+        if self._firewall_task is not None:
+            self._firewall_task.cancel()  # the table stays: the next agent finds it
         if self._runner is not None:
             await self._runner.cleanup()
         await self._disconnect()
