@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -315,3 +316,45 @@ async def test_ledgers_of_ended_periods_are_deleted(store: SqliteStore) -> None:
 
     await eventually(swept)
     await p.shares.stop()
+
+
+async def test_a_budget_held_by_another_plane_is_refused_for_now_not_for_the_day(
+    store: SqliteStore,
+) -> None:
+    """A plane refused because the budget's rest is set aside by another plane's request in
+    flight says how much was used (not the shares held as used), lets the client retry soon
+    (Retry-After about the idle give-back, not the end of the day), and passes once it can;
+    a budget truly spent is refused until the next day."""
+    k = key(budget_tokens=1500)
+    a, b = await plane(store, idle_s=0.2), await plane(store, idle_s=0.2)
+    try:
+        await _held_then_spent(k, a, b)
+    finally:
+        for p in (a, b):
+            await p.shares.stop()
+
+
+async def _held_then_spent(k: ApiKey, a: Plane, b: Plane) -> None:
+    held = await a.meter.reserve(k, MODEL, Estimate(prompt=700, completion=700))  # 1400
+    with pytest.raises(ApiError) as refused:
+        await b.meter.reserve(k, MODEL, ASK)
+    e = refused.value
+    print(e.detail.message, e.headers)
+    assert e.status == 429 and e.detail.code == "insufficient_quota"
+    assert "has used 0 of its 1500 tokens" in e.detail.message
+    assert int(e.headers["Retry-After"]) <= 1 and "x-should-retry" not in e.headers
+    held.tally.whole(200, ANSWER)
+    held.settle()  # 100 used: a's share goes back once idle, and b's request then fits
+
+    async def passes() -> bool:
+        with contextlib.suppress(ApiError):
+            (await b.meter.reserve(k, MODEL, ASK)).settle()
+            return True
+        return False
+
+    await eventually(passes)
+    await hammer(b, k)  # until spent
+    with pytest.raises(ApiError) as spent:
+        await b.meter.reserve(k, MODEL, ASK)
+    assert int(spent.value.headers["Retry-After"]) > 3600  # noon: until the next day
+    assert spent.value.headers["x-should-retry"] == "false"

@@ -75,6 +75,7 @@ class Pot:
     used_at: float = field(default_factory=time.monotonic)  # (made for a request: now)
     dry_until: float = 0.0  # the last step had nothing more: no refill before this
     seen_used: int = 0  # what the cluster had used at the last step, shares held included
+    seen_spent: int = 0  # a budget's use reported by every holder, at the last step
     seen_next: float = 0.0  # a rate's: wall time its oldest reported use leaves the window
     returning: bool = False  # a give-back is under way: nothing is taken meanwhile
     refill: asyncio.Task[None] | None = None
@@ -231,7 +232,10 @@ class Allotments:
 
     def _refusal(self, pot: Pot, need: int) -> Exhausted | Refusal:
         if pot.period is not None:
-            return Exhausted(pot.what, pot.period, pot.limit, pot.seen_used, need)
+            spent = pot.seen_spent + pot.consumed
+            if spent + need <= pot.limit:  # the rest is in shares: they settle or come back
+                return Exhausted(pot.what, pot.period, pot.limit, spent, need, self._idle_s)
+            return Exhausted(pot.what, pot.period, pot.limit, spent, need)
         wait = max(self._dry_s, pot.seen_next - self._wall()) if pot.seen_next else self._dry_s
         return Refusal(pot.what, pot.limit, pot.seen_used, need, wait)
 
@@ -295,6 +299,7 @@ class Allotments:
         pot.taken = 0
         pot.stepped_at = time.monotonic()
         pot.seen_used = ledgers.used(after, wall) - share + pot.consumed + pot.reserved
+        pot.seen_spent = after.spent
         pot.seen_next = min((until for _, until in after.recent), default=0.0)
         if share < want and (share <= had or pot.available() < need):
             pot.dry_until = pot.stepped_at + self._dry_s  # the pot has nothing more for now

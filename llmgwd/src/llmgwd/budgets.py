@@ -20,6 +20,9 @@ class Exhausted:
     limit: int  # tokens, or picos
     used: int  # settled plus reserved
     requested: int
+    # Not spent but set aside by requests in flight (another control plane's share of the
+    # budget among them): worth trying again after this many seconds. None: spent.
+    retry_after_s: float | None = None
 
 
 class Budgets:

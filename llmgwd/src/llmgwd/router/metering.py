@@ -226,6 +226,13 @@ def _quota_error(key: ApiKey, exhausted: Exhausted, ts: float) -> errors.ApiErro
     else:
         spent = f"has spent {_money(e.used)} of its {_money(e.limit)}"
         more = f"may cost up to {_money(e.requested)} more"
+    if e.retry_after_s is not None:
+        message = (
+            f"Key {key.id} {spent} for this {e.period} (UTC); the rest is set aside for "
+            f"requests in flight on this or other control planes, and this request {more}. "
+            f"Please try again in {duration(e.retry_after_s)}."
+        )
+        return errors.quota_exceeded(message, {"Retry-After": _retry_after(e.retry_after_s)})
     message = (
         f"You exceeded your current quota: key {key.id} {spent} for this {e.period} (UTC), "
         f"and this request {more}. The budget renews at the start of the next {e.period}."
