@@ -1,0 +1,68 @@
+"""The drop-ins that run Debian's packaged slurmd and slurmctld as llmgw's leader says: slurmd
+configless from the controller (--conf-server), both restarted while they fail (a slurmd the
+controller does not know yet exits)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from llmgw.wire import SlurmPart
+
+RUN_UNITS = Path("/run/systemd/system")  # runtime drop-ins: gone at boot, made again by us
+DROPIN = "50-llmgw.conf"
+SLURMD = "slurmd.service"
+SLURMCTLD = "slurmctld.service"
+SLURM_ETC = Path("/etc/slurm")
+
+
+def dropin_path(unit: str, root: Path = RUN_UNITS) -> Path:
+    """Where the agent's drop-in of unit is."""
+    return root / f"{unit}.d" / DROPIN
+
+
+def _text(argv: list[str], clear_condition: bool) -> str:
+    unit = ["[Unit]", "ConditionPathExists="] if clear_condition else []
+    return "\n".join(
+        [
+            "# Made by llmgw-agentd: removed when the node has no part in Slurm.",
+            *unit,
+            "[Service]",
+            "ExecStart=",
+            f"ExecStart={shlex.join(argv)}",
+            "Restart=always",
+            "RestartSec=5",
+            "",
+        ]
+    )
+
+
+def slurmd_dropin(part: SlurmPart, node: str) -> str:
+    """slurmd's drop-in: configless from the controller, as llmgw's node name (the packaged
+    unit wants /etc/slurm/slurm.conf, which a configless node has not: that condition goes)."""
+    argv = ["/usr/sbin/slurmd", "-D", "-s", "--conf-server", part.conf_server, "-N", node]
+    return _text(argv, clear_condition=True)
+
+
+def slurmctld_dropin() -> str:
+    """slurmctld's drop-in: on the files the agent wrote under /etc/slurm, restarted if it
+    ends."""
+    return _text(["/usr/sbin/slurmctld", "-D", "-s", "-f", str(SLURM_ETC / "slurm.conf")], False)
+
+
+def wanted(part: SlurmPart | None, node: str) -> dict[str, str]:
+    """unit -> its drop-in text, for this part (none: no drop-in)."""
+    out: dict[str, str] = {}
+    if part is not None and part.slurmctld:
+        out[SLURMCTLD] = slurmctld_dropin()
+    if part is not None and part.slurmd:
+        out[SLURMD] = slurmd_dropin(part, node)
+    return out
+
+
+def controller_files(part: SlurmPart) -> dict[str, str]:
+    """The controller's files under /etc/slurm: file name -> text."""
+    files = {"slurm.conf": part.slurm_conf, "cgroup.conf": part.cgroup_conf}
+    if part.gres_conf:
+        files["gres.conf"] = part.gres_conf
+    return files
