@@ -442,7 +442,9 @@ async def test_subapp_mounts_under_a_parent(ctx: ApiContext, tmp_path: Path) -> 
 
 
 def test_cluster_nodes_adapts_the_cluster_state() -> None:
-    inv = wire.Inventory(cores=4, memory_bytes=8 << 30, memory_free_bytes=1 << 30)
+    inv = wire.Inventory(
+        cores=4, memory_bytes=8 << 30, memory_free_bytes=1 << 30, firewall="nftables: broken"
+    )
     rec = cluster.NodeInfo(
         name="n1",
         address="10.0.0.1",
@@ -462,6 +464,7 @@ def test_cluster_nodes_adapts_the_cluster_state() -> None:
         5.0,
     )
     assert n.replicas == [wire.ReplicaStatus("r1", "smol", "ready")]
+    assert n.firewall == "nftables: broken"  # the node's table as its agent reports it
 
 
 async def test_a_refused_engine_argument_is_named_with_why(client: aiohttp.ClientSession) -> None:

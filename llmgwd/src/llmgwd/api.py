@@ -84,6 +84,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     cuda_toolkit: str = ""  # nvcc's version ("12.4"); "": none (llama.cpp on CPUs only)
     engines: list[str] = []  # "llama.cpp:cpu", "vllm:gpu", ...: what it runs where
     note: str = ""  # what people should know of it (engine_support.node_note)
+    firewall: str = ""  # its nftables table: "ok", or why not set (Inventory.firewall)
 
 
 class NodesView(Protocol):
@@ -135,6 +136,7 @@ class ClusterNodes:
                 cuda_toolkit=n.inventory.cuda_toolkit,
                 engines=list(n.inventory.engines),
                 note=engine_support.node_note(n.inventory),
+                firewall=n.inventory.firewall,
             )
             for n in self.source()
         ]
