@@ -3,6 +3,7 @@ libnftables is a fake here; integration/test_firewall.py runs the real one)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Any
 
@@ -126,3 +127,19 @@ def test_a_broken_nftables_is_reported_and_logged_once(caplog: pytest.LogCapture
 def test_control_planes_by_name_are_resolved() -> None:
     found = fwkeep.addresses(["https://localhost:7710", "https://10.1.2.3:7710", "https://[::1]"])
     assert {"127.0.0.1", "10.1.2.3", "::1"} <= set(found)
+
+
+def test_slurm_on_restricts_its_ports_to_the_nodes_networks() -> None:
+    nft = FakeNft()
+    fw = _keeper(nft, ["https://10.0.0.10:7710"])
+    fw.set_slurm(True)
+    fw.apply(fw.wanted())
+    assert _set(nft.batches[-1], "cluster4") + _set(nft.batches[-1], "cluster6") == [
+        {"prefix": {"addr": str(ipaddress.ip_network(n).network_address),
+                    "len": ipaddress.ip_network(n).prefixlen}}
+        for n in fwkeep.networks()
+    ]  # fmt: skip
+    assert len(_rules(nft.batches[-1])) == 8
+    fw.set_slurm(False)
+    fw.apply(fw.wanted())
+    assert len(_rules(nft.batches[-1])) == 5

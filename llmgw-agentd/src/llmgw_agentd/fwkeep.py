@@ -76,12 +76,18 @@ class Firewall:
         self._nft: Nft | None = None
         self._applied: firewall.Wanted | None = None
         self._poked = asyncio.Event()
-        self.slurm = False  # set by the agent's Slurm part, then poke()
+        self.slurm = False  # Slurm's ports restricted to the cluster's networks (set_slurm)
         self.status = "not set yet"
 
     def poke(self) -> None:
-        """Look again now (the control planes or Slurm changed)."""
+        """Look again now (the control planes changed)."""
         self._poked.set()
+
+    def set_slurm(self, on: bool) -> None:
+        """Slurm runs on this node (its ports then only to the cluster's networks), or not."""
+        if on != self.slurm:
+            self.slurm = on
+            self.poke()
 
     def wanted(self) -> firewall.Wanted:
         """What the table is to be made from now (resolves names: call it off the loop)."""
