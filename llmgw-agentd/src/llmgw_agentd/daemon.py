@@ -60,6 +60,12 @@ class Agent:
         """The control planes the engines' ports are open to (none before joining)."""
         return list(self._planes.urls) if self._planes is not None else []
 
+    async def _desired(self, specs: list[wire.ReplicaSpec]) -> None:
+        """The leader's Desired (its list of control planes kept by then): the firewall looks
+        again at once, so a control plane just named reaches the engines without waiting."""
+        self.firewall.poke()
+        await self.replicas.apply(specs)
+
     def _poke(self) -> None:
         if self._link is not None:
             self._link.poke()
@@ -125,7 +131,7 @@ class Agent:
             version=version("llmgw-agentd"),
             inventory=self.inventory,
             replicas=self.replicas.statuses,
-            on_desired=self.replicas.apply,
+            on_desired=self._desired,
             address=self.config.address,
             on_address=self.replicas.set_host,
             heartbeat_s=self.config.heartbeat_s,
