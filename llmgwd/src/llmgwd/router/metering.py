@@ -226,9 +226,10 @@ def _quota_error(key: ApiKey, exhausted: Exhausted, ts: float) -> errors.ApiErro
     else:
         spent = f"has spent {_money(e.used)} of its {_money(e.limit)}"
         more = f"may cost up to {_money(e.requested)} more"
-    if e.retry_after_s is not None:
+    if e.retry_after_s is not None:  # e.used: as last reported, maybe long before
+        budget = f"{e.limit} tokens" if e.what == "tokens" else _money(e.limit)
         message = (
-            f"Key {key.id} {spent} for this {e.period} (UTC); the rest is set aside for "
+            f"The budget of key {key.id} for this {e.period} (UTC), {budget}, is set aside for "
             f"requests in flight on this or other control planes, and this request {more}. "
             f"Please try again in {duration(e.retry_after_s)}."
         )
