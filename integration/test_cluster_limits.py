@@ -48,7 +48,8 @@ async def one(i):
             messages=[{"role": "user", "content": "Say hi."}])
         row.update(status=200, tokens=r.usage.total_tokens if r.usage else 0)
     except openai.APIStatusError as e:
-        row.update(status=e.status_code, code=str(e.code))
+        row.update(status=e.status_code, code=str(e.code), msg=e.message[:400],
+                   retry=e.response.headers.get("retry-after"))
     except Exception as e:
         row.update(status=0, code=repr(e)[:200])
     row["end"] = round(time.monotonic() - t0, 3)
@@ -147,6 +148,12 @@ class Tally:
             found[name] = found.get(name, 0) + 1
         return found
 
+    def first_refusals(self) -> list[str]:
+        """Each control plane's first 429: its message and Retry-After."""
+        firsts = [next((r for r in self.status(429) if r["cp"] == i), None) for i in range(3)]
+        return [f"cp{i + 1}: {r['msg']!r} Retry-After {r['retry']}"
+                for i, r in enumerate(firsts) if r]  # fmt: skip
+
     def span(self) -> float:
         """From the first request's start to the last one's end."""
         return float(max(r["end"] for r in self.rows) - min(r["t"] for r in self.rows))
@@ -220,12 +227,23 @@ def test_token_budget_never_overspent_across_three(cluster: CpCluster) -> None:
           f"(passed {[len(t.status(200)) for t in rounds]}, tokens "
           f"{[sum(r['tokens'] for r in t.status(200)) for t in rounds]}); per-process "
           f"counting would let up to {3 * budget} through; answers {tally.codes()}")  # fmt: skip
+    print("first refusals:", *rounds[0].first_refusals(), sep="\n  ")
     assert set(tally.codes()) <= {"200", "429 insufficient_quota"}, tally.codes()
     assert usage["requests"] == len(passed)
     assert usage["total_tokens"] == counted
     assert usage["total_tokens"] <= budget
     assert usage["total_tokens"] >= budget // 2, "the shares should let most of it be spent"
     assert not rounds[-1].status(200) and all(c > 0 for c in rounds[-1].by_cp(429))
+    # While the rest is set aside (requests in flight, other planes' shares) a refusal says
+    # to try again soon; once spent, that the budget renews the next day.
+    assert all(final(r) for r in rounds[-1].status(429)), rounds[-1].first_refusals()
+    assert not all(final(r) for r in rounds[0].status(429)), rounds[0].first_refusals()
+    assert all(final(r) or int(r["retry"]) <= 10 for r in refused)
+
+
+def final(refusal: dict[str, Any]) -> bool:
+    """Whether a budget's 429 says it is spent for the period (else: try again soon)."""
+    return "renews at the start of the next day" in refusal["msg"]
 
 
 def etcd_counters(node: Node) -> dict[str, float]:
