@@ -276,6 +276,14 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _drop_host_firewall() -> None:
+    """An agent's nftables table outlives the agent on purpose (kept across its restarts);
+    one booted on the host's own network left its table on the host: it goes with it."""
+    with contextlib.suppress(OSError):
+        drop = ["nft", "delete", "table", "inet", "llmgw"]
+        subprocess.run(drop, capture_output=True, check=False)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -601,6 +609,8 @@ class PrivateSystemd:
         if left:
             problems.append(f"mounts left under {self.directory}: {left}")
         problems += self._remove_cgroups()
+        if not self.net and remove:
+            _drop_host_firewall()
         self._pid = None
         self._launcher = None
         self._launcher_pid = None
