@@ -130,7 +130,7 @@ AGENT_ON_CARDS = """
     import asyncio, sys
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from llmgw.config import AgentConfig
+    from llmgw.config import AgentConfig, Engines, LlamaCpp
     from llmgw.wire import ReplicaSpec
     from llmgw_agentd.replicas import Replicas
     from llmgw_agentd.systemd import Systemd
@@ -140,7 +140,10 @@ AGENT_ON_CARDS = """
 
     async def main() -> None:
         r = Replicas(
-            AgentConfig(state_dir="/tmp/cards/state", port_range=(21000, 21099)),
+            # The site's own llama-server (no CUDA build here: nvcc but no cuBLAS), which the
+            # agent takes as it is instead of building one for the cards first.
+            AgentConfig(state_dir="/tmp/cards/state", port_range=(21000, 21099),
+                        engines=Engines(llama_cpp=LlamaCpp(binary="/bin/sleep"))),
             runtime_dir=Path("/tmp/cards/run"), inventory=lambda: inv,
             command=lambda s, h, p, k: ["/bin/sleep", "600"], online_cpus=lambda: [0, 1],
         )
