@@ -283,7 +283,9 @@ def test_node_token_and_nodes(daemon: Daemon) -> None:
 
 
 def test_nodes_say_the_engines_and_a_node_with_cards_but_no_cuda_toolkit(daemon: Daemon) -> None:
-    def card_node(name: str, engines: list[str], toolkit: str = "", note: str = "") -> NodeInfo:
+    def card_node(
+        name: str, engines: list[str], toolkit: str = "", note: str = "", firewall: str = "ok"
+    ) -> NodeInfo:
         return NodeInfo(
             name=name,
             address="10.0.0.1",
@@ -295,6 +297,7 @@ def test_nodes_say_the_engines_and_a_node_with_cards_but_no_cuda_toolkit(daemon:
             cuda_toolkit=toolkit,
             engines=engines,
             note=note,
+            firewall=firewall,
         )
 
     daemon.nodes.items = [
@@ -303,6 +306,7 @@ def test_nodes_say_the_engines_and_a_node_with_cards_but_no_cuda_toolkit(daemon:
             "b",
             ["llama.cpp:cpu", "vllm:gpu"],
             note="no CUDA toolkit: llama.cpp runs on CPUs only here",
+            firewall="nftables: no libnftables.so.1 on this node",
         ),
     ]
     out = daemon.cli("nodes").stdout
@@ -311,7 +315,10 @@ def test_nodes_say_the_engines_and_a_node_with_cards_but_no_cuda_toolkit(daemon:
         ["8", "llama.cpp:cpu,gpu vllm:gpu (CUDA 12.4)"],
         ["8", "llama.cpp:cpu vllm:gpu"],
     ]
-    assert out.splitlines()[-1] == "b: no CUDA toolkit: llama.cpp runs on CPUs only here"
+    assert out.splitlines()[-2:] == [
+        "b: no CUDA toolkit: llama.cpp runs on CPUs only here",
+        "b: its firewall is not set: nftables: no libnftables.so.1 on this node",
+    ]
 
 
 def test_node_join_asks_the_agent(daemon: Daemon) -> None:

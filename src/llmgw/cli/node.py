@@ -159,7 +159,8 @@ def nodes(settings: Settings, as_json: bool) -> None:
     One line a node: address, whether it is connected (and cordoned or draining), when it
     was last heard from, its cores, memory and cards, the engines it runs on CPUs and cards
     (with its CUDA toolkit's version), and its replicas (ready of all). A note follows for a
-    node that needs one, such as cards without the CUDA toolkit (llama.cpp on CPUs only).
+    node that needs one, such as cards without the CUDA toolkit (llama.cpp on CPUs only), or
+    one whose firewall (its nftables table) could not be set.
     """
     answer = call(settings, "GET", f"{API}/nodes")
     if as_json:
@@ -185,3 +186,5 @@ def nodes(settings: Settings, as_json: bool) -> None:
     for n in answer:
         if n.get("note"):
             click.echo(f"{n['name']}: {n['note']}")
+        if n.get("firewall", "") not in ("", "ok", "off"):  # its engine ports may be open
+            click.echo(f"{n['name']}: its firewall is not set: {n['firewall']}")
