@@ -13,12 +13,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
-from llmgw import pki, wire
+from llmgw import pinned_ca, pki, wire
 
 from . import renew
 from .planes import Planes
@@ -32,7 +31,6 @@ MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 PING_S = 10.0  # WebSocket pings: a control plane gone silent is noticed within 1.5x this
 CONNECT_TIMEOUT_S = 15.0
-MAX_CA_BYTES = 64 << 10
 MAX_MESSAGE_BYTES = 4 << 20
 
 OnDesired = Callable[[list[wire.ReplicaSpec]], Awaitable[None]]
@@ -62,20 +60,18 @@ async def join(url: str, token: str, node_name: str, pki_dir: Path) -> None:
 
     Nothing is written to pki_dir unless the join succeeds.
     """
-    url = _check_url(url)
     try:
+        url = pinned_ca.check_url(url)
         pki.split_join_token(token)
         pki.check_node_name(node_name)
-    except pki.PKIError as e:
+    except (pki.PKIError, pinned_ca.PinError) as e:
         raise JoinError(str(e)) from None
     timeout = aiohttp.ClientTimeout(total=60, connect=CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        ca_pem = await _fetch_ca(session, url)
-        if not pki.token_matches_ca(token, ca_pem):
-            raise JoinError(
-                f"the CA at {url} (sha256 {pki.ca_fingerprint(ca_pem)[:32]}) is not the one "
-                "the join token names; the token was not sent"
-            )
+        try:
+            ca_pem = await pinned_ca.fetch_pinned(session, url, token, "join token")
+        except pinned_ca.PinError as e:
+            raise JoinError(str(e)) from None
         key_pem, csr_pem = pki.make_node_csr(node_name)
         request = wire.JoinRequest(token=token, node=node_name, csr_pem=csr_pem.decode())
         answer = await _post_join(session, url, request, pki.client_context(ca_pem))
@@ -99,33 +95,6 @@ def link_ssl_context(pki_dir: Path) -> ssl.SSLContext:
     """TLS for the link: trust only the cluster CA, present this node's certificate."""
     ca_pem = pki.read_pem(pki_dir / CA_CERT)
     return pki.client_context(ca_pem, pki_dir / NODE_CERT, pki_dir / NODE_KEY)
-
-
-def _check_url(url: str) -> str:
-    parts = urlsplit(url.strip())
-    if parts.scheme != "https" or not parts.hostname or parts.path.strip("/"):
-        raise JoinError(f"the control plane's URL must look like https://HOST:7710, not {url!r}")
-    return f"https://{parts.netloc}"
-
-
-async def _fetch_ca(session: aiohttp.ClientSession, url: str) -> bytes:
-    """The CA the server offers, fetched without verification: the token's hash checks it."""
-    try:
-        async with session.get(f"{url}/ca", ssl=False) as resp:
-            body = await resp.content.read(MAX_CA_BYTES + 1)
-            if resp.status != 200:
-                raise JoinError(
-                    f"{url}/ca answered HTTP {resp.status}; is it an llmgw cluster port?"
-                )
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise JoinError(f"cannot reach {url}: {e or type(e).__name__}") from None
-    try:
-        if len(body) > MAX_CA_BYTES:
-            raise pki.PKIError("too large")
-        pki.check_ca(body)
-    except pki.PKIError as e:
-        raise JoinError(f"{url}/ca did not send a CA certificate ({e})") from None
-    return body
 
 
 async def _post_join(

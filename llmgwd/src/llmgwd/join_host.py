@@ -12,18 +12,16 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
-from llmgw import pki, wire
+from llmgw import pinned_ca, pki, wire
 from llmgw.config import ServerConfig
 from llmgwd import etcd_member
 from llmgwd.servers_setup import member_tls
 from llmgwd.store.etcd_http import EtcdError, EtcdHttp
 
-MAX_CA_BYTES = 64 << 10
 CONNECT_TIMEOUT_S = 10.0
 RETRY_S = 60.0  # etcd adds a member once every member has been connected for 5 s
 RETRY_EVERY_S = 2.0
@@ -36,10 +34,10 @@ class JoinFailed(Exception):
 
 def check_url(url: str) -> str:
     """https://HOST:PORT of the cluster port, or JoinFailed."""
-    parts = urlsplit(url.strip())
-    if parts.scheme != "https" or not parts.hostname or parts.path.strip("/"):
-        raise JoinFailed(f"the control plane's URL must look like https://HOST:7710, not {url!r}")
-    return f"https://{parts.netloc}"
+    try:
+        return pinned_ca.check_url(url)
+    except pinned_ca.PinError as e:
+        raise JoinFailed(str(e)) from None
 
 
 async def ask(
@@ -61,12 +59,10 @@ async def ask(
         raise JoinFailed(f"the server token is malformed ({e})") from None
     timeout = aiohttp.ClientTimeout(total=60, connect=CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        ca_pem = await _fetch_ca(session, url)
-        if not pki.token_matches_ca(token, ca_pem):
-            raise JoinFailed(
-                f"the CA at {url} (sha256 {pki.ca_fingerprint(ca_pem)[:32]}) is not the one the "
-                "server token names; the token was not sent"
-            )
+        try:
+            ca_pem = await pinned_ca.fetch_pinned(session, url, token, "server token")
+        except pinned_ca.PinError as e:
+            raise JoinFailed(str(e)) from None
         request = wire.ServerJoinRequest(token=token, name=name, peer_url=peer_url)
         deadline = time.monotonic() + retry_s
         while True:
@@ -78,24 +74,6 @@ async def ask(
     if status != 200:
         raise JoinFailed(f"the control plane refused the join: {_reason(body)} (HTTP {status})")
     return _checked(body, ca_pem, name)
-
-
-async def _fetch_ca(session: aiohttp.ClientSession, url: str) -> bytes:
-    """The CA the cluster port offers, fetched unverified: the token's hash checks it."""
-    try:
-        async with session.get(f"{url}/ca", ssl=False) as resp:
-            body = await resp.content.read(MAX_CA_BYTES + 1)
-            if resp.status != 200:
-                raise JoinFailed(f"{url}/ca answered HTTP {resp.status}: is it a cluster port?")
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise JoinFailed(f"cannot reach {url}: {e or type(e).__name__}") from None
-    try:
-        if len(body) > MAX_CA_BYTES:
-            raise pki.PKIError("too large")
-        pki.check_ca(body)
-    except pki.PKIError as e:
-        raise JoinFailed(f"{url}/ca did not send a CA certificate ({e})") from None
-    return body
 
 
 async def _post(
