@@ -91,6 +91,12 @@ class SlurmReport(msgspec.Struct, frozen=True):
     state: str = ""  # the node's state in Slurm as sinfo says it ("idle", "drained"...)
     jobs: list[str] = []  # job ids running on the node now (slurmstepd's infinity is none)
     message: str = ""  # what failed last, for people ("": nothing)
+    reason: str = ""  # why Slurm has the node drained or down, as it says ("": it is not)
+
+
+# The reason llmgw gives Slurm for a node it has drained (one not lent). A drain with any other
+# reason was made by someone else (a Slurm administrator) and llmgw never lifts it.
+SLURM_NOT_LENT = "llmgw: not lent to Slurm"
 
 
 class SlurmPart(msgspec.Struct, frozen=True):
@@ -105,6 +111,17 @@ class SlurmPart(msgspec.Struct, frozen=True):
     slurm_conf: str = ""
     gres_conf: str = ""
     cgroup_conf: str = ""
+    # The controller only: the nodes to be up in Slurm (lent). Every other node of slurm.conf
+    # is drained there with the reason SLURM_NOT_LENT, unless it is drained already.
+    lent: list[str] = []
+    # A hash of slurm.conf: slurmd restarts when it changes (a node list that changed needs
+    # it in 22.05), slurmctld likewise for its files.
+    conf_hash: str = ""
+
+    def __repr__(self) -> str:
+        """Without the munge key: a Desired in a log line or a traceback shows no secret."""
+        fields = [f"{f}={getattr(self, f)!r}" for f in self.__struct_fields__ if f != "munge_key"]
+        return f"SlurmPart({', '.join(fields)})"
 
 
 class ModelFile(msgspec.Struct, frozen=True):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import msgspec
 
+from llmgw.wire import SLURM_NOT_LENT
 from llmgwd.slurm.settings import SlurmSettings
 
 # What of `slurmd -C`'s line describes the machine (its NodeName is the host's, not ours).
 HARDWARE = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
-NOT_LENT = "llmgw: not lent to Slurm"
+NOT_LENT = SLURM_NOT_LENT
 SRUN_PORTS = "60001-63000"
 
 
