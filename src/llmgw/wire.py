@@ -114,6 +114,9 @@ class SlurmPart(msgspec.Struct, frozen=True):
     # The controller only: the nodes to be up in Slurm (lent). Every other node of slurm.conf
     # is drained there with the reason SLURM_NOT_LENT, unless it is drained already.
     lent: list[str] = []
+    # The addresses of every node in Slurm and of the controller: the node's firewall opens
+    # Slurm's ports (6817-6818, srun's range) to these alone. []: to the node's own networks.
+    peers: list[str] = []
     # A hash of slurm.conf: slurmd restarts when it changes (a node list that changed needs
     # it in 22.05), slurmctld likewise for its files.
     conf_hash: str = ""
