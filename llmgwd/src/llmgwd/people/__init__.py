@@ -1,0 +1,1 @@
+"""People: users, organizations, teams, projects, memberships and staff roles (issue 13)."""

@@ -1,0 +1,74 @@
+"""The people model's rules, without the store: names, role ranks, a group rule against a hand's
+choice, and an organization admin who would take their own admin role away."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from llmgwd.people.records import MEMBER_ROLES, MemberRole, Membership
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # as a model's name: safe in a store key
+EMAIL_RE = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}")
+MAX_TITLE = 200
+
+Kind = Literal["invalid", "not_found", "conflict", "forbidden"]
+
+
+class PeopleError(Exception):
+    """A change refused; the message is shown to the caller (it names no secret)."""
+
+    def __init__(self, kind: Kind, message: str, param: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.param = param
+
+
+def check_name(param: str, value: str) -> str:
+    """value if it is a valid name (1-64 of a-z 0-9 . _ -, a letter or digit first)."""
+    if not NAME_RE.fullmatch(value):
+        why = f"{param}: must be 1-64 of a-z 0-9 . _ - and start with a letter or digit"
+        raise PeopleError("invalid", why, param)
+    return value
+
+
+def check_title(value: str) -> str:
+    """A title shown to people: printable, at most MAX_TITLE characters."""
+    if len(value) > MAX_TITLE or not value.isprintable():
+        raise PeopleError(
+            "invalid", f"title: must be at most {MAX_TITLE} printable characters", "title"
+        )
+    return value
+
+
+def check_email(value: str) -> str:
+    """An email address ("" for none), loosely checked: one @, no spaces."""
+    if value and not EMAIL_RE.fullmatch(value):
+        raise PeopleError("invalid", "email: must look like name@domain", "email")
+    return value
+
+
+def rank(role: MemberRole | None) -> int:
+    """A membership role's strength: 0 for none, then member < manager < admin."""
+    return 0 if role is None else MEMBER_ROLES.index(role) + 1
+
+
+def merged(old: Membership | None, new: Membership) -> Membership | None:
+    """What to store when new is set over old; None: keep old (a group rule never rewrites a
+    role set by hand, so a manager stays a manager at every sign-in)."""
+    if old is not None and old.set_by == "hand" and new.set_by == "group":
+        return None
+    return new
+
+
+def check_not_own_admin(actor: str, old: Membership | None, role: MemberRole | None) -> None:
+    """Refuse an organization admin taking their own admin role away (role None: removal)."""
+    if old is None or not actor or old.user != actor:
+        return
+    if old.scope.kind == "org" and old.role == "admin" and role != "admin":
+        raise PeopleError(
+            "forbidden",
+            "an organization's admin cannot take their own admin "
+            "role away: another admin of it may",
+            "role",
+        )
