@@ -101,6 +101,7 @@ class ClusterState:
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._desired: dict[str, tuple[wire.ReplicaSpec, ...]] = {}
+        self._slurm: dict[str, wire.SlurmPart] = {}  # each node's part in Slurm (slurm/task.py)
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
         self._removed: set[str] = set()  # removed since start: no connection is attached
         self.holdings = Holdings()  # what each node's model cache holds
@@ -121,12 +122,25 @@ class ClusterState:
         if entry is not None and entry.conn is not None:
             self._spawn(self._send_desired(entry.conn))
 
+    def set_slurm(self, node: str, part: wire.SlurmPart | None) -> None:
+        """Store node's part in Slurm (None: none); sent with its Desired when it changed."""
+        if self._slurm.get(node) == part:
+            return
+        if part is None:
+            self._slurm.pop(node, None)
+        else:
+            self._slurm[node] = part
+        entry = self._nodes.get(node)
+        if entry is not None and entry.conn is not None:
+            self._spawn(self._send_desired(entry.conn))
+
     def remove(self, node: str) -> bool:
         """A node removed from the cluster: its connection is refused and closed, it is
         forgotten (its replicas are placed elsewhere, its requests in flight moved), and no
         connection of it is attached again until allow(). Whether it was known here."""
         self._removed.add(node)
         self._desired.pop(node, None)
+        self._slurm.pop(node, None)
         self.holdings.drop(node)
         entry = self._nodes.pop(node, None)
         if entry is None:
@@ -164,6 +178,7 @@ class ClusterState:
                 self._spawn(_refuse(entry.conn, reason, leader_url))
         self._nodes.clear()
         self._desired.clear()
+        self._slurm.clear()
         self.holdings = Holdings()
 
     def decided(self) -> list[str]:
@@ -250,7 +265,7 @@ class ClusterState:
             log.info("node %s connected again; closing its older connection", conn.node)
             self._spawn(old.conn.ws.close(message=b"replaced by a newer connection"))
         log.info("node %s registered from %s (engines at %s)", conn.node, conn.peer, address)
-        if conn.node in self._desired:
+        if conn.node in self._desired or conn.node in self._slurm:
             await self._send_desired(conn)
         self._changed(conn.node)
 
@@ -259,9 +274,10 @@ class ClusterState:
         if entry is None or entry.conn is not conn:
             return  # a replaced connection's last words
         entry.touch(self._clock())
+        slurm_changed = msg.inventory.slurm != entry.inventory.slurm  # the Slurm task looks
         entry.inventory = msg.inventory
         replicas = tuple(msg.replicas)
-        if replicas != entry.replicas:
+        if replicas != entry.replicas or slurm_changed:
             entry.replicas = replicas
             self._changed(conn.node)
 
@@ -324,7 +340,10 @@ class ClusterState:
             replicas = list(self._desired.get(conn.node, ()))
             try:
                 planes = list(self._control_planes)
-                msg = wire.Desired(replicas, renews=True, mirror=True, control_planes=planes)
+                slurm = self._slurm.get(conn.node)
+                msg = wire.Desired(
+                    replicas, renews=True, mirror=True, control_planes=planes, slurm=slurm
+                )
                 await conn.ws.send_bytes(wire.encode(msg))
             except (ConnectionError, RuntimeError) as e:
                 log.info(

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -174,6 +174,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._placements: dict[str, Placement] = {}
         self._flags: dict[str, NodeFlags] = {}
+        self._held: dict[str, NodeFlags] = {}  # nodes Slurm holds (slurm/lending.py), not kept
         self._failures: dict[tuple[str, str], Failure] = {}
         self._failing_since: dict[str, float] = {}  # replica id -> first seen failed
         self._leaving_since: dict[str, float] = {}  # replica id -> its removal first planned
@@ -267,6 +268,13 @@ class Reconciler:
             self._flags[node] = flags
         self.poke()
 
+    def hold(self, held: Mapping[str, NodeFlags]) -> None:
+        """The nodes Slurm holds from the scheduler now (lent ones draining, taken-back ones
+        cordoned), apart from what an admin said of them; reconcile if that changed."""
+        if dict(held) != self._held:
+            self._held = dict(held)
+            self.poke()
+
     # One pass
 
     async def reconcile(self) -> None:
@@ -310,8 +318,9 @@ class Reconciler:
         for name, n in infos.items():
             if not n.connected and n.silent_s > self._grace_s:
                 continue  # gone: its replicas are placed elsewhere
-            f = self.flags(name)
-            out.append(scheduler.Node(name, n.inventory, f.cordoned or not n.connected, f.draining))
+            f, h = self.flags(name), self._held.get(name, NodeFlags())
+            cordoned = f.cordoned or h.cordoned or not n.connected
+            out.append(scheduler.Node(name, n.inventory, cordoned, f.draining or h.draining))
         if self._clock() - self._started <= self._grace_s:
             for name in sorted({p.node for p in self._placements.values()} - set(infos)):
                 if self._nodes.removed(name):

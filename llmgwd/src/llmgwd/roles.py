@@ -18,6 +18,8 @@ from llmgwd.live import Publisher
 from llmgwd.profiles import Profile
 from llmgwd.reconciler import Failure, NodeFlags, Reconciler
 from llmgwd.scheduler import Placement, Verdict
+from llmgwd.slurm.lending import NodeStatus
+from llmgwd.slurm.task import SlurmTask
 from llmgwd.store import Store
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Roles:
         self._announcer = announcer
         self._grace_s = grace_s
         self.reconciler: Reconciler | None = None  # the running one, while leading
+        self.slurm: SlurmTask | None = None  # Slurm's parts and lending, while leading
         self._view = self._new_reconciler(store, 0)  # a standby's, read from the store
         cluster.leading = False
         election.on_change(self._leader_changed)
@@ -66,14 +69,18 @@ class Roles:
         publisher = Publisher(FencedStore(self._store, term, self._election.step_down),
                               self._cluster, grace_s=self._grace_s)  # fmt: skip
         revision = await self._store.revision()
+        slurm = SlurmTask(self._store, FencedStore(self._store, term, self._election.step_down),
+                          self._cluster, self._secret, rec.placements, rec.hold)  # fmt: skip
 
         def changed(_node: str) -> None:
             rec.poke()
             publisher.poke()
+            slurm.poke()
 
         self._cluster.on_change = changed
         self._cluster.leading = True
         self.reconciler = self._view = rec
+        self.slurm = slurm
         self._announcer.set_role("leader", term)
         work = [
             rec.run(),
@@ -81,11 +88,12 @@ class Roles:
             wakeups.follow(self._store, revision, rec.touch),
             servers.follow(self._store, self._cluster.set_control_planes),
             members.follow(self._store, self._member_changed),
+            slurm.run(revision),
         ]
         try:
             await asyncio.gather(*work)
         finally:
-            self.reconciler = None
+            self.reconciler = self.slurm = None
             self._cluster.on_change = None
             self._cluster.stand_by("")
             self._announcer.set_role("standby", 0)
@@ -153,6 +161,10 @@ class Roles:
     def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
         """Per profile, where one more replica would go or why not."""
         return self._view.explain(model)
+
+    def slurm_status(self) -> list[NodeStatus] | None:
+        """Each node's standing between llmgw and Slurm (None: a standby, which knows none)."""
+        return self.slurm.status() if self.slurm is not None else None
 
     def oom_kills(self, model: str) -> dict[str, int]:
         """A model's engines' OOM kills by profile."""

@@ -84,7 +84,7 @@ def test_the_munge_key_is_the_secrets_own_and_not_the_secret() -> None:
 
 def test_a_node_with_a_job_stays_listed_after_the_settings_drop_it() -> None:
     n1, n2 = SlurmNode("n1", "a1", LINE), SlurmNode("n2", "a2", LINE)
-    before = kept.Kept("10.0.0.9", [n1, n2])
+    before = kept.Kept("10.0.0.9", [n1, n2], "cp1")
     fewer = SlurmSettings(controller="cp1", nodes=["n1"])
 
     assert kept.next_kept(before, fewer, {}, {"n2"}, "").nodes == [n1, n2]
@@ -94,11 +94,19 @@ def test_a_node_with_a_job_stays_listed_after_the_settings_drop_it() -> None:
 def test_a_new_leader_lists_the_kept_nodes_until_they_report() -> None:
     n1 = SlurmNode("n1", "a1", LINE)
     new_n1 = SlurmNode("n1", "a1-new", LINE, gpus=1)
-    before = kept.Kept("10.0.0.9", [n1])
+    before = kept.Kept("10.0.0.9", [n1], "cp1")
     s = SlurmSettings(controller="cp1", nodes=["n1", "n3"])
 
     assert kept.next_kept(before, s, {}, set(), "") == before  # n3 not known yet
     assert kept.next_kept(before, s, {"n1": new_n1}, set(), "").nodes == [new_n1]
+
+
+def test_the_kept_address_is_not_taken_for_another_controller() -> None:
+    before = kept.Kept("10.0.0.9", [], "cp1")
+    moved = SlurmSettings(controller="cp2", nodes=["n1"])
+
+    assert kept.next_kept(before, moved, {}, set(), "").controller_address == ""
+    assert kept.next_kept(before, moved, {}, set(), "10.0.0.7").controller_address == "10.0.0.7"
 
 
 async def test_the_kept_list_is_written_only_within_the_leaders_term() -> None:

@@ -20,6 +20,7 @@ class Kept(msgspec.Struct, frozen=True):
 
     controller_address: str = ""
     nodes: list[SlurmNode] = []
+    controller: str = ""  # the node controller_address is of ("": a leader older than it)
 
 
 def next_kept(
@@ -36,7 +37,9 @@ def next_kept(
     names = [n for n in settings.nodes if n in reported or n in before]
     names += [n for n in before if n not in settings.nodes and n in busy]
     nodes = [reported.get(n) or before[n] for n in sorted(names)]
-    return Kept(controller_address or kept.controller_address, nodes)
+    same = kept.controller == settings.controller
+    address = controller_address or (kept.controller_address if same else "")
+    return Kept(address, nodes, settings.controller)
 
 
 _dec = msgspec.json.Decoder(Kept)

@@ -1,0 +1,136 @@
+"""Lending nodes to Slurm and taking them back: where each node of Slurm's stands, decided
+from the settings, llmgw's replicas there and the node's Slurm report (pure functions)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from llmgw.wire import SlurmReport
+from llmgwd.reconciler import NodeFlags
+from llmgwd.slurm.settings import SlurmSettings
+
+IN_LLMGW = "in llmgw"  # the scheduler's as any node (Slurm has it drained, or none at all)
+LENDING = "lending"  # lent, llmgw's replicas still there: they are started elsewhere first
+LENT = "lent"  # no replica of llmgw's left: the controller keeps it up in Slurm
+RECLAIMING = "reclaiming"  # taken back: cordoned in llmgw until Slurm has it drained, no job
+
+# Slurm's states (sinfo's long and short names) in which a node may run or take jobs.
+RUNNABLE = frozenset(
+    {"idle", "allocated", "alloc", "mixed", "mix", "completing", "comp", "draining", "drng"}
+    | {"planned", "plnd", "reserved", "resv"}
+)
+# States in which Slurm runs nothing there: a lent node in one is given back to llmgw.
+DEAD = frozenset({"down", "fail", "failing", "unknown", "unk", "future", "futr", "no_respond"})
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where a node stands between llmgw and Slurm, and why (for people)."""
+
+    phase: str
+    why: str = ""
+
+
+def base_state(state: str) -> str:
+    """Slurm's state without its flags: "idle*" -> "idle", "DRAINED+RESERVED" -> "drained"."""
+    return state.strip().lower().split("+")[0].rstrip("*~#!%$@^-")
+
+
+def broken(report: SlurmReport | None) -> str:
+    """Why Slurm cannot hold this node now ("": it can). A node with a job is held."""
+    if report is None:
+        return "its agent reports no Slurm"
+    if report.jobs:
+        return ""
+    if not report.state:
+        return f"Slurm does not answer there: {report.message or 'no state reported'}"
+    if base_state(report.state) in DEAD:
+        return f"Slurm has it {report.state}"
+    return ""
+
+
+def standing(
+    node: str, settings: SlurmSettings, has_replicas: bool, report: SlurmReport | None
+) -> Standing:
+    """Where node stands. A broken Slurm (off, the node not in it, its agent reporting no
+    Slurm, Slurm having it down) never keeps it from llmgw."""
+    if not settings.enabled:
+        return Standing(IN_LLMGW, "Slurm is off")
+    if node not in settings.nodes:
+        return Standing(IN_LLMGW, "not in Slurm")
+    why = broken(report)
+    if why:
+        return Standing(IN_LLMGW, why)
+    assert report is not None
+    if node in settings.lent:
+        if has_replicas:
+            return Standing(LENDING, "moving replicas")
+        return Standing(LENT)
+    if report.jobs:
+        return Standing(RECLAIMING, f"{len(report.jobs)} jobs running")
+    if base_state(report.state) in RUNNABLE:
+        return Standing(RECLAIMING, f"Slurm has it {report.state}, not drained yet")
+    return Standing(IN_LLMGW)
+
+
+def standings(
+    settings: SlurmSettings,
+    nodes: Iterable[str],
+    with_replicas: set[str],
+    reports: Mapping[str, SlurmReport | None],
+) -> dict[str, Standing]:
+    """Each node's standing (nodes: those known; with_replicas: those where llmgw has a
+    replica placed or running)."""
+    return {
+        n: standing(n, settings, n in with_replicas, reports.get(n)) for n in sorted(set(nodes))
+    }
+
+
+def held(by_node: Mapping[str, Standing]) -> dict[str, NodeFlags]:
+    """The nodes Slurm holds from llmgw's scheduler: lending and lent ones drain (their
+    replicas start elsewhere, then stop), reclaiming ones are cordoned (no new replica)."""
+    out: dict[str, NodeFlags] = {}
+    for name, s in by_node.items():
+        if s.phase in (LENDING, LENT):
+            out[name] = NodeFlags(cordoned=True, draining=True)
+        elif s.phase == RECLAIMING:
+            out[name] = NodeFlags(cordoned=True)
+    return out
+
+
+def lent_now(by_node: Mapping[str, Standing]) -> list[str]:
+    """The nodes the controller keeps up in Slurm (SlurmPart.lent)."""
+    return sorted(n for n, s in by_node.items() if s.phase == LENT)
+
+
+class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A node of Slurm's as GET /api/v1/slurm shows it."""
+
+    name: str
+    status: str  # "lent", "lending: ...", "reclaiming: N jobs running", "in llmgw"
+    held: bool  # Slurm holds it from llmgw's scheduler (cordoned or draining there)
+    state: str = ""  # Slurm's state of it, as its agent reports it ("": none reported)
+    reason: str = ""  # why Slurm has it drained or down
+    jobs: list[str] = []
+    version: str = ""  # Slurm's
+    message: str = ""  # what failed last on the node, or why it is not held
+
+
+def node_status(name: str, s: Standing, report: SlurmReport | None) -> NodeStatus:
+    """How a node stands, for people."""
+    r = report or SlurmReport()
+    status = f"{s.phase}: {s.why}" if s.why and s.phase != IN_LLMGW else s.phase
+    message = r.message or (s.why if s.phase == IN_LLMGW else "")
+    return NodeStatus(
+        name=name,
+        status=status,
+        held=s.phase != IN_LLMGW,
+        state=r.state,
+        reason=r.reason,
+        jobs=list(r.jobs),
+        version=r.version,
+        message=message,
+    )

@@ -1,0 +1,143 @@
+"""The leader's Slurm task, for its term: each node's part in Slurm, the kept node list
+(saved fenced), and the nodes Slurm holds from llmgw's scheduler (lending and reclaiming)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from llmgw.wire import Inventory, ReplicaStatus, SlurmPart
+from llmgwd.fence import Fenced
+from llmgwd.reconciler import NodeFlags
+from llmgwd.scheduler import Placement
+from llmgwd.slurm import kept, lending
+from llmgwd.slurm.parts import Seen, busy, parts, reported
+from llmgwd.slurm.settings import SETTINGS, SettingsStore, SlurmSettings
+from llmgwd.store import Store, prefix_end
+
+log = logging.getLogger(__name__)
+
+SLOW_S = 10.0  # looked at again this often without a poke (a report missed, a timer)
+
+
+class NodeView(Protocol):
+    """One node as the cluster state reports it (cluster.NodeInfo)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def inventory(self) -> Inventory: ...
+    @property
+    def replicas(self) -> Sequence[ReplicaStatus]: ...
+
+
+class Nodes(Protocol):
+    """What the task needs of the cluster state."""
+
+    def nodes(self) -> Sequence[NodeView]:
+        """Every node that registered in this term."""
+        ...
+
+    def set_slurm(self, node: str, part: SlurmPart | None) -> None:
+        """Tell a node its part in Slurm (None: none)."""
+        ...
+
+
+def with_replicas(nodes: Iterable[NodeView], placements: Iterable[Placement]) -> set[str]:
+    """The nodes where llmgw has a replica placed or still running."""
+    return {p.node for p in placements} | {n.name for n in nodes if n.replicas}
+
+
+class SlurmTask:
+    """Runs while this control plane leads: poked when a node's report or the settings
+    change, and every SLOW_S."""
+
+    def __init__(
+        self,
+        store: Store,
+        fenced: Store,
+        nodes: Nodes,
+        secret: bytes,
+        placements: Callable[[], Iterable[Placement]],
+        hold: Callable[[Mapping[str, NodeFlags]], None],
+    ) -> None:
+        self._store = store
+        self._fenced = fenced
+        self._nodes = nodes
+        self._secret = secret
+        self._placements = placements
+        self._hold = hold
+        self._settings = SettingsStore(store)
+        self._kept = kept.Kept()
+        self._wake = asyncio.Event()
+        self._status: list[lending.NodeStatus] = []  # the last pass's, for people
+
+    def poke(self) -> None:
+        """Something changed: look again soon."""
+        self._wake.set()
+
+    async def load(self) -> None:
+        """Read what the last leader kept."""
+        self._kept = await kept.load(self._store)
+
+    async def run(self, revision: int) -> None:
+        """Load what is kept, then keep the parts for the term (settings watched after
+        revision)."""
+        await self.load()
+        await asyncio.gather(self._loop(), self._follow(revision))
+
+    async def _follow(self, revision: int) -> None:
+        end = prefix_end(SETTINGS)
+        async for _ in self._store.watch(SETTINGS, end, start_revision=revision + 1):
+            self.poke()
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.step()
+            except Fenced:
+                raise  # the term is over
+            except Exception:
+                log.exception("Slurm's pass failed; trying again")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), SLOW_S)
+
+    async def step(self) -> None:
+        """One pass: standings, the scheduler's held nodes, the kept list, every part."""
+        settings = await self._settings.get()
+        infos = list(self._nodes.nodes())
+        seen = {n.name: Seen(n.address, n.inventory) for n in infos}
+        reports = {n.name: n.inventory.slurm for n in infos}
+        names = set(seen) | set(settings.nodes)
+        placed = with_replicas(infos, self._placements())
+        by_node = lending.standings(settings, names, placed, reports)
+        self._hold(lending.held(by_node))
+        self._status = [lending.node_status(n, s, reports.get(n)) for n, s in by_node.items()]
+        if settings.enabled:
+            await self._keep(settings, seen)
+        listed = {n.name for n in self._kept.nodes}
+        lent = [n for n in lending.lent_now(by_node) if n in listed]
+        for name, part in parts(settings, self._kept, seen, lent, self._secret).items():
+            self._nodes.set_slurm(name, part)
+
+    def status(self) -> list[lending.NodeStatus]:
+        """Each node's standing as the last pass saw it, by name."""
+        return list(self._status)
+
+    async def _keep(self, settings: SlurmSettings, seen: Mapping[str, Seen]) -> None:
+        """The kept list now, saved through the fenced store when it changed."""
+        controller = seen.get(settings.controller)
+        address = controller.address if controller is not None else ""
+        new = kept.next_kept(
+            self._kept, settings, reported(settings, seen), busy(self._kept, seen), address
+        )
+        if new != self._kept:
+            await kept.save(self._fenced, new)
+            log.info("Slurm's nodes listed: %s", ", ".join(n.name for n in new.nodes) or "none")
+            self._kept = new

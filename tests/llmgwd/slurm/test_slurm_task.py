@@ -1,0 +1,166 @@
+"""The leader's Slurm task: each node's part from the settings and the nodes' reports, the kept
+list saved in the leader's term (a new leader writes the same slurm.conf), and the nodes held
+from the scheduler while lent."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw.wire import Inventory, ReplicaStatus, SlurmPart, SlurmReport
+from llmgwd.fence import FencedStore
+from llmgwd.leader import LEADER
+from llmgwd.reconciler import NodeFlags
+from llmgwd.scheduler import Placement
+from llmgwd.slurm import kept
+from llmgwd.slurm.munge import munge_key
+from llmgwd.slurm.settings import SETTINGS, SlurmSettings
+from llmgwd.slurm.task import SlurmTask
+from llmgwd.store.sqlite import SqliteStore
+
+RECORDED = (Path(__file__).parent / "recorded" / "slurmd-C.txt").read_text().splitlines()
+LINE = next(line for line in RECORDED if line.startswith("NodeName="))
+SECRET = b"s" * 32
+
+
+@dataclass
+class Node:
+    name: str
+    address: str
+    inventory: Inventory
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+
+
+def node(name: str, address: str, state: str = "drained", jobs: list[str] | None = None) -> Node:
+    report = SlurmReport(version="22.05.8", node_line=LINE, state=state, jobs=jobs or [])
+    return Node(name, address, Inventory(cores=2, memory_bytes=1 << 30, memory_free_bytes=0,
+                                         slurm=report))  # fmt: skip
+
+
+class Cluster:
+    def __init__(self, *nodes: Node) -> None:
+        self.list = list(nodes)
+        self.parts: dict[str, SlurmPart | None] = {}
+
+    def nodes(self) -> list[Node]:
+        return self.list
+
+    def set_slurm(self, node: str, part: SlurmPart | None) -> None:
+        self.parts[node] = part
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SqliteStore]:
+    s = await SqliteStore.open(":memory:")
+    yield s
+    await s.close()
+
+
+async def _task(
+    store: SqliteStore, cluster: Cluster, placed: list[Placement] | None = None
+) -> tuple[SlurmTask, list[Mapping[str, NodeFlags]]]:
+    term = await store.put(LEADER, b"me")
+    held: list[Mapping[str, NodeFlags]] = []
+    task = SlurmTask(store, FencedStore(store, term, lambda _: None), cluster, SECRET,
+                     lambda: placed or [], held.append)  # fmt: skip
+    return task, held
+
+
+async def _set(store: SqliteStore, s: SlurmSettings) -> None:
+    await store.put(SETTINGS, msgspec.json.encode(s))
+
+
+ON = SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"])
+
+
+async def test_slurm_off_gives_no_node_a_part(store: SqliteStore) -> None:
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"))
+    task, held = await _task(store, cluster)
+
+    await task.step()
+
+    assert cluster.parts == {"cp": None, "n1": None}
+    assert held == [{}]
+
+
+async def test_each_node_gets_its_part_and_the_controller_its_files(store: SqliteStore) -> None:
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"), node("n2", "10.0.0.3"))
+    await _set(store, ON)
+    task, _ = await _task(store, cluster)
+
+    await task.step()
+
+    cp, n1 = cluster.parts["cp"], cluster.parts["n1"]
+    assert cp is not None and n1 is not None
+    assert (cp.slurmctld, cp.slurmd, n1.slurmd, n1.slurmctld) == (True, False, True, False)
+    assert n1.conf_server == cp.conf_server == "10.0.0.1:6817"
+    assert base64.b64decode(n1.munge_key) == munge_key(SECRET)
+    assert "NodeName=n1 NodeAddr=10.0.0.2" in cp.slurm_conf
+    assert "SlurmctldHost=cp(10.0.0.1)" in cp.slurm_conf
+    assert n1.conf_hash == cp.conf_hash != "" and n1.slurm_conf == ""
+    assert "CgroupPlugin=cgroup/v2" in cp.cgroup_conf
+    assert [n.name for n in (await kept.load(store)).nodes] == ["n1", "n2"]
+
+
+async def test_a_lent_node_reaches_slurm_only_once_its_replicas_are_gone(
+    store: SqliteStore,
+) -> None:
+    n1 = node("n1", "10.0.0.2")
+    n1.replicas = [ReplicaStatus(id="r1", model="m", state="ready")]
+    cluster = Cluster(node("cp", "10.0.0.1"), n1, node("n2", "10.0.0.3"))
+    await _set(store, SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"],
+                                    lent=["n1"]))  # fmt: skip
+    task, held = await _task(store, cluster)
+
+    await task.step()
+    cp = cluster.parts["cp"]
+    assert cp is not None and cp.lent == []
+    assert held[-1] == {"n1": NodeFlags(cordoned=True, draining=True)}
+    assert [s.status for s in task.status()][:2] == ["in llmgw", "lending: moving replicas"]
+
+    n1.replicas = []
+    await task.step()
+    cp = cluster.parts["cp"]
+    assert cp is not None and cp.lent == ["n1"]
+    assert held[-1] == {"n1": NodeFlags(cordoned=True, draining=True)}
+
+
+async def test_a_new_leader_writes_the_same_slurm_conf_before_the_nodes_report(
+    store: SqliteStore,
+) -> None:
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"), node("n2", "10.0.0.3"))
+    await _set(store, ON)
+    first, _ = await _task(store, cluster)
+    await first.step()
+    before = cluster.parts["cp"]
+
+    # The next leader: only the controller has reported yet, the nodes not at all.
+    again = Cluster(node("cp", "10.0.0.1"))
+    second, _ = await _task(store, again)
+    await second.load()
+    await second.step()
+
+    after = again.parts["cp"]
+    assert before is not None and after is not None
+    assert after.slurm_conf == before.slurm_conf
+
+
+async def test_a_node_dropped_from_slurm_with_a_job_stays_listed(store: SqliteStore) -> None:
+    busy = node("n2", "10.0.0.3", state="draining")
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"), busy)
+    await _set(store, ON)
+    task, _ = await _task(store, cluster)
+    await task.step()
+
+    busy.inventory = node("n2", "10.0.0.3", state="draining", jobs=["9"]).inventory
+    await _set(store, SlurmSettings(enabled=True, controller="cp", nodes=["n1"]))
+    await task.step()
+
+    cp, n2 = cluster.parts["cp"], cluster.parts["n2"]
+    assert cp is not None and "NodeName=n2" in cp.slurm_conf
+    assert n2 is not None and n2.slurmd  # its slurmd keeps running while the job does
