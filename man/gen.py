@@ -96,6 +96,12 @@ SETTINGS = {
         "The web origins (https://HOST[:PORT]) whose pages may call the client port from a "
         "browser (CORS); each gets its own origin back and never credentials. Empty: none."
     ),
+    "server.client.prefix_balancing": (
+        "Send each /v1 request to the replica most likely to hold its prompt's prefix in its "
+        "cache (the replica that was sent the longest run of its leading blocks, or the one "
+        "its x-session-id header was sent to), unless that replica has 2 more requests in "
+        "flight than the least busy one. false: the least busy replica, in turn."
+    ),
     "server.cluster.listen": (
         "HOST:PORT of the cluster port, which agents dial: mutual TLS with the cluster's own CA."
     ),

@@ -40,6 +40,7 @@ class ClientPort(Strict):
     max_connections_per_address: Annotated[int, msgspec.Meta(ge=0)] = 256
     uncapped_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     cors_origins: tuple[str, ...] = ()
+    prefix_balancing: bool = True  # requests go where their prompt's prefix is (router/prefix.py)
 
     def __post_init__(self) -> None:
         for net in self.uncapped_addresses:

@@ -245,6 +245,7 @@ class Daemon:
             meter=self.meter,
             on_demand=self.waker,
             stale_s=self._stale_s,
+            prefix_aware=cfg.prefix_balancing,
         )
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)

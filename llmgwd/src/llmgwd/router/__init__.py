@@ -21,7 +21,10 @@ it up) counts the requests in flight per replica and never sends one more than i
 its engine reported them; 4 when unknown). While all are full, requests wait in a bounded
 first-come line per model, then get a 503 `model_busy` with Retry-After. A refused connect or
 a 503 before any byte goes to another replica; a replica failing 3 times in a row is left out
-for 10 s, doubling while it keeps failing (`balancer.ejections`).
+for 10 s, doubling while it keeps failing (`balancer.ejections`). With prefix_aware (the
+default; `client.prefix_balancing`), a request goes to the replica holding its prompt's prefix
+or pinned by its x-session-id, unless much busier (`router/prefix.py`). Every answer carries
+x-llmgw-overhead-ms, the gateway's own time (`router/overhead.py`).
 
 `meter` (llmgwd.router.metering.Meter over the daemon's llmgwd.usage.Usage) applies each key's
 rate limits and budgets before a request reaches an engine and counts what the answer used;

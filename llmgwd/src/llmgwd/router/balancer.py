@@ -1,4 +1,5 @@
-"""Choosing a replica: the highest-priority profile with room first, then least outstanding."""
+"""Choosing a replica: the highest-priority profile with room first, then the replica holding
+the prompt's prefix unless it is much busier, then least outstanding."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from contextlib import contextmanager
 
 from llmgwd.pool import Endpoint, Pool
 from llmgwd.router.ejection import Ejections
+from llmgwd.router.prefix import Affinity, PrefixIndex
 from llmgwd.router.waitlist import QUEUE_SIZE, QUEUE_TIMEOUT_S, Busy, Waiter, Waitlist
 
 # The cap of a replica whose engine did not say how many requests it serves at once (its
@@ -20,8 +22,11 @@ RECHECK_S = 1.0  # a waiting request looks again this often: a replica may have 
 class Balancer:
     """Counts the requests in flight per replica and sends each new one to the least busy
     replica of the highest-priority profile that has one with a free slot (all of them busy:
-    the least busy of all). acquire never goes past a replica's cap: while every one is full,
-    requests wait in their model's line."""
+    the least busy of all). With prefix_aware, a request with an affinity goes to the replica
+    its session is pinned to, else to the one sent the longest prefix of its prompt, unless
+    that one has LOAD_SLACK more requests in flight than the least busy (router/prefix.py).
+    acquire never goes past a replica's cap: while every one is full, requests wait in their
+    model's line (and take the first free slot, wherever it is)."""
 
     def __init__(
         self,
@@ -32,6 +37,7 @@ class Balancer:
         queue_timeout_s: float = QUEUE_TIMEOUT_S,
         recheck_s: float = RECHECK_S,
         ejections: Ejections | None = None,
+        prefix_aware: bool = True,
     ) -> None:
         self._pool = pool
         self._slots = slots  # the cap of replicas that report no slots
@@ -41,14 +47,23 @@ class Balancer:
         self.ejections = ejections if ejections is not None else Ejections()
         self._in_flight: dict[str, int] = {}
         self._turn = 0  # rotates among equally busy replicas
+        self.prefix = PrefixIndex() if prefix_aware else None
 
     def outstanding(self, replica_id: str) -> int:
         """Requests in flight on this replica now."""
         return self._in_flight.get(replica_id, 0)
 
-    def pick(self, model: str, exclude: Collection[str] = ()) -> Endpoint | None:
+    def pick(
+        self, model: str, exclude: Collection[str] = (), affinity: Affinity | None = None
+    ) -> Endpoint | None:
         """The least busy ready replica of model not in exclude (replica ids), or None."""
-        ready = [ep for ep in self._pool.ready(model) if ep.replica_id not in exclude]
+        return self._pick(self._pool.ready(model), exclude, affinity)
+
+    def _pick(
+        self, ready: list[Endpoint], exclude: Collection[str], affinity: Affinity | None
+    ) -> Endpoint | None:
+        if exclude:
+            ready = [ep for ep in ready if ep.replica_id not in exclude]
         if not ready:
             return None
         free = [ep for ep in ready if self.room(ep)]
@@ -56,6 +71,10 @@ class Balancer:
             top = max(ep.priority for ep in free)
             ready = [ep for ep in free if ep.priority == top]
         least = min(self.outstanding(ep.replica_id) for ep in ready)
+        if affinity is not None and self.prefix is not None:
+            chosen = self.prefix.choose(affinity, ready, self.outstanding, least)
+            if chosen is not None:
+                return chosen
         ties = [ep for ep in ready if self.outstanding(ep.replica_id) == least]
         self._turn += 1
         return ties[self._turn % len(ties)]
@@ -83,7 +102,9 @@ class Balancer:
         """Requests for model waiting for a free slot now."""
         return self._waitlist.count(model)
 
-    async def acquire(self, model: str, exclude: Collection[str] = ()) -> Endpoint | None:
+    async def acquire(
+        self, model: str, exclude: Collection[str] = (), affinity: Affinity | None = None
+    ) -> Endpoint | None:
         """A replica of model with a free slot, that slot already counted (give it back with
         release); waits in line, first come first served, while every replica is full.
 
@@ -91,9 +112,10 @@ class Balancer:
         are out for failing); raises waitlist.Busy when the line is full or the wait too long.
         """
         if not self._waitlist.count(model):  # nobody waits before this one
-            endpoint = self._choose(model, exclude)
+            endpoint = self._choose(model, exclude, affinity)
             if endpoint is not None:
                 self._take(endpoint)
+                self._remember(endpoint, affinity)
                 return endpoint
         if not self._usable(model, exclude):
             return None
@@ -102,6 +124,8 @@ class Balancer:
         try:
             endpoint = await self._served(model, waiter)
             served = endpoint is not None
+            if endpoint is not None:
+                self._remember(endpoint, affinity)
             return endpoint
         finally:
             if not served:  # the timeout, none left to wait for, or the client left
@@ -129,14 +153,23 @@ class Balancer:
             if ep.replica_id not in exclude and not self.ejections.out(ep.replica_id)
         ]
 
-    def _choose(self, model: str, exclude: Collection[str]) -> Endpoint | None:
+    def _remember(self, endpoint: Endpoint, affinity: Affinity | None) -> None:
+        if affinity is not None and self.prefix is not None:
+            self.prefix.remember(endpoint, affinity)
+
+    def _choose(
+        self, model: str, exclude: Collection[str], affinity: Affinity | None = None
+    ) -> Endpoint | None:
         """pick's choice among the usable replicas that have a free slot; None: all full."""
+        ready = self._pool.ready(model)
+        if self.prefix is not None:
+            self.prefix.forget_gone(model, ready)
         closed = {
             ep.replica_id
-            for ep in self._pool.ready(model)
+            for ep in ready
             if ep.replica_id in exclude or self.ejections.out(ep.replica_id) or not self.room(ep)
         }
-        return self.pick(model, exclude=closed)
+        return self._pick(ready, closed, affinity)
 
     async def _served(self, model: str, waiter: Waiter) -> Endpoint | None:
         """The replica _dispatch kept a slot on for waiter; None when none is left to wait for."""

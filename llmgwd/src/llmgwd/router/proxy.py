@@ -19,8 +19,9 @@ import aiohttp
 from aiohttp import web
 
 from llmgwd.pool import Endpoint
-from llmgwd.router import answers, errors
+from llmgwd.router import answers, errors, overhead
 from llmgwd.router.balancer import Balancer
+from llmgwd.router.prefix import AFFINITY, Affinity
 from llmgwd.router.usage_events import Tally, tally_of
 from llmgwd.router.waitlist import Busy
 
@@ -173,7 +174,7 @@ class Upstream:
     ) -> web.StreamResponse:
         """One replica after another until one takes the request, each on a free slot."""
         tried: list[str] = []
-        while (endpoint := await self._acquire(model, tried)) is not None:
+        while (endpoint := await self._acquire(model, tried, request.get(AFFINITY))) is not None:
             answer = await self._attempt(request, endpoint, path, body, stream)
             if answer is not None:
                 return answer
@@ -183,10 +184,12 @@ class Upstream:
             self._retry_after_s,
         )
 
-    async def _acquire(self, model: str, tried: list[str]) -> Endpoint | None:
+    async def _acquire(
+        self, model: str, tried: list[str], affinity: Affinity | None
+    ) -> Endpoint | None:
         """A slot on a replica not tried yet, waited for in line when all are full."""
         try:
-            return await self._balancer.acquire(model, exclude=tried)
+            return await self._balancer.acquire(model, exclude=tried, affinity=affinity)
         except Busy as e:
             why = "its queue is full" if e.why == "full" else "no slot freed while it waited"
             message = f"The model '{errors.quote(model)}' is busy ({why}); retry later."
@@ -249,7 +252,9 @@ class Upstream:
     ) -> web.StreamResponse:
         """Send to one replica and relay its answer."""
         request[errors.REPLICA] = endpoint.replica_id
+        overhead.engine_sent(request)
         upstream = await self._connect(request, endpoint, path, body, stream)
+        overhead.engine_answered(request)  # its headers: a stream's own share
         tally = tally_of(request) or Tally()  # what the answer says it used, for the meter
         try:
             if upstream.status == 503:  # loading (or full): nothing was done, no byte passed on
@@ -260,7 +265,7 @@ class Upstream:
                 raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
                 return await self._relay_stream(request, upstream, endpoint, path, tally)
-            return await self._relay_whole(upstream, endpoint, path, tally)
+            return await self._relay_whole(request, upstream, endpoint, path, tally)
         finally:
             # A no-op after a complete answer; otherwise drops the connection so the
             # engine stops generating for a client that is gone.
@@ -340,12 +345,18 @@ class Upstream:
             raise _engine_failed(endpoint, e) from None
 
     async def _relay_whole(
-        self, upstream: aiohttp.ClientResponse, endpoint: Endpoint, path: str, tally: Tally
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        endpoint: Endpoint,
+        path: str,
+        tally: Tally,
     ) -> web.Response:
         """A non-streamed answer with OpenAI's fields only, or the engine's refusal in OpenAI's
         shape (an answer all the same: it does not count against the replica)."""
         try:
             data = await upstream.read()
+            overhead.engine_answered(request)
         except aiohttp.ServerTimeoutError:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
         except aiohttp.ClientError as e:

@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Endpoint, Pool
-from llmgwd.router import cache_salt, embeddings, errors, fields
+from llmgwd.router import cache_salt, embeddings, errors, fields, overhead, prefix
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
@@ -96,6 +96,7 @@ class Router:
         wake_timeout_s: float = 120.0,
         wake_poll_s: float = 0.2,
         stale_s: Callable[[], float] | None = None,
+        prefix_aware: bool = True,
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -109,7 +110,9 @@ class Router:
         self._pool = pool
         self._max_body_bytes = max_body_bytes
         self._retry_after_s = retry_after_s
-        self.balancer = balancer if balancer is not None else Balancer(pool)
+        self.balancer = (
+            balancer if balancer is not None else Balancer(pool, prefix_aware=prefix_aware)
+        )
         self.meter = meter if meter is not None else Meter()
         self._upstream = Upstream(
             self.balancer,
@@ -119,8 +122,9 @@ class Router:
             retry_after_s=retry_after_s,
             disconnect_poll_s=disconnect_poll_s,
         )
-        self.app = web.Application(middlewares=[errors.error_middleware])
+        self.app = web.Application(middlewares=[overhead.stamp, errors.error_middleware])
         self.app.on_response_prepare.append(errors.add_request_id)
+        self.app.on_response_prepare.append(overhead.add_header)
         self.app.on_response_prepare.append(add_rate_headers)
         self.app.on_cleanup.append(self._on_cleanup)
         self.app.router.add_get("/models", self._list_models)
@@ -192,6 +196,8 @@ class Router:
         if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
             doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
         stream = doc.get("stream") is True
+        if self.balancer.prefix is not None:
+            request[prefix.AFFINITY] = prefix.affinity_of(request, doc)
         reservation = await self.meter.reserve(key, model, bounds)
         try:
             if stream:
