@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from llmgwd.control_planes import ControlPlanes
     from llmgwd.mirror.service import Mirror
     from llmgwd.mirror.sweep import NodeFiles
+    from llmgwd.slurm.lending import NodeStatus
     from llmgwd.slurm.settings import SettingsStore
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class ApiContext:
     node_files: NodeFiles | None = None  # the nodes' caches, for sweeps
     control_planes: ControlPlanes | None = None  # /servers: None, this llmgwd keeps none
     slurm: SettingsStore | None = None  # /slurm: None, Slurm's settings are not kept here
+    # Each node's standing between llmgw and Slurm (Roles.slurm_status; None: a standby's)
+    slurm_status: Callable[[], list[NodeStatus] | None] | None = None
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)

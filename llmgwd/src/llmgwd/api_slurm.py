@@ -1,16 +1,27 @@
-"""/api/v1's Slurm: `GET /slurm` shows Slurm's settings, `PUT /slurm` changes them."""
+"""/api/v1's Slurm: `GET /slurm` shows Slurm's settings and where each node stands, `PUT
+/slurm` changes the settings, `POST /slurm/nodes/{name}/lend|reclaim` lends a node or takes
+it back."""
 
 from __future__ import annotations
 
 import logging
 
+import msgspec
 from aiohttp import web
 
 from llmgwd.api import ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.meter_views import Invalid
-from llmgwd.slurm.settings import SettingsStore, SlurmSettingsIn
+from llmgwd.slurm.lending import NodeStatus
+from llmgwd.slurm.settings import Busy, SettingsStore, SlurmSettings, SlurmSettingsIn
 
 log = logging.getLogger(__name__)
+
+
+class SlurmView(SlurmSettings, frozen=True, kw_only=True):
+    """GET /slurm: the settings, and each node's standing as the leader sees it (None: asked
+    of a standby, which knows none: ask the leader)."""
+
+    status: list[NodeStatus] | None = None
 
 
 def _settings(request: web.Request) -> SettingsStore:
@@ -20,9 +31,15 @@ def _settings(request: web.Request) -> SettingsStore:
     return store
 
 
+def _view(request: web.Request, settings: SlurmSettings) -> SlurmView:
+    status = _ctx(request).slurm_status
+    fields = msgspec.structs.asdict(settings)
+    return SlurmView(**fields, status=status() if status is not None else None)
+
+
 async def get_slurm(request: web.Request) -> web.Response:
-    """GET /slurm: Slurm's settings."""
-    return json_response(await _settings(request).get())
+    """GET /slurm: Slurm's settings and each node's standing."""
+    return json_response(_view(request, await _settings(request).get()))
 
 
 async def put_slurm(request: web.Request) -> web.Response:
@@ -34,10 +51,31 @@ async def put_slurm(request: web.Request) -> web.Response:
         new = await store.change(change)
     except Invalid as e:
         raise bad_field(e.param, str(e)) from None
+    except Busy as e:
+        raise ApiError(409, str(e), "conflict_error", "busy") from None
     log.info("Slurm's settings changed by %s (enabled: %s)", _who(request), new.enabled)
-    return json_response(new)
+    return json_response(_view(request, new))
+
+
+async def lend(request: web.Request) -> web.Response:
+    """POST /slurm/nodes/{name}/lend|reclaim: lend the node to Slurm (its replicas move away
+    first) or take it back (cordoned in llmgw until its last job ends)."""
+    store = _settings(request)
+    name, action = request.match_info["name"], request.match_info["action"]
+    try:
+        new = await store.lend(name, action == "lend")
+    except Invalid as e:
+        raise ApiError(409, str(e), "invalid_request_error", "slurm_" + e.param) from None
+    except Busy as e:
+        raise ApiError(409, str(e), "conflict_error", "busy") from None
+    log.info("node %s: %s to Slurm, by %s", name, action, _who(request))
+    return json_response(_view(request, new))
 
 
 def routes() -> list[web.RouteDef]:
     """This module's routes, relative to /api/v1."""
-    return [web.get("/slurm", get_slurm), web.put("/slurm", put_slurm)]
+    return [
+        web.get("/slurm", get_slurm),
+        web.put("/slurm", put_slurm),
+        web.post("/slurm/nodes/{name}/{action:lend|reclaim}", lend),
+    ]

@@ -168,6 +168,7 @@ class Daemon:
             node_files=mirror_setup.NodeFilesOf(self.cluster),
             control_planes=self.planes.planes,
             slurm=SettingsStore(self.store),
+            slurm_status=self.roles.slurm_status,
         )
         await self._serve_cluster(keys)
         await self._serve_client(ctx)

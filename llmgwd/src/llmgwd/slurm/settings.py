@@ -4,10 +4,12 @@ partition), kept in the store at /slurm/settings and checked like every setting.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import msgspec
 
 from llmgw import pki
+from llmgwd.members import Members
 from llmgwd.meter_views import Invalid
 from llmgwd.store import Compare, Put, Store
 
@@ -75,6 +77,13 @@ def check(s: SlurmSettings) -> SlurmSettings:
     return s
 
 
+CHANGE_TRIES = 20  # a change raced this often by others is given up (Busy)
+
+
+class Busy(Exception):
+    """The settings kept changing under a change: it was not made."""
+
+
 _dec = msgspec.json.Decoder(SlurmSettings)
 _enc = msgspec.json.Encoder()
 
@@ -92,14 +101,43 @@ class SettingsStore:
 
     async def change(self, change: SlurmSettingsIn) -> SlurmSettings:
         """Apply change to the stored settings, check and store them; Invalid if they are
-        wrong. A change made meanwhile by another caller is read again, not overwritten."""
-        while True:
+        wrong (a node added that has not joined the cluster, too). A change made meanwhile by
+        another caller is read again, not overwritten; Busy after CHANGE_TRIES such races."""
+        return await self._update(lambda old: merged(old, change))
+
+    async def lend(self, node: str, lent: bool) -> SlurmSettings:
+        """Lend node to Slurm (lent) or take it back; Invalid if Slurm is off or the node is
+        not in it."""
+        return await self._update(lambda old: lending_change(old, node, lent))
+
+    async def _update(self, change: Callable[[SlurmSettings], SlurmSettings]) -> SlurmSettings:
+        for _ in range(CHANGE_TRIES):
             kv = await self._store.get(SETTINGS)
             old = _dec.decode(kv.value) if kv is not None else SlurmSettings()
-            new = check(merged(old, change))
+            new = check(change(old))
+            await self._check_joined(sorted(set(new.nodes) - set(old.nodes)))
             rev = kv.mod_revision if kv is not None else 0
             res = await self._store.txn(
                 [Compare(SETTINGS, "mod", "=", rev)], [Put(SETTINGS, _enc.encode(new))]
             )
             if res.succeeded:
                 return new
+        raise Busy(f"Slurm's settings changed {CHANGE_TRIES} times under this change; try again")
+
+    async def _check_joined(self, names: list[str]) -> None:
+        """Invalid unless every node named is a member of the cluster."""
+        members = Members(self._store)
+        for name in names:
+            member = await members.get(name)
+            if member is None or not member.active:
+                raise Invalid("nodes", f"{name!r} has not joined the cluster (llmgw node token)")
+
+
+def lending_change(old: SlurmSettings, node: str, lent: bool) -> SlurmSettings:
+    """old with node lent or taken back; Invalid if Slurm is off or node is not in it."""
+    if not old.enabled:
+        raise Invalid("enabled", "Slurm is off: `llmgw slurm setup` first")
+    if node not in old.nodes:
+        raise Invalid("nodes", f"{node!r} is not one of Slurm's nodes ({', '.join(old.nodes)})")
+    others = [n for n in old.lent if n != node]
+    return msgspec.structs.replace(old, lent=[*others, node] if lent else others)
