@@ -5,7 +5,18 @@ from __future__ import annotations
 import click
 
 from llmgw import config
-from llmgw.cli import key, mirror, model, node, server, server_join, server_migrate, servers, usage
+from llmgw.cli import (
+    key,
+    mirror,
+    model,
+    node,
+    server,
+    server_join,
+    server_migrate,
+    servers,
+    slurm,
+    usage,
+)
 from llmgw.cli.common import Settings
 
 
@@ -52,3 +63,4 @@ main.add_command(model.models)
 main.add_command(key.key)
 main.add_command(usage.usage)
 main.add_command(mirror.mirror)
+main.add_command(slurm.slurm)

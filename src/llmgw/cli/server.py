@@ -125,6 +125,12 @@ def server() -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing config file.")
 @click.option("--no-start", is_flag=True, help="Only write the config; do not start llmgwd.")
 @click.option(
+    "--slurm",
+    "with_slurm",
+    is_flag=True,
+    help="Turn Slurm on, with this host's node as its controller once it joins.",
+)
+@click.option(
     "--wait",
     "wait_s",
     type=click.FloatRange(min=0),
@@ -141,6 +147,7 @@ def init(
     state_dir: Path,
     force: bool,
     no_start: bool,
+    with_slurm: bool,
     wait_s: float,
     as_json: bool,
 ) -> None:
@@ -148,6 +155,11 @@ def init(
 
     llmgwd makes the cluster's CA and secret in its state directory when it first starts.
     Without systemd as init, init says how to start llmgwd and exits 0.
+
+    With --slurm, Slurm is turned on once llmgwd answers: its controller is this host's
+    node (named as its agent names it, the host name), which runs slurmctld once it joins;
+    no node is in Slurm yet (`llmgw slurm setup --controller NAME --nodes A,B` names them
+    after they join). Without llmgwd started here, --slurm only says that command.
     """
     if advertise is not None and not advertise.startswith("https://"):
         raise click.BadParameter("must be https://HOST:PORT", param_hint="--advertise")
@@ -158,6 +170,8 @@ def init(
     if not as_json:
         click.echo(f"Wrote {config_path} (nodes will dial {cfg.cluster.advertise}).")
     token = None if no_start else _started(settings, config_path, wait_s)
+    if with_slurm:
+        _slurm_on(settings, started=token is not None, quiet=as_json)
     if as_json:
         started = token is not None
         echo_json(
@@ -170,6 +184,18 @@ def init(
         )
     elif token is not None:
         echo_join_command(token)
+
+
+def _slurm_on(settings: Settings, started: bool, quiet: bool) -> None:
+    """Slurm on with this host's node as controller; without llmgwd up, how to do it."""
+    name = socket.gethostname()
+    if not started:
+        click.echo(f"Slurm: once llmgwd runs, `llmgw slurm setup --controller {name} "
+                   "--nodes NODES` turns it on.", err=True)  # fmt: skip
+        return
+    call(settings, "PUT", f"{API}/slurm", {"enabled": True, "controller": name})
+    if not quiet:
+        click.echo(f"Slurm is on: slurmctld runs on node {name} once it joins.")
 
 
 @click.command()

@@ -1,0 +1,138 @@
+"""llmgw slurm status|setup|lend|reclaim|off: Slurm on llmgw's nodes, and nodes lent to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.cli.output import echo_json, echo_table, json_option
+
+
+def _names(value: str) -> list[str]:
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def echo_slurm(answer: dict[str, Any]) -> None:
+    """Print the settings, then each node's standing."""
+    if not answer["enabled"]:
+        click.echo("Slurm is off.")
+    else:
+        click.echo(
+            f"Slurm is on: cluster {answer['cluster_name']}, controller {answer['controller']},"
+            f" partition {answer['partition']}"
+        )
+    click.echo(f"nodes: {', '.join(answer['nodes']) or 'none'}")
+    click.echo(f"lent:  {', '.join(answer['lent']) or 'none'}")
+    status = answer.get("status")
+    if status is None:
+        click.echo("(this control plane stands by: ask the leader for each node's standing)")
+        return
+    rows = [
+        [s["name"], s["status"], s["state"] or "-", s["reason"] or "-", s["version"] or "-"]
+        for s in status
+    ]
+    echo_table(["NODE", "STANDING", "SLURM STATE", "REASON", "VERSION"], rows, "No nodes yet.")
+    for s in status:
+        if s.get("message"):
+            click.echo(f"{s['name']}: {s['message']}")
+
+
+@click.group()
+def slurm() -> None:
+    """Run Slurm on llmgw's nodes, and lend nodes to it or take them back."""
+
+
+@slurm.command()
+@json_option
+@pass_settings
+def status(settings: Settings, as_json: bool) -> None:
+    """Show Slurm's settings and where each node stands.
+
+    A node is lent (Slurm runs jobs there), lending (llmgw's replicas are moving away
+    first), reclaiming (taken back: cordoned in llmgw until its last job ends and Slurm
+    has it drained), or in llmgw. Slurm's state of it, the reason Slurm gives for a drain,
+    Slurm's version and what failed last follow. Ask the leader: a standby knows no node's
+    standing.
+    """
+    answer = call(settings, "GET", f"{API}/slurm")
+    if as_json:
+        echo_json(answer)
+    else:
+        echo_slurm(answer)
+
+
+@slurm.command()
+@click.option("--controller", required=True, metavar="NODE", help="The node slurmctld runs on.")
+@click.option(
+    "--nodes", "node_names", required=True, metavar="A,B", help="The nodes slurmd runs on."
+)
+@click.option("--cluster-name", metavar="NAME", help="Slurm's ClusterName [default: llmgw].")
+@click.option("--partition", metavar="NAME", help="The partition of the nodes [default: llmgw].")
+@json_option
+@pass_settings
+def setup(
+    settings: Settings,
+    controller: str,
+    node_names: str,
+    cluster_name: str | None,
+    partition: str | None,
+    as_json: bool,
+) -> None:
+    """Turn Slurm on: slurmctld on the controller, slurmd on the nodes.
+
+    Each node must have joined the cluster. The agents install munge and Slurm from the
+    distribution and run them on the files the leader makes. Every node enters Slurm
+    drained: `llmgw slurm lend NODE` gives it to Slurm.
+    """
+    body: dict[str, object] = {
+        "enabled": True,
+        "controller": controller,
+        "nodes": _names(node_names),
+    }
+    if cluster_name is not None:
+        body["cluster_name"] = cluster_name
+    if partition is not None:
+        body["partition"] = partition
+    _show(call(settings, "PUT", f"{API}/slurm", body), as_json)
+
+
+@slurm.command()
+@click.argument("node")
+@json_option
+@pass_settings
+def lend(settings: Settings, node: str, as_json: bool) -> None:
+    """Lend NODE to Slurm: llmgw's replicas there start elsewhere, then stop, and then
+    Slurm gets the node (it is resumed there). `llmgw slurm status` shows the progress."""
+    _show(call(settings, "POST", api_path("slurm", "nodes", node, "lend")), as_json)
+
+
+@slurm.command()
+@click.argument("node")
+@json_option
+@pass_settings
+def reclaim(settings: Settings, node: str, as_json: bool) -> None:
+    """Take NODE back from Slurm: it is drained there (no new job lands, running ones
+    finish), and kept cordoned in llmgw until its last job ends; then llmgw places
+    replicas there again. A drain a Slurm administrator made is never lifted."""
+    _show(call(settings, "POST", api_path("slurm", "nodes", node, "reclaim")), as_json)
+
+
+@slurm.command()
+@json_option
+@pass_settings
+def off(settings: Settings, as_json: bool) -> None:
+    """Turn Slurm off: the agents stop the Slurm they started (jobs running end with it),
+    and every node is llmgw's.
+
+    The settings (controller, nodes, lent ones) are kept for the next `llmgw slurm setup`.
+    """
+    _show(call(settings, "PUT", f"{API}/slurm", {"enabled": False}), as_json)
+
+
+def _show(answer: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        echo_json(answer)
+    else:
+        echo_slurm(answer)

@@ -1,0 +1,127 @@
+"""`llmgw slurm setup|status|lend|reclaim|off` against a real admin API on a Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner, Result
+
+from llmgw.cli import server
+from llmgw.cli.main import main
+from llmgwd.api import ApiContext, api_app, peercred_auth
+from llmgwd.catalog import Catalog
+from llmgwd.members import Members
+from llmgwd.slurm.lending import NodeStatus
+from llmgwd.slurm.settings import SettingsStore
+from llmgwd.store.sqlite import SqliteStore
+from tests.llmgw.test_cli import JOIN_URL, FakeNodes, _start_site
+
+STATUS = [
+    NodeStatus(name="n1", status="reclaiming: 1 jobs running", held=True, state="draining",
+               jobs=["7"], version="22.05.8"),
+    NodeStatus(name="n2", status="in llmgw", held=False, message="its agent reports no Slurm"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    socket = str(tmp_path / "d.sock")
+
+    async def start() -> tuple[SqliteStore, web.AppRunner]:
+        store = await SqliteStore.open(":memory:")
+        for name in ("n1", "n2"):
+            await Members(store).admit(name, "s-" + name)
+        ctx = ApiContext(
+            catalog=Catalog(store),
+            nodes=FakeNodes(),
+            mint_token=lambda: "tok-1",
+            join_url=JOIN_URL,
+            slurm=SettingsStore(store),
+            slurm_status=lambda: STATUS,
+        )
+        return store, await _start_site(api_app(ctx, peercred_auth("llmgw")), socket)
+
+    store, runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(main, ["--socket", socket, *args])
+
+    yield run
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    asyncio.run_coroutine_threadsafe(store.close(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+def test_setup_lend_reclaim_and_off(cli: Callable[..., Result]) -> None:
+    r = cli("slurm", "setup", "--controller", "n1", "--nodes", "n1, n2", "--partition", "gpu")
+    assert r.exit_code == 0, r.output
+    assert "Slurm is on: cluster llmgw, controller n1, partition gpu" in r.stdout
+    assert "nodes: n1, n2" in r.stdout
+
+    r = cli("slurm", "lend", "n2")
+    assert r.exit_code == 0, r.output
+    assert "lent:  n2" in r.stdout
+    assert json.loads(cli("slurm", "reclaim", "n2", "--json").stdout)["lent"] == []
+
+    r = cli("slurm", "off")
+    assert r.exit_code == 0 and r.stdout.startswith("Slurm is off."), r.output
+
+
+def test_status_shows_each_nodes_standing(cli: Callable[..., Result]) -> None:
+    r = cli("slurm", "status")
+
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0] == "Slurm is off."
+    n1 = next(x for x in lines if x.startswith("n1 "))
+    assert "reclaiming: 1 jobs running" in n1 and "draining" in n1 and "22.05.8" in n1
+    assert "n2: its agent reports no Slurm" in lines
+
+
+def test_lending_a_node_not_in_slurm_says_why(cli: Callable[..., Result]) -> None:
+    r = cli("slurm", "lend", "n1")
+    assert r.exit_code == 1
+    assert "Slurm is off" in r.output
+
+    r = cli("slurm", "setup", "--controller", "n1", "--nodes", "n1,n9")
+    assert r.exit_code == 1
+    assert "'n9' has not joined the cluster" in r.output
+
+
+def test_server_init_slurm_turns_slurm_on_with_this_host_as_controller(
+    cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = {"command": "llmgw node join https://cp:7710 --token t", "expires_in": 600}
+    monkeypatch.setattr(server, "_started", lambda *_: token)  # llmgwd answers on the socket
+    args = ["server", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
+            str(tmp_path / "state"), "--slurm"]  # fmt: skip
+
+    r = cli(*args)
+
+    assert r.exit_code == 0, r.output
+    name = socket.gethostname()
+    assert f"Slurm is on: slurmctld runs on node {name} once it joins." in r.stdout
+    shown = json.loads(cli("slurm", "status", "--json").stdout)
+    assert (shown["enabled"], shown["controller"], shown["nodes"]) == (True, name, [])
+
+
+def test_server_init_slurm_without_starting_says_how(tmp_path: Path) -> None:
+    args = ["server", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
+            str(tmp_path / "state"), "--slurm", "--no-start"]  # fmt: skip
+
+    r = CliRunner().invoke(main, args)
+
+    assert r.exit_code == 0, r.output
+    assert "`llmgw slurm setup --controller" in r.stderr
