@@ -105,6 +105,8 @@ async def test_each_node_gets_its_part_and_the_controller_its_files(store: Sqlit
     assert n1.conf_hash == cp.conf_hash != "" and n1.slurm_conf == ""
     assert "CgroupPlugin=cgroup/v2" in cp.cgroup_conf
     assert [n.name for n in (await kept.load(store)).nodes] == ["n1", "n2"]
+    # Slurm's ports are opened to the cluster's Slurm hosts alone, on every node.
+    assert n1.peers == cp.peers == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
 
 async def test_a_lent_node_reaches_slurm_only_once_its_replicas_are_gone(

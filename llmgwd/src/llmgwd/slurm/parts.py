@@ -86,11 +86,13 @@ def parts(
         return out
     conf = slurm_conf(settings, kept.controller_address, kept.nodes)
     listed = {n.name for n in kept.nodes}
+    peers = sorted({kept.controller_address, *(n.address for n in kept.nodes)})
     common = SlurmPart(
         conf_server=conf_server(kept.controller_address),
         munge_key=base64.b64encode(munge_key(secret)).decode(),
         cluster_name=settings.cluster_name,
         conf_hash=conf_hash(conf),
+        peers=peers,
     )
     for name in seen:
         slurmd = name in settings.nodes or name in listed
