@@ -1,5 +1,7 @@
 """Every route of the client port's /api/v1 and /hf, taken from their route tables, checks its
-role: no key is a 401, a user key is a 403 on /api/v1 and enough on /hf, an admin key passes."""
+role: no key is a 401, a user key is a 403 on /api/v1 and enough on /hf, an admin key passes;
+and every people route (api_people.TABLE) against every role its rules name: each staff role,
+each membership role in the path's organization and in another one, and nobody."""
 
 from __future__ import annotations
 
@@ -11,13 +13,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from aiohttp.typedefs import Handler, Middleware
 
-from llmgwd import api
+from llmgwd import api, api_people, auth
 from llmgwd.api import ApiContext, NodeInfo
+from llmgwd.auth import Principal
 from llmgwd.catalog import Catalog
 from llmgwd.mirror import hub_server, peers, setup
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
+from llmgwd.people.directory import Directory
+from llmgwd.people.records import MemberRole, Scope, StaffRole
 from llmgwd.store.sqlite import SqliteStore
 
 # What each path parameter is given: a well-formed value, so the role is checked, not the path.
@@ -27,6 +33,9 @@ SAMPLES = {
     "repo": "tiny",
     "revision": "main",
     "path": "config.json",
+    "team": "ml",
+    "project": "chat",
+    "user": "zed",
 }
 
 
@@ -120,3 +129,108 @@ async def test_hf_takes_any_live_key(
     base, keys = port
     for role in ("user", "admin"):
         assert await _status(base, method, path, keys[role]) not in (401, 403)
+
+
+# People routes, every role.
+
+PEOPLE_ROUTES = [(m, "/api/v1" + _fill(p), rule) for m, p, _h, rule in api_people.TABLE]
+STAFF: dict[str, StaffRole] = {"staff-admin": "admin", "staff-operator": "operator",
+                               "staff-viewer": "viewer"}  # fmt: skip
+# Membership principals: (organization, team or "", role).
+MEMBERS: dict[str, tuple[str, str, MemberRole]] = {
+    "acme-admin": ("acme", "", "admin"),
+    "acme-manager": ("acme", "", "manager"),
+    "acme-member": ("acme", "", "member"),
+    "ml-manager": ("acme", "ml", "manager"),  # of the path's team, not of the organization
+    "globex-admin": ("globex", "", "admin"),  # another organization's
+}
+ROLES = ["nobody", *STAFF, *MEMBERS]
+
+
+async def _people_principals(d: Directory) -> dict[str, Principal]:
+    """The directory filled (acme with team ml and project chat, globex, user zed) and a
+    principal per role."""
+    for org in ("acme", "globex"):
+        await d.create_org(org)
+    await d.create_team("acme", "ml")
+    await d.create_project("acme", "chat", team="ml")
+    await d.create_user("zed")
+    out = {}
+    for name, role in STAFF.items():
+        user = await d.create_user(name)
+        await d.set_staff(user.id, role)
+        out[name] = Principal(name, staff=role, user=user.id)
+    for name, (org, team, mrole) in MEMBERS.items():
+        user = await d.create_user(name)
+        scope = Scope(org=org, kind="team", name=team) if team else Scope(org=org)
+        await d.set_member("", user.id, scope, mrole)
+        out[name] = Principal(name, user=user.id)
+    return out
+
+
+def _as_principal(principals: dict[str, Principal]) -> Middleware:
+    """An auth middleware for the test: the bearer names the principal (none: nobody)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        name = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if name in principals:
+            request[auth.PRINCIPAL] = principals[name]
+        return await handler(request)
+
+    return middleware
+
+
+@pytest.fixture
+async def people_port() -> AsyncIterator[str]:
+    store = await SqliteStore.open(":memory:")
+    catalog = Catalog(store)
+    await catalog.load()
+    principals = await _people_principals(Directory(store))
+    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="")
+    app = web.Application()
+    app.add_subapp("/api/v1", api.api_subapp(ctx, _as_principal(principals)))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield str(server.make_url(""))
+    await server.close()
+    await store.close()
+
+
+def _passes(role: str, rule: auth.Rule, path: str) -> bool:
+    """Who the rule lets through, written out: a staff role it names, or a membership role at
+    least rule.member held in the path's organization (acme), or in its team when it names ml."""
+    if role in STAFF:
+        return STAFF[role] in rule.staff
+    if role == "nobody" or rule.member is None or "/orgs/acme" not in path:
+        return False
+    org, team, held = MEMBERS[role]
+    where = org == "acme" and (not team or f"/teams/{team}/" in path)
+    order = ["member", "manager", "admin"]
+    return where and order.index(held) >= order.index(rule.member)
+
+
+def test_the_people_table_is_every_people_route() -> None:
+    ours = {(m, p) for m, p, _ in PEOPLE_ROUTES}
+    assert len(ours) == len(api_people.TABLE) >= 20
+    served = {(m, p) for m, p in API_ROUTES if p.startswith(("/api/v1/orgs", "/api/v1/users"))}
+    assert served == ours
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(("method", "path", "rule"), PEOPLE_ROUTES)
+async def test_people_routes_pass_exactly_the_roles_of_their_rule(
+    people_port: str, method: str, path: str, rule: auth.Rule, role: str
+) -> None:
+    status = await _status(people_port, method, path, None if role == "nobody" else role)
+    if _passes(role, rule, path):
+        assert status not in (401, 403), status
+    else:
+        assert status == (401 if role == "nobody" else 403)
+
+
+def test_another_organization_s_admin_and_a_viewer_s_writes_never_pass() -> None:
+    for method, path, rule in PEOPLE_ROUTES:
+        assert not _passes("globex-admin", rule, path)
+        assert _passes("staff-viewer", rule, path) == (method == "GET")
+        assert _passes("staff-admin", rule, path)

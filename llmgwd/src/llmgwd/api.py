@@ -1106,9 +1106,10 @@ async def create_token(request: web.Request) -> web.Response:
 
 def api_routes() -> list[web.RouteDef]:
     """The routes, relative to API_PREFIX."""
-    from llmgwd import api_mirror, api_nodes, api_servers, api_slurm  # on this module's helpers
+    from llmgwd import api_mirror, api_nodes, api_people, api_servers, api_slurm  # on its helpers
 
     return [
+        *api_people.routes(),
         *api_slurm.routes(),
         *api_nodes.routes(),
         *api_mirror.routes(),

@@ -138,6 +138,11 @@ class Catalog:
         self._keys: dict[str, ApiKey] = {}
         self._listeners: list[Callable[[], None]] = []
 
+    @property
+    def store(self) -> Store:
+        """The store the catalog is kept in (the people directory keeps its records there)."""
+        return self._store
+
     async def load(self) -> int:
         """Read everything once; returns the revision to watch from."""
         kvs, rev = await self._store.range(MODELS, prefix_end(MODELS))

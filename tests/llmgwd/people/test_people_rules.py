@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmgwd.people import rules
-from llmgwd.people.records import Membership, Scope
+from llmgwd.people.records import MemberRole, Membership, Scope
 from llmgwd.people.rules import PeopleError
 
 ORG = Scope(org="acme")
@@ -52,9 +52,10 @@ def test_a_group_rewrites_a_group_role_and_a_hand_rewrites_anything() -> None:
 
 
 def test_an_org_admin_cannot_take_their_own_admin_role_away() -> None:
-    for role in ("manager", "member", None):
+    roles: list[MemberRole | None] = ["manager", "member", None]
+    for role in roles:
         with pytest.raises(PeopleError) as e:
-            rules.check_not_own_admin("u1", _m("admin"), role)  # type: ignore[arg-type]
+            rules.check_not_own_admin("u1", _m("admin"), role)
         assert e.value.kind == "forbidden"
 
 

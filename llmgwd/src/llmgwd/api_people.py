@@ -1,0 +1,289 @@
+"""/api/v1's people: organizations, their teams, projects and members, users and staff roles;
+each route with its rule (auth.Rule), checked before its handler runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from llmgwd import auth
+from llmgwd.api import ApiError, _ctx, bad_field, json_response, not_found, read_body
+from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
+from llmgwd.people.directory import Directory
+from llmgwd.people.records import MemberRole, Scope, StaffRole, User
+from llmgwd.people.rules import PeopleError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request, Principal], Awaitable[web.Response]]
+_STATUS = {"not_found": (404, "not_found_error"), "conflict": (409, "conflict_error"),
+           "forbidden": (403, "permission_error")}  # fmt: skip
+
+
+class NamedIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /orgs, POST /orgs/{org}/teams"""
+
+    name: str
+    title: str = ""
+
+
+class ProjectIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /orgs/{org}/projects"""
+
+    name: str
+    team: str = ""
+    title: str = ""
+
+
+class UserIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /users: a user made by staff."""
+
+    name: str
+    email: str = ""
+
+
+class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """PATCH /users/{user}: the fields given change."""
+
+    email: str | None = None
+    active: bool | None = None
+
+
+class RoleIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT .../members/{user}"""
+
+    role: MemberRole
+
+
+class StaffIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /users/{user}/staff: null takes the staff role away."""
+
+    role: StaffRole | None
+
+
+def _dir(request: web.Request) -> Directory:
+    return Directory(_ctx(request).catalog.store)
+
+
+def _api_error(e: PeopleError) -> ApiError:
+    if e.kind == "invalid":
+        return bad_field(e.param or "body", str(e).partition(": ")[2] or str(e))
+    status, type_ = _STATUS[e.kind]
+    return ApiError(status, str(e), type_, e.kind)
+
+
+async def _user(request: web.Request) -> User:
+    ident = request.match_info["user"]
+    found = await _dir(request).user(ident)
+    if found is None:
+        raise not_found("user", ident)
+    return found
+
+
+def _scope(request: web.Request) -> Scope:
+    m = request.match_info
+    if "team" in m:
+        return Scope(org=m["org"], kind="team", name=m["team"])
+    if "project" in m:
+        return Scope(org=m["org"], kind="project", name=m["project"])
+    return Scope(org=m["org"])
+
+
+# Organizations, teams, projects
+
+
+async def list_orgs(request: web.Request, _who: Principal) -> web.Response:
+    """GET /orgs"""
+    return json_response(await _dir(request).orgs())
+
+
+async def create_org(request: web.Request, who: Principal) -> web.Response:
+    """POST /orgs {name, title?}"""
+    body = await read_body(request, NamedIn)
+    org = await _dir(request).create_org(body.name, body.title)
+    log.info("organization %s made by %s", org.name, who.label)
+    return json_response(org, 201)
+
+
+async def get_org(request: web.Request, _who: Principal) -> web.Response:
+    """GET /orgs/{org}"""
+    name = request.match_info["org"]
+    org = await _dir(request).org(name)
+    if org is None:
+        raise not_found("organization", name)
+    return json_response(org)
+
+
+async def delete_org(request: web.Request, who: Principal) -> web.Response:
+    """DELETE /orgs/{org}: with its teams, projects and memberships."""
+    name = request.match_info["org"]
+    await _dir(request).delete_org(name)
+    log.info("organization %s deleted by %s", name, who.label)
+    return json_response({"name": name, "deleted": True})
+
+
+async def list_teams(request: web.Request, _who: Principal) -> web.Response:
+    """GET /orgs/{org}/teams"""
+    return json_response(await _dir(request).teams(request.match_info["org"]))
+
+
+async def create_team(request: web.Request, who: Principal) -> web.Response:
+    """POST /orgs/{org}/teams {name, title?}"""
+    body = await read_body(request, NamedIn)
+    team = await _dir(request).create_team(request.match_info["org"], body.name, body.title)
+    log.info("team %s/%s made by %s", team.org, team.name, who.label)
+    return json_response(team, 201)
+
+
+async def delete_team(request: web.Request, who: Principal) -> web.Response:
+    """DELETE /orgs/{org}/teams/{team}"""
+    org, team = request.match_info["org"], request.match_info["team"]
+    await _dir(request).delete_team(org, team)
+    log.info("team %s/%s deleted by %s", org, team, who.label)
+    return json_response({"name": team, "deleted": True})
+
+
+async def list_projects(request: web.Request, _who: Principal) -> web.Response:
+    """GET /orgs/{org}/projects"""
+    return json_response(await _dir(request).projects(request.match_info["org"]))
+
+
+async def create_project(request: web.Request, who: Principal) -> web.Response:
+    """POST /orgs/{org}/projects {name, team?, title?}"""
+    body = await read_body(request, ProjectIn)
+    org = request.match_info["org"]
+    project = await _dir(request).create_project(org, body.name, body.team, body.title)
+    log.info("project %s/%s made by %s", org, project.name, who.label)
+    return json_response(project, 201)
+
+
+async def delete_project(request: web.Request, who: Principal) -> web.Response:
+    """DELETE /orgs/{org}/projects/{project}"""
+    org, project = request.match_info["org"], request.match_info["project"]
+    await _dir(request).delete_project(org, project)
+    log.info("project %s/%s deleted by %s", org, project, who.label)
+    return json_response({"name": project, "deleted": True})
+
+
+# Memberships
+
+
+async def list_members(request: web.Request, _who: Principal) -> web.Response:
+    """GET /orgs/{org}/members: in the organization, its teams and its projects."""
+    return json_response(await _dir(request).members(request.match_info["org"]))
+
+
+async def set_member(request: web.Request, who: Principal) -> web.Response:
+    """PUT /orgs/{org}[/teams/{team}|/projects/{project}]/members/{user} {role}: by hand."""
+    body = await read_body(request, RoleIn)
+    user, scope = await _user(request), _scope(request)
+    kept = await _dir(request).set_member(who.user, user.id, scope, body.role)
+    log.info("%s is %s of %s %s/%s, by %s", user.name, kept.role, scope.kind, scope.org,
+             scope.name, who.label)  # fmt: skip
+    return json_response(kept)
+
+
+async def remove_member(request: web.Request, who: Principal) -> web.Response:
+    """DELETE .../members/{user}"""
+    user, scope = await _user(request), _scope(request)
+    if not await _dir(request).remove_member(who.user, user.id, scope):
+        raise not_found("membership", f"{user.name} in {scope.org}/{scope.name}".rstrip("/"))
+    log.info("%s left %s %s/%s, by %s", user.name, scope.kind, scope.org, scope.name, who.label)
+    return json_response({"user": user.id, "removed": True})
+
+
+# Users and staff
+
+
+async def list_users(request: web.Request, _who: Principal) -> web.Response:
+    """GET /users"""
+    return json_response(await _dir(request).users())
+
+
+async def create_user(request: web.Request, who: Principal) -> web.Response:
+    """POST /users {name, email?}: a user made by staff."""
+    body = await read_body(request, UserIn)
+    user = await _dir(request).create_user(body.name, body.email, "staff")
+    log.info("user %s (%s) made by %s", user.id, user.name, who.label)
+    return json_response(user, 201)
+
+
+async def get_user(request: web.Request, _who: Principal) -> web.Response:
+    """GET /users/{user}: by id or name."""
+    return json_response(await _user(request))
+
+
+async def change_user(request: web.Request, who: Principal) -> web.Response:
+    """PATCH /users/{user} {email?, active?}"""
+    body = await read_body(request, UserChange)
+    changes = {k: v for k, v in msgspec.structs.asdict(body).items() if v is not None}
+    user = await _dir(request).change_user((await _user(request)).id, **changes)
+    log.info("user %s (%s) changed (%s) by %s", user.id, user.name, ", ".join(changes), who.label)
+    return json_response(user)
+
+
+async def set_staff(request: web.Request, who: Principal) -> web.Response:
+    """PUT /users/{user}/staff {role}: admin, operator, viewer, or null for none."""
+    body = await read_body(request, StaffIn)
+    user = await _user(request)
+    await _dir(request).set_staff(user.id, body.role)
+    log.info("user %s (%s) staff role %s, by %s", user.id, user.name, body.role, who.label)
+    return json_response({"user": user.id, "staff": body.role})
+
+
+# The route table: every route and who passes it.
+
+MEMBER_READ = org_rule("member", read=True)
+ORG_ADMIN = org_rule("admin")
+MANAGER = org_rule("manager")  # of the team or project the path names, or the org's
+
+TABLE: list[tuple[str, str, Handler, Rule]] = [
+    ("GET", "/orgs", list_orgs, STAFF_READ),
+    ("POST", "/orgs", create_org, STAFF_ADMIN),
+    ("GET", "/orgs/{org}", get_org, MEMBER_READ),
+    ("DELETE", "/orgs/{org}", delete_org, STAFF_ADMIN),
+    ("GET", "/orgs/{org}/teams", list_teams, MEMBER_READ),
+    ("POST", "/orgs/{org}/teams", create_team, ORG_ADMIN),
+    ("DELETE", "/orgs/{org}/teams/{team}", delete_team, ORG_ADMIN),
+    ("GET", "/orgs/{org}/projects", list_projects, MEMBER_READ),
+    ("POST", "/orgs/{org}/projects", create_project, ORG_ADMIN),
+    ("DELETE", "/orgs/{org}/projects/{project}", delete_project, ORG_ADMIN),
+    ("GET", "/orgs/{org}/members", list_members, MEMBER_READ),
+    ("PUT", "/orgs/{org}/members/{user}", set_member, ORG_ADMIN),
+    ("DELETE", "/orgs/{org}/members/{user}", remove_member, ORG_ADMIN),
+    ("PUT", "/orgs/{org}/teams/{team}/members/{user}", set_member, MANAGER),
+    ("DELETE", "/orgs/{org}/teams/{team}/members/{user}", remove_member, MANAGER),
+    ("PUT", "/orgs/{org}/projects/{project}/members/{user}", set_member, MANAGER),
+    ("DELETE", "/orgs/{org}/projects/{project}/members/{user}", remove_member, MANAGER),
+    ("GET", "/users", list_users, STAFF_READ),
+    ("POST", "/users", create_user, STAFF_ADMIN),
+    ("GET", "/users/{user}", get_user, STAFF_READ),
+    ("PATCH", "/users/{user}", change_user, STAFF_ADMIN),
+    ("PUT", "/users/{user}/staff", set_staff, STAFF_ADMIN),
+]
+
+
+def guarded(rule: Rule, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """handler, run only for a principal that passes rule (401 for nobody, else 403)."""
+
+    async def run(request: web.Request) -> web.Response:
+        who = auth.principal_of(request, _ctx(request).catalog)
+        if not await auth.allowed(who, rule, request.match_info, _dir(request)):
+            if who == auth.NOBODY:
+                raise ApiError(401, "an API key is needed", "authentication_error", "missing_key")
+            why = f"{who.label} may not {request.method} {request.path}"
+            raise ApiError(403, why, "permission_error", "not_allowed")
+        try:
+            return await handler(request, who)
+        except PeopleError as e:
+            raise _api_error(e) from None
+
+    return run
+
+
+def routes() -> list[web.RouteDef]:
+    """This module's routes, relative to /api/v1."""
+    return [web.route(m, path, guarded(rule, h)) for m, path, h, rule in TABLE]
