@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from llmgwd.router import errors
+from llmgwd.router import anthropic_errors, errors, route_answers
 from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
@@ -50,7 +50,10 @@ _LACKS = (
     ("audio input is not supported", "audio input"),
     ("video input is not supported", "video input"),
 )
-_PROMPT_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
+_PROMPT_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input",
+                 "responses": "input", "messages": "messages"}  # fmt: skip
+# Routes an engine may lack (it answers 404 or 501 for them): the client is told so.
+_OPTIONAL = frozenset({"embeddings", "responses", "messages", "messages/count_tokens", "rerank"})
 _LIBRARY_NOISE = re.compile(r"\[json\.exception\.[a-z_]+\.\d+\]\s*")  # nlohmann::json's tags
 _FLAG = re.compile(r"(^|\s|`)--?[a-z]")  # a command-line flag: never quoted to a client
 _FIELD = re.compile(r"^Field '([A-Za-z0-9_.\[\]]{1,64})'")  # llama.cpp names the bad field so
@@ -105,9 +108,12 @@ def clean(doc: Document, model: str) -> Document:
     return out
 
 
-def success_body(data: bytes, model: str, tally: Tally) -> bytes:
+def success_body(data: bytes, model: str, tally: Tally, path: str = "") -> bytes:
     """A 200 answer's body as the client gets it, its usage told to tally; one that is not a
-    JSON object, as it is."""
+    JSON object, as it is. A route of another shape than OpenAI's completion (Responses,
+    Messages, rerank) is cleaned by its own module."""
+    if (own := route_answers.CLEAN.get(path)) is not None:
+        return route_answers.whole(data, model, tally, own)
     tally.answered = True
     answer = _typed(data, model)
     if answer is None:
@@ -125,7 +131,13 @@ def success_body(data: bytes, model: str, tally: Tally) -> bytes:
 
 
 def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
-    """The engine's refusal (status is not 200) as the client is told it."""
+    """The engine's refusal (status is not 200) as the client is told it, in the route's shape
+    (Anthropic's on its routes)."""
+    error = _engine_error(status, data, model, path)
+    return anthropic_errors.shaped(error) if path.startswith("messages") else error
+
+
+def _engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
     found = _error_object(data)
     message, kind = _text(found, "message"), _text(found, "type")
     if kind == "exceed_context_size_error":
@@ -168,8 +180,8 @@ def _text(found: Document, key: str) -> str:
 def _lacks(status: int, kind: str, message: str, path: str) -> str:
     """What the model does not do, when that is why the engine refused; else ""."""
     unsupported = status == 501 or kind == "not_supported_error"
-    if path == "embeddings" and (unsupported or status == 404):
-        return "embeddings"
+    if path in _OPTIONAL and (unsupported or status == 404):
+        return "embeddings" if path == "embeddings" else f"/v1/{path}"
     for words, what in _LACKS:
         if words in message:
             return what
@@ -193,9 +205,15 @@ class Stream:
         self._model = model
         self._path = path
         self._tally = tally
+        own = route_answers.CLEAN.get(path)
+        self._named = None if own is None else route_answers.NamedStream(
+            model, tally, own, self._error
+        )
 
     def relay(self, block: bytes) -> bytes:
         """Whole events from the engine (a trailing partial one is passed on as it is)."""
+        if self._named is not None:
+            return self._named.relay(block)
         self._tally.count(block.count(_END))
         parts = block.split(_END)
         last = parts.pop()  # b"" after a complete last event
@@ -213,14 +231,18 @@ class Stream:
         if not isinstance(doc, dict):
             return event + _END
         if "error" in doc:
-            code = doc["error"].get("code") if isinstance(doc["error"], dict) else None
-            status = code if isinstance(code, int) else 500
-            raw = msgspec.json.encode(doc)
-            return engine_error(status, raw, self._model, self._path).sse_event()
+            return self._error(doc)
         kept = self._tally.chunk(doc)
         if kept is None:
             return b""  # the usage chunk the engine sent only because the router asked
         return b"data: " + _encoder.encode(clean(kept, self._model)) + _END
+
+    def _error(self, doc: Document) -> bytes:
+        """An engine's error event in the route's shape."""
+        code = doc["error"].get("code") if isinstance(doc["error"], dict) else None
+        status = code if isinstance(code, int) else 500
+        raw = msgspec.json.encode(doc)
+        return engine_error(status, raw, self._model, self._path).sse_event()
 
     def _chunk(self, chunk: _Answer) -> bytes:
         """A typed chunk: its usage read, and dropped as Tally.chunk drops it."""

@@ -311,6 +311,11 @@ _CHOICES = {  # the values a field takes, by its path with the indices left out
 }
 
 
+def checked(doc: Document, kind: type[R]) -> R:
+    """doc as kind (an allow-list of fields), or the 400 that names what is wrong."""
+    return _convert(doc, kind)
+
+
 def _convert(doc: Document, kind: type[R]) -> R:
     try:
         return msgspec.convert(doc, kind)

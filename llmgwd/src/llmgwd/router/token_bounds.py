@@ -136,3 +136,16 @@ def _words(content: object) -> int:
 def _int(value: object) -> int:
     """A positive count from the body, else 1 (the engine judges what it was given)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def one_limit(doc: Document, model: Model, context: int, param: str) -> int:
+    """The most answer tokens of a request whose limit is the one field param (Responses'
+    max_output_tokens, Anthropic's max_tokens): 400 over the model's cap; written in when
+    absent, so the engine holds to what was reserved."""
+    cap = model.max_tokens or context
+    value = doc.get(param)
+    if isinstance(value, int) and cap and value > cap:
+        raise errors.max_tokens_too_large(param, value, cap)
+    limit = value if isinstance(value, int) else cap or UNBOUNDED_COMPLETION
+    doc[param] = limit
+    return limit
