@@ -10,12 +10,14 @@ from llmgw.cli import (
     mirror,
     model,
     node,
+    org,
     server,
     server_join,
     server_migrate,
     servers,
     slurm,
     usage,
+    user,
 )
 from llmgw.cli.common import Settings
 
@@ -61,6 +63,8 @@ main.add_command(node.nodes)
 main.add_command(model.model)
 main.add_command(model.models)
 main.add_command(key.key)
+main.add_command(org.org)
+main.add_command(user.user)
 main.add_command(usage.usage)
 main.add_command(mirror.mirror)
 main.add_command(slurm.slurm)

@@ -1,0 +1,157 @@
+"""llmgw org create|list|show|delete|team|project|member|unmember: organizations, their teams
+and projects, and who holds which role in them."""
+
+from __future__ import annotations
+
+import click
+
+from llmgw.cli.common import Settings, api_path, call, pass_settings
+from llmgw.cli.output import echo_json, echo_table, json_option
+
+ROLES = click.Choice(["admin", "manager", "member"])
+
+
+@click.group()
+def org() -> None:
+    """Organizations, their teams and projects, and their members' roles."""
+
+
+@org.command()
+@click.argument("name")
+@click.option("--title", default="", help="A title shown to people (the name is the handle).")
+@json_option
+@pass_settings
+def create(settings: Settings, name: str, title: str, as_json: bool) -> None:
+    """Make the organization NAME."""
+    answer = call(settings, "POST", api_path("orgs"), {"name": name, "title": title})
+    if as_json:
+        echo_json(answer)
+        return
+    click.echo(f"Organization {answer['name']} made.")
+
+
+@org.command("list")
+@json_option
+@pass_settings
+def list_(settings: Settings, as_json: bool) -> None:
+    """List the organizations."""
+    answer = call(settings, "GET", api_path("orgs"))
+    if as_json:
+        echo_json(answer)
+        return
+    rows = [[o["name"], o["title"]] for o in answer]
+    echo_table(["NAME", "TITLE"], rows, "No organizations yet: `llmgw org create NAME`.")
+
+
+@org.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def show(settings: Settings, name: str, as_json: bool) -> None:
+    """Show the organization NAME: its teams, projects and members."""
+    teams = call(settings, "GET", api_path("orgs", name, "teams"))
+    projects = call(settings, "GET", api_path("orgs", name, "projects"))
+    members = call(settings, "GET", api_path("orgs", name, "members"))
+    if as_json:
+        echo_json({"teams": teams, "projects": projects, "members": members})
+        return
+    echo_table(["TEAM", "TITLE"], [[t["name"], t["title"]] for t in teams], "No teams.")
+    click.echo()
+    rows = [[p["name"], p["team"] or "-", p["title"]] for p in projects]
+    echo_table(["PROJECT", "TEAM", "TITLE"], rows, "No projects.")
+    click.echo()
+    rows = [[m["user"], _where(m["scope"]), m["role"], m["set_by"]] for m in members]
+    echo_table(["USER", "IN", "ROLE", "SET BY"], rows, "No members.")
+
+
+def _where(scope: dict[str, str]) -> str:
+    return scope["org"] if scope["kind"] == "org" else f"{scope['kind']} {scope['name']}"
+
+
+@org.command()
+@click.argument("name")
+@pass_settings
+def delete(settings: Settings, name: str) -> None:
+    """Delete the organization NAME with its teams, projects and memberships."""
+    call(settings, "DELETE", api_path("orgs", name))
+    click.echo(f"Organization {name} deleted.")
+
+
+@org.command()
+@click.argument("org_name", metavar="ORG")
+@click.argument("name")
+@click.option("--delete", "remove", is_flag=True, help="Delete the team instead.")
+@pass_settings
+def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
+    """Make the team NAME in ORG (or, with --delete, delete it)."""
+    if remove:
+        call(settings, "DELETE", api_path("orgs", org_name, "teams", name))
+        click.echo(f"Team {org_name}/{name} deleted.")
+        return
+    call(settings, "POST", api_path("orgs", org_name, "teams"), {"name": name})
+    click.echo(f"Team {org_name}/{name} made.")
+
+
+@org.command()
+@click.argument("org_name", metavar="ORG")
+@click.argument("name")
+@click.option("--team", "team_name", default="", help="The team the project is in.")
+@click.option("--delete", "remove", is_flag=True, help="Delete the project instead.")
+@pass_settings
+def project(settings: Settings, org_name: str, name: str, team_name: str, remove: bool) -> None:
+    """Make the project NAME in ORG (or, with --delete, delete it)."""
+    if remove:
+        call(settings, "DELETE", api_path("orgs", org_name, "projects", name))
+        click.echo(f"Project {org_name}/{name} deleted.")
+        return
+    body = {"name": name, "team": team_name}
+    call(settings, "POST", api_path("orgs", org_name, "projects"), body)
+    click.echo(f"Project {org_name}/{name} made.")
+
+
+def _members_path(org_name: str, team_name: str, project_name: str, user: str) -> str:
+    if team_name and project_name:
+        raise click.UsageError("give --team or --project, not both")
+    if team_name:
+        return api_path("orgs", org_name, "teams", team_name, "members", user)
+    if project_name:
+        return api_path("orgs", org_name, "projects", project_name, "members", user)
+    return api_path("orgs", org_name, "members", user)
+
+
+scope_options = [
+    click.option("--team", "team_name", default="", help="In this team of ORG."),
+    click.option("--project", "project_name", default="", help="In this project of ORG."),
+]
+
+
+@org.command()
+@click.argument("org_name", metavar="ORG")
+@click.argument("user")
+@click.argument("role", type=ROLES)
+@scope_options[0]
+@scope_options[1]
+@pass_settings
+def member(
+    settings: Settings, org_name: str, user: str, role: str, team_name: str, project_name: str
+) -> None:
+    """Give USER (a name or id) ROLE in ORG, or in one of its teams or projects; a role set
+    here is never rewritten by a group rule."""
+    path = _members_path(org_name, team_name, project_name, user)
+    answer = call(settings, "PUT", path, {"role": role})
+    click.echo(f"{user} is {answer['role']} of {_where(answer['scope'])}.")
+
+
+@org.command()
+@click.argument("org_name", metavar="ORG")
+@click.argument("user")
+@scope_options[0]
+@scope_options[1]
+@pass_settings
+def unmember(
+    settings: Settings, org_name: str, user: str, team_name: str, project_name: str
+) -> None:
+    """Take USER's role in ORG (or in one of its teams or projects) away."""
+    call(settings, "DELETE", _members_path(org_name, team_name, project_name, user))
+    where = "/".join(n for n in (org_name, team_name or project_name) if n)
+    click.echo(f"{user} left {where}.")
