@@ -163,6 +163,8 @@ class FakeSystemd(ServiceInterface):
         self.units: dict[str, FakeUnit] = {}
         self.started: list[str] = []  # every StartTransientUnit accepted, in order
         self.subscribed = 0
+        self.reloads = 0  # Reload (daemon-reload) calls
+        self.file_jobs: list[tuple[str, str]] = []  # (StartUnit|RestartUnit, unit) of units
         self._job = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -215,6 +217,30 @@ class FakeSystemd(ServiceInterface):
         u = self._unit(name)
         job, path = self._new_job()
         self._spawn(self._stop(u, job, path))
+        return path
+
+    @dbus_method()
+    def StartUnit(self, name: DBusStr, mode: DBusStr) -> DBusObjectPath:
+        return self._file_job("StartUnit", name)
+
+    @dbus_method()
+    def RestartUnit(self, name: DBusStr, mode: DBusStr) -> DBusObjectPath:
+        return self._file_job("RestartUnit", name)
+
+    @dbus_method()
+    def Reload(self) -> NoReply:
+        self.reloads += 1
+
+    def _file_job(self, member: str, name: str) -> str:
+        """A unit from files (slurmd's): only recorded; its job is done at once."""
+        self.file_jobs.append((member, name))
+        job, path = self._new_job()
+
+        async def done() -> None:
+            await asyncio.sleep(0)  # the method's reply goes out first
+            self.JobRemoved(job, path, name, "done")
+
+        self._spawn(done())
         return path
 
     @dbus_method()

@@ -116,3 +116,14 @@ def test_how_a_unit_ended_in_words() -> None:
     no_key = UnitState("u", result="exit-code", exit_code=1, exit_status=243)
     assert "CREDENTIALS" in no_key.describe()
     assert UnitState("u", result="timeout").describe() == "failed: timeout"
+
+
+async def test_a_packaged_unit_is_started_restarted_and_the_manager_reloaded(
+    bus: tuple[Systemd, FakeSystemd],
+) -> None:
+    sd, fake = bus
+    await sd.reload()
+    assert await sd.start("slurmd.service") == "done"
+    assert await sd.restart("slurmd.service") == "done"
+    assert fake.reloads == 1
+    assert fake.file_jobs == [("StartUnit", "slurmd.service"), ("RestartUnit", "slurmd.service")]

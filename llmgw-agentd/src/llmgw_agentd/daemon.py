@@ -21,6 +21,8 @@ from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.planes import PLANES_FILE, Planes
 from llmgw_agentd.replicas import Replicas
+from llmgw_agentd.slurm.keeper import Keeper, Paths
+from llmgw_agentd.systemd import Systemd
 
 log = logging.getLogger("llmgw-agentd")
 
@@ -55,6 +57,13 @@ class Agent:
         self._planes: Planes | None = None
         self.firewall = fwkeep.Firewall(config.port_range, self._plane_urls)
         self._firewall_task: asyncio.Task[None] | None = None
+        # The node's part in Slurm (llmgw_agentd/slurm), on its own systemd connection.
+        self._slurm_bus = Systemd()
+        record = Path(config.state_dir) / "slurm-files.json"
+        self.slurm = Keeper(
+            self.node, self._slurm_bus, self.firewall.set_slurm, Paths(record=record)
+        )
+        self._slurm_task: asyncio.Task[None] | None = None
 
     def _plane_urls(self) -> list[str]:
         """The control planes the engines' ports are open to (none before joining)."""
@@ -99,9 +108,19 @@ class Agent:
         else:
             self._connect(joined.server)
         self._firewall_task = asyncio.create_task(self.firewall.run())
+        await self._start_slurm()
         sdnotify.ready(f"node {self.node}: {len(self.replicas.statuses())} engines")
         # Measured once, after READY: it takes a second or two and must not hold up a restart.
         self._measuring = asyncio.create_task(self._measure_bandwidth())
+
+    async def _start_slurm(self) -> None:
+        """Keep the node's Slurm; without systemd's bus it is logged and left (engines run)."""
+        try:
+            await self._slurm_bus.connect()
+        except Exception as e:
+            log.warning("no systemd bus for Slurm's units (%s): this node runs no Slurm", e)
+            return
+        self._slurm_task = asyncio.create_task(self.slurm.run())
 
     async def _measure_bandwidth(self) -> None:
         try:
@@ -119,7 +138,9 @@ class Agent:
     def inventory(self) -> wire.Inventory:
         """What this node has now, as a heartbeat carries it."""
         found = inventory.collect(self.config.state_dir, self._gpus, self._bandwidth)
-        return msgspec.structs.replace(found, firewall=self.firewall.status)
+        return msgspec.structs.replace(
+            found, firewall=self.firewall.status, slurm=self.slurm.report
+        )
 
     def _connect(self, server: str) -> None:
         self._planes = Planes(server, Path(self.config.state_dir) / PLANES_FILE)
@@ -138,6 +159,7 @@ class Agent:
             held=self.cache.held,
             on_sweep=self._sweep,
             planes=self._planes,
+            on_slurm=self.slurm.set,
         )
         self._link_task = asyncio.create_task(self._link.run())
 
@@ -207,6 +229,9 @@ class Agent:
             self._measuring.cancel()
         if self._firewall_task is not None:
             self._firewall_task.cancel()  # the table stays: the next agent finds it
+        if self._slurm_task is not None:
+            self._slurm_task.cancel()  # slurmd and slurmctld keep running: jobs go on
+        await self._slurm_bus.close()
         if self._runner is not None:
             await self._runner.cleanup()
         await self._disconnect()

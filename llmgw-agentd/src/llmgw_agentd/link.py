@@ -168,8 +168,10 @@ class Link:
         held: Held | None = None,
         on_sweep: OnSweep | None = None,
         planes: Planes | None = None,
+        on_slurm: Callable[[wire.SlurmPart | None], None] | None = None,
     ) -> None:
         self._planes = planes if planes is not None else Planes(server)
+        self._on_slurm = on_slurm  # the node's part in Slurm from each Desired (no blocking)
         self._pki_dir = pki_dir
         self.node = node
         self._version = version
@@ -334,6 +336,8 @@ class Link:
             self._poked.set()  # Holdings follow this first Desired that takes them
         self._desired = list(msg.replicas)
         self._desired_ready.set()
+        if self._on_slurm is not None:
+            self._on_slurm(msg.slurm)
         return "ok"
 
     def _not_leader(self, msg: wire.Refused) -> Literal["standby", "redirect"]:

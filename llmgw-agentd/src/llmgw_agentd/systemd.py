@@ -198,6 +198,20 @@ class Systemd:
             raise
         return await self._wait_job(reply[0])
 
+    async def start(self, name: str) -> str:
+        """Start a unit from its files (and drop-ins); returns the start job's result."""
+        reply = await self._manager("StartUnit", "ss", [name, "replace"])
+        return await self._wait_job(reply[0])
+
+    async def restart(self, name: str) -> str:
+        """Restart a unit (start it if it is not running); returns the job's result."""
+        reply = await self._manager("RestartUnit", "ss", [name, "replace"])
+        return await self._wait_job(reply[0])
+
+    async def reload(self) -> None:
+        """The manager's daemon-reload: it reads unit files and drop-ins again."""
+        await self._manager("Reload")
+
     async def reset_failed(self, name: str) -> None:
         """Forget a unit's failure, so that it is unloaded and its name can be used again."""
         try:

@@ -21,11 +21,14 @@ def dropin_path(unit: str, root: Path = RUN_UNITS) -> Path:
     return root / f"{unit}.d" / DROPIN
 
 
-def _text(argv: list[str], clear_condition: bool) -> str:
+def _text(argv: list[str], clear_condition: bool, conf_hash: str) -> str:
     unit = ["[Unit]", "ConditionPathExists="] if clear_condition else []
     return "\n".join(
         [
             "# Made by llmgw-agentd: removed when the node has no part in Slurm.",
+            # A new slurm.conf changes the drop-in, and the agent restarts a unit whose
+            # drop-in changed (22.05's slurmd needs it for a new node list).
+            f"# slurm.conf {conf_hash}",
             *unit,
             "[Service]",
             "ExecStart=",
@@ -41,20 +44,21 @@ def slurmd_dropin(part: SlurmPart, node: str) -> str:
     """slurmd's drop-in: configless from the controller, as llmgw's node name (the packaged
     unit wants /etc/slurm/slurm.conf, which a configless node has not: that condition goes)."""
     argv = ["/usr/sbin/slurmd", "-D", "-s", "--conf-server", part.conf_server, "-N", node]
-    return _text(argv, clear_condition=True)
+    return _text(argv, True, part.conf_hash)
 
 
-def slurmctld_dropin() -> str:
+def slurmctld_dropin(part: SlurmPart) -> str:
     """slurmctld's drop-in: on the files the agent wrote under /etc/slurm, restarted if it
     ends."""
-    return _text(["/usr/sbin/slurmctld", "-D", "-s", "-f", str(SLURM_ETC / "slurm.conf")], False)
+    argv = ["/usr/sbin/slurmctld", "-D", "-s", "-f", str(SLURM_ETC / "slurm.conf")]
+    return _text(argv, False, part.conf_hash)
 
 
 def wanted(part: SlurmPart | None, node: str) -> dict[str, str]:
     """unit -> its drop-in text, for this part (none: no drop-in)."""
     out: dict[str, str] = {}
     if part is not None and part.slurmctld:
-        out[SLURMCTLD] = slurmctld_dropin()
+        out[SLURMCTLD] = slurmctld_dropin(part)
     if part is not None and part.slurmd:
         out[SLURMD] = slurmd_dropin(part, node)
     return out

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
+from llmgw.wire import SlurmReport
+from llmgw_agentd.slurm import lending
+from llmgw_agentd.slurm.cmd import SlurmError, run
+
+# The title a job step's slurmstepd gives itself: "slurmstepd: [123.batch]", "[123.0]",
+# "[123.extern]"; slurmd's own "slurmstepd infinity" (cgroup v2) is none.
+_STEP_RE = re.compile(r"^slurmstepd: \[(\d+)(?:_\d+)?\.[\w]+\]")
 _VERSION_RE = re.compile(r"slurm(?:-wlm)?\s+(\d+\.\d+\.\d+)")
 
 
@@ -22,3 +31,45 @@ def jobs(squeue: str) -> list[str]:
     """Job ids from `squeue -h -w NODE -t RUNNING -o %A` (one a line). slurmd's own
     `slurmstepd infinity` is no job and squeue never lists it."""
     return [x.strip() for x in squeue.splitlines() if x.strip()]
+
+
+def step_jobs(proc: Path = Path("/proc")) -> list[str]:
+    """The jobs with a step running on this node, from its slurmstepds' titles: read here,
+    so it holds while the controller does not answer."""
+    found: set[str] = set()
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            title = cmdline.read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue  # ended meanwhile
+        m = _STEP_RE.match(title)
+        if m:
+            found.add(m.group(1))
+    return sorted(found, key=int)
+
+
+def read(
+    node: str,
+    slurmd: bool,
+    message: str,
+    runner: Callable[[list[str]], str] = run,
+    proc: Path = Path("/proc"),
+) -> SlurmReport:
+    """The node's Slurm as it is now (state and reason "" when the controller does not
+    answer, or the node runs no slurmd)."""
+    ver = line = state = reason = ""
+    try:
+        ver = version(runner(["slurmd", "-V"]))
+        line = node_line(runner(["slurmd", "-C"]))
+    except SlurmError as e:
+        message = message or str(e)
+    if slurmd and ver:
+        try:
+            found = lending.nodes(runner(["sinfo", "-h", "-N", "-n", node, "-o", "%N|%T|%E"]))
+            state, reason = found.get(node, ("", ""))
+        except SlurmError:
+            pass  # the controller does not answer: the state is not known
+    return SlurmReport(
+        version=ver, node_line=line, state=state, jobs=step_jobs(proc), message=message,
+        reason=reason,
+    )  # fmt: skip

@@ -1,0 +1,178 @@
+"""Keeps the node's part in Slurm as the leader's Desired says, on each Desired and every
+CHECK_S: packages, munge's key, the controller's files, the units' drop-ins (reloaded and
+started over D-Bus), the drains of nodes not lent; told no part, it undoes what it did."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from llmgw.wire import SlurmPart, SlurmReport
+from llmgw_agentd.slurm import dropins, files, install, lending, munge, report
+from llmgw_agentd.slurm.cmd import SlurmError
+from llmgw_agentd.systemd import SystemdError
+
+log = logging.getLogger(__name__)
+
+CHECK_S = 12.0
+MUNGE = "munge.service"
+
+
+class Units(Protocol):
+    """What the keeper asks of systemd (llmgw_agentd.systemd.Systemd)."""
+
+    async def start(self, name: str) -> str: ...
+    async def restart(self, name: str) -> str: ...
+    async def stop(self, name: str) -> str: ...
+    async def reload(self) -> None: ...
+
+
+@dataclass
+class Paths:
+    """Where the keeper writes (other roots in tests)."""
+
+    units: Path = dropins.RUN_UNITS
+    etc: Path = dropins.SLURM_ETC
+    munge_key: Path = munge.KEY
+    state: Path = files.STATE
+    record: Path = Path("/var/lib/llmgw-agent") / files.WRITTEN
+    proc: Path = Path("/proc")
+
+
+@dataclass
+class Keeper:
+    """The node's Slurm; report is what the next heartbeat carries (None: no part)."""
+
+    node: str
+    units: Units
+    firewall: Callable[[bool], None]
+    paths: Paths = field(default_factory=Paths)
+    installer: install.Installer = field(default_factory=install.Installer)
+    installed: Callable[[SlurmPart], list[str]] = install.missing
+    report: SlurmReport | None = None
+    _part: SlurmPart | None = None
+    _told: bool = False  # a Desired came: before it, nothing is started nor stopped
+    _poked: asyncio.Event = field(default_factory=asyncio.Event)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def set(self, part: SlurmPart | None) -> None:
+        """The part the leader's latest Desired gives this node; kept at once."""
+        if part != self._part or not self._told:
+            self._part, self._told = part, True
+            self._poked.set()
+
+    async def run(self) -> None:
+        """Keep the part until cancelled (what runs stays: a restarted agent finds it)."""
+        while True:
+            try:
+                await self.step()
+            except Exception:
+                log.exception("keeping the node's Slurm failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), CHECK_S)
+            self._poked.clear()
+
+    async def step(self) -> None:
+        """One look: keep the part, or undo it."""
+        async with self._lock:
+            if not self._told:
+                return
+            part = self._part
+            if part is None:
+                await self._undo()
+                return
+            self.firewall(True)
+            message = await self._keep(part)
+            self.report = await asyncio.to_thread(
+                report.read, self.node, part.slurmd, message, proc=self.paths.proc
+            )
+
+    async def _keep(self, part: SlurmPart) -> str:
+        """Everything the part wants; what failed ("": nothing)."""
+        wanted = self.installed(part)
+        if wanted:
+            return self.installer.ensure(wanted)
+        try:
+            await self._munge(part)
+            ctl_changed = False
+            if part.slurmctld:
+                ctl_changed = await asyncio.to_thread(
+                    files.write, part, self.paths.etc, self.paths.record
+                )
+            await asyncio.to_thread(files.make_dirs, part.slurmctld, self.paths.state)
+            await self._units(part, ctl_changed)
+            if part.slurmctld:
+                done = await asyncio.to_thread(lending.keep, part.lent)
+                for name, what in done:
+                    log.info("Slurm: %s node %s (lent: %s)", what, name, ", ".join(part.lent))
+        except (SlurmError, SystemdError, OSError, ValueError) as e:
+            log.warning("the node's Slurm: %s", e)
+            return str(e)
+        return ""
+
+    async def _munge(self, part: SlurmPart) -> None:
+        if await asyncio.to_thread(munge.write_key, part.munge_key, self.paths.munge_key):
+            log.info("munge's key changed: restarting munge")
+            await self.units.restart(MUNGE)
+        else:
+            await self.units.start(MUNGE)
+
+    async def _units(self, part: SlurmPart, ctl_changed: bool) -> None:
+        """Write the drop-ins, reload if one changed, start (or restart on a change) each
+        unit wanted; stop those no longer wanted."""
+        wanted = dropins.wanted(part, self.node)
+        changed = {u for u, text in wanted.items() if self._write_dropin(u, text)}
+        unwanted = [u for u in (dropins.SLURMD, dropins.SLURMCTLD) if u not in wanted]
+        gone = [u for u in unwanted if await self._stop_and_remove(u)]
+        if changed or gone:
+            await self.units.reload()
+        if ctl_changed:
+            changed.add(dropins.SLURMCTLD)
+        for unit in wanted:  # slurmctld first: slurmd asks it for its files
+            if unit in changed:
+                log.info("%s: its drop-in or files changed: restarting it", unit)
+                await self.units.restart(unit)
+            else:
+                await self.units.start(unit)
+
+    def _write_dropin(self, unit: str, text: str) -> bool:
+        path = dropins.dropin_path(unit, self.paths.units)
+        with contextlib.suppress(OSError):
+            if path.read_text() == text:
+                return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return True
+
+    async def _stop_and_remove(self, unit: str) -> bool:
+        """Stop a unit the agent ran and remove its drop-in; whether there was one."""
+        path = dropins.dropin_path(unit, self.paths.units)
+        if not path.exists():
+            return False
+        await self.units.stop(unit)
+        path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+        log.info("%s stopped and its drop-in removed: this node has no such part", unit)
+        return True
+
+    async def _undo(self) -> None:
+        """No part: stop what the agent ran, remove its drop-ins and the files it wrote."""
+        try:
+            gone = [
+                u for u in (dropins.SLURMCTLD, dropins.SLURMD) if await self._stop_and_remove(u)
+            ]
+            if gone:
+                await self.units.reload()
+            removed = await asyncio.to_thread(files.remove, self.paths.record)
+            if removed:
+                log.info("removed what llmgw wrote: %s", ", ".join(removed))
+        except (SystemdError, OSError) as e:
+            log.warning("undoing the node's Slurm: %s", e)
+        self.firewall(False)
+        self.report = None
