@@ -119,15 +119,15 @@ class Units:
 def made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[keeper.Keeper, Units, list[bool]]:
-    monkeypatch.setattr(keeper.lending, "keep", lambda lent: [])
+    monkeypatch.setattr(lending, "keep", lambda lent: [])
     monkeypatch.setattr(
-        keeper.report, "read", lambda node, slurmd, message, proc: SlurmReport(message=message)
+        report, "read", lambda node, slurmd, message, proc: SlurmReport(message=message)
     )
     paths = keeper.Paths(
         units=tmp_path / "run", etc=tmp_path / "etc", munge_key=tmp_path / "munge.key",
         state=tmp_path / "lib", record=tmp_path / "agent" / "slurm-files.json",
     )  # fmt: skip
-    units, fw = Units(), []
+    units, fw = Units(), list[bool]()
     k = keeper.Keeper("n1", units, fw.append, paths, installed=lambda part: [])
     return k, units, fw
 
