@@ -191,3 +191,37 @@ async def test_a_project_made_while_its_team_is_deleted_is_never_orphaned(
     projects = await people.projects("acme")
     assert all(p.team in teams for p in projects if p.team), outcome
     assert any(isinstance(o, PeopleError) for o in outcome)
+
+
+class HeldRange:
+    """A store whose reads of a range wait, once read, until let go: a change can be made
+    between a read and the write that follows it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.read = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def range(self, key: str, end: str | None = None, **kw: int) -> object:
+        got = await self.store.range(key, end, **kw)
+        self.read.set()
+        await self.go.wait()
+        return got
+
+
+async def test_a_team_deleted_while_a_project_is_made_in_it_is_kept(store: Store) -> None:
+    people = Directory(store)
+    await people.create_org("acme")
+    await people.create_team("acme", "ml")
+    held = HeldRange(store)
+    deleting = asyncio.create_task(Directory(held).delete_team("acme", "ml"))  # type: ignore[arg-type]
+    await held.read.wait()  # it has seen no project in the team
+    await people.create_project("acme", "chat", team="ml")
+    held.go.set()
+    with pytest.raises(PeopleError) as e:
+        await deleting
+    assert e.value.kind == "conflict"
+    assert [t.name for t in await people.teams("acme")] == ["ml"]
