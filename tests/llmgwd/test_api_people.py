@@ -119,3 +119,20 @@ async def test_a_user_changed_twice_keeps_both_changes(
     assert status == 200 and user["email"] == "ann@acme.org" and not user["active"]
     status, staff = await _call(api_port, "PUT", "/users/ann/staff", {"role": "viewer"})
     assert status == 200 and staff["staff"] == "viewer"
+
+
+async def test_a_team_manager_gives_no_role_above_their_own(
+    api_port: tuple[str, str, Directory],
+) -> None:
+    await _call(api_port, "POST", "/orgs", {"name": "acme"})
+    await _call(api_port, "POST", "/orgs/acme/teams", {"name": "ml"})
+    _, ann = await _call(api_port, "POST", "/users", {"name": "ann"})
+    await _call(api_port, "POST", "/users", {"name": "bob"})
+    await _call(api_port, "PUT", "/orgs/acme/teams/ml/members/ann", {"role": "manager"})
+    for who in ("ann", "bob"):
+        status, err = await _call(api_port, "PUT", f"/orgs/acme/teams/ml/members/{who}",
+                                  {"role": "admin"}, user=ann["id"])  # fmt: skip
+        assert status == 403 and err["error"]["code"] == "role_above_own"
+    status, _ = await _call(api_port, "PUT", "/orgs/acme/teams/ml/members/bob",
+                            {"role": "manager"}, user=ann["id"])  # fmt: skip
+    assert status == 200

@@ -14,7 +14,7 @@ from llmgwd.api import ApiError, _ctx, bad_field, json_response, not_found, read
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
 from llmgwd.people.records import MemberRole, Scope, StaffRole, User
-from llmgwd.people.rules import PeopleError
+from llmgwd.people.rules import PeopleError, rank
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +180,23 @@ async def set_member(request: web.Request, who: Principal) -> web.Response:
     """PUT /orgs/{org}[/teams/{team}|/projects/{project}]/members/{user} {role}: by hand."""
     body = await read_body(request, RoleIn)
     user, scope = await _user(request), _scope(request)
+    await _not_above_own(request, who, body.role)
     kept = await _dir(request).set_member(who.user, user.id, scope, body.role)
     log.info("%s is %s of %s %s/%s, by %s", user.name, kept.role, scope.kind, scope.org,
              scope.name, who.label)  # fmt: skip
     return json_response(kept)
+
+
+async def _not_above_own(request: web.Request, who: Principal, role: MemberRole) -> None:
+    """A user (not staff) gives no role stronger than their own over the path: a team's
+    manager cannot make anyone, themselves included, the team's admin."""
+    if who.staff == "admin" or not who.user:
+        return
+    m = request.match_info
+    held = await _dir(request).role_in(who.user, m["org"], m.get("team", ""), m.get("project", ""))
+    if rank(role) > rank(held):
+        why = f"{who.label} holds {held} here and may not give the stronger role {role}"
+        raise ApiError(403, why, "permission_error", "role_above_own")
 
 
 async def remove_member(request: web.Request, who: Principal) -> web.Response:
