@@ -63,6 +63,7 @@ def test_argv_has_the_agents_options_then_the_specs_args() -> None:
         "2",
         "--alias",
         "smollm2",
+        "--jinja",
         "--no-webui",
         "--temp",
         "0.2",

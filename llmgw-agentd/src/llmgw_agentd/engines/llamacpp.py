@@ -72,6 +72,9 @@ def command(
         argv += ["--alias", spec.model]
     if spec.memory_max_bytes:  # prompts kept in RAM stay within the unit's MemoryMax
         argv += ["--cache-ram", str(engine_memory.prompt_cache_mib(spec.memory_max_bytes))]
+    # The model's own chat template (jinja), so that tools, tool_choice and JSON-schema
+    # answers work (a spec's --no-jinja, after it, still turns it off).
+    argv.append("--jinja")
     # The router only passes /v1 on: the engine serves no web pages of its own.
     argv.append("--no-webui")
     return argv + validate_args(spec.args)
