@@ -18,7 +18,9 @@ from click.testing import CliRunner, Result
 from llmgw import config, wire
 from llmgw.cli import server
 from llmgw.cli.main import main
-from llmgwd.api import ApiContext, NodeInfo, api_app, peercred_auth
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext, NodeInfo
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
 from llmgwd.usage import Usage

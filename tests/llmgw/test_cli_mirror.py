@@ -19,7 +19,9 @@ from click.testing import CliRunner, Result
 from llmgw.cli.main import main
 from llmgw.cli.output import size
 from llmgw.wire import ModelFile
-from llmgwd.api import ApiContext, NodeInfo, api_app, peercred_auth
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext, NodeInfo
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.mirror import hub_server, setup
 from llmgwd.mirror.records import Records

@@ -13,7 +13,9 @@ from aiohttp import web
 from click.testing import CliRunner, Result
 
 from llmgw.cli.main import main
-from llmgwd.api import ApiContext, api_app, peercred_auth
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw.test_cli import JOIN_URL, FakeNodes, _start_site

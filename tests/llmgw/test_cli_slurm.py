@@ -15,7 +15,9 @@ from click.testing import CliRunner, Result
 
 from llmgw.cli import server
 from llmgw.cli.main import main
-from llmgwd.api import ApiContext, api_app, peercred_auth
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.members import Members
 from llmgwd.slurm.lending import NodeStatus

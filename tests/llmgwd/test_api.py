@@ -22,8 +22,10 @@ from aiohttp.typedefs import Middleware
 
 from llmgw import wire
 from llmgw.localsock import allowed, secure_socket
-from llmgwd import api, cluster
-from llmgwd.api import ApiContext, NodeInfo, api_app, key_auth, peercred_auth
+from llmgwd import cluster
+from llmgwd.api.access import key_auth, peercred_auth
+from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes, NodeInfo
+from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
 
@@ -436,7 +438,7 @@ async def test_key_auth(keyed: aiohttp.ClientSession, catalog: Catalog) -> None:
 
 async def test_subapp_mounts_under_a_parent(ctx: ApiContext, tmp_path: Path) -> None:
     parent = web.Application()
-    parent.add_subapp(api.API_PREFIX, api.api_subapp(ctx, peercred_auth("llmgw")))
+    parent.add_subapp(API_PREFIX, api_subapp(ctx, peercred_auth("llmgw")))
     async with serve(parent, tmp_path / "p.sock") as session:
         assert (await call(session, "GET", "/models")) == (200, [])
 
@@ -455,7 +457,7 @@ def test_cluster_nodes_adapts_the_cluster_state() -> None:
         connected=True,
         last_seen=5.0,
     )
-    [n] = api.ClusterNodes(lambda: [rec]).nodes()
+    [n] = ClusterNodes(lambda: [rec]).nodes()
     assert (n.name, n.cores, n.memory_bytes, n.version, n.last_seen) == (
         "n1",
         4,

@@ -8,7 +8,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgwd.api import ApiContext, api_app, key_auth, peercred_auth
+from llmgwd.api.access import key_auth, peercred_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_api import JOIN_URL, FakeNodes, Tokens, call, serve

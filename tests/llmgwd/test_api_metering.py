@@ -10,7 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgwd.api import ApiContext, api_app, peercred_auth
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
 from llmgwd.usage import Usage

@@ -12,8 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.typedefs import Handler
 
-from llmgwd import api, auth
-from llmgwd.api import ApiContext, NodeInfo
+from llmgwd import auth
+from llmgwd.api.access import key_auth
+from llmgwd.api.base import ApiContext, NodeInfo
+from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.people.directory import Directory
 from llmgwd.store.sqlite import SqliteStore
@@ -41,7 +43,7 @@ async def api_port() -> AsyncIterator[tuple[str, str, Directory]]:
 
     ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="")
     app = web.Application()
-    sub = api.api_subapp(ctx, api.key_auth(catalog))
+    sub = api_subapp(ctx, key_auth(catalog))
     sub.middlewares.append(as_user)
     app.add_subapp("/api/v1", sub)
     server = TestServer(app, host="127.0.0.1")

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmgwd.api import errors_middleware
+from llmgwd.api.base import errors_middleware
 from llmgwd.store import StoreUnavailable
 from llmgwd.store.etcd_http import EtcdError, _raise_for
 

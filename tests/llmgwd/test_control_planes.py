@@ -11,8 +11,9 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from llmgw import pki, wire
-from llmgwd import api
-from llmgwd.api import ApiContext
+from llmgwd.api.access import key_auth
+from llmgwd.api.base import ApiContext, ClusterNodes
+from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.control_planes import (
     ControlPlanes,
@@ -94,10 +95,10 @@ async def _call(
     catalog = Catalog(store)
     await catalog.load()
     planes = ControlPlanes(store, etcd, ServerTokens(store, CA.cert_pem), "cp1", "https://cp1:7710")
-    ctx = ApiContext(catalog=catalog, nodes=api.ClusterNodes(list), mint_token=lambda: "t",
+    ctx = ApiContext(catalog=catalog, nodes=ClusterNodes(list), mint_token=lambda: "t",
                      join_url="https://cp1:7710", control_planes=planes)  # fmt: skip
     app = web.Application()
-    app.add_subapp("/api/v1", api.api_subapp(ctx, api.key_auth(catalog)))
+    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
     _, admin = await catalog.create_key("a", "admin")
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()

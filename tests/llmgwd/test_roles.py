@@ -12,7 +12,7 @@ import pytest
 
 from llmgw import wire
 from llmgwd import cluster, servers
-from llmgwd.api import ApiError
+from llmgwd.api.base import ApiError
 from llmgwd.catalog import Catalog
 from llmgwd.cluster import ClusterState
 from llmgwd.leader import LEADER, Election, LeaderRecord

@@ -15,8 +15,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.typedefs import Handler, Middleware
 
-from llmgwd import api, api_people, auth
-from llmgwd.api import ApiContext, NodeInfo
+from llmgwd import auth
+from llmgwd.api import people as api_people
+from llmgwd.api.access import key_auth
+from llmgwd.api.base import ApiContext, NodeInfo
+from llmgwd.api.routes import api_routes, api_subapp
 from llmgwd.auth import Principal
 from llmgwd.catalog import Catalog
 from llmgwd.mirror import hub_server, peers, setup
@@ -61,7 +64,7 @@ def _routes(prefix: str, table: list[web.RouteDef]) -> list[tuple[str, str]]:
     return out
 
 
-API_ROUTES = _routes("/api/v1", api.api_routes())
+API_ROUTES = _routes("/api/v1", api_routes())
 HF_ROUTES = [
     *_routes("/hf", hub_server.hub_routes()),
     ("GET", "/hf" + peers.LISTING),
@@ -83,7 +86,7 @@ async def port(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
         mirror=mirror,
     )
     app = web.Application()
-    app.add_subapp("/api/v1", api.api_subapp(ctx, api.key_auth(catalog)))
+    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
     app.add_subapp("/hf", setup.hub(mirror, catalog))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
@@ -189,7 +192,7 @@ async def people_port() -> AsyncIterator[str]:
     principals = await _people_principals(Directory(store))
     ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="")
     app = web.Application()
-    app.add_subapp("/api/v1", api.api_subapp(ctx, _as_principal(principals)))
+    app.add_subapp("/api/v1", api_subapp(ctx, _as_principal(principals)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     yield str(server.make_url(""))

@@ -18,7 +18,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from llmgw.config import ClientPort
-from llmgwd import api
+from llmgwd.api.base import API_PREFIX, ApiError, error_response
 from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
 from llmgwd.router import errors
 
@@ -38,10 +38,10 @@ class BodyTimeout(HttpProcessingError):
 
 def answer(path: str, error: errors.ApiError) -> web.Response:
     """error in /api/v1's shape under /api/v1, in OpenAI's shape anywhere else."""
-    if path == api.API_PREFIX or path.startswith(api.API_PREFIX + "/"):
+    if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
         d = error.detail
         code = d.code or d.type
-        response = api.error_response(api.ApiError(error.status, d.message, d.type, code))
+        response = error_response(ApiError(error.status, d.message, d.type, code))
     else:
         response = error.response()
     response.headers.update(error.headers)

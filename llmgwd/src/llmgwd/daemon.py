@@ -21,8 +21,11 @@ from aiohttp import web
 
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
-from llmgwd import api, clientport, cluster, servers, servers_setup
+from llmgwd import clientport, cluster, servers, servers_setup
 from llmgwd.allotments import Allotments
+from llmgwd.api.access import key_auth, peercred_auth
+from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
+from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.leader import Election, LeaderRecord
 from llmgwd.live import Published, RolePool
@@ -154,9 +157,9 @@ class Daemon:
             self._spawn(work)
         self._spawn(self.catalog.follow(revision))
         self._spawn(sdnotify.watchdog())
-        ctx = api.ApiContext(
+        ctx = ApiContext(
             catalog=self.catalog,
-            nodes=api.ClusterNodes(self.cluster.nodes),
+            nodes=ClusterNodes(self.cluster.nodes),
             mint_token=lambda: pki.new_join_token(keys.ca.cert_pem),
             join_url=url,
             token_ttl_s=cfg.join_token_ttl_s,
@@ -236,7 +239,7 @@ class Daemon:
         placed = [p.node for p in self.roles.placements()]
         return await cluster.remove_node(self.cluster, self.members, name, placed)
 
-    async def _serve_client(self, ctx: api.ApiContext) -> None:
+    async def _serve_client(self, ctx: ApiContext) -> None:
         cfg = self.config.client
         self.router = Router(
             self.catalog,
@@ -251,18 +254,18 @@ class Daemon:
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
-        app.add_subapp(api.API_PREFIX, api.api_subapp(ctx, api.key_auth(self.catalog)))
+        app.add_subapp(API_PREFIX, api_subapp(ctx, key_auth(self.catalog)))
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
         host, port = split_listen(cfg.listen)
         self.client_runner = await clientport.serve(app, cfg, host, port)
         self._runners.append(self.client_runner)
 
-    async def _serve_local(self, ctx: api.ApiContext) -> None:
+    async def _serve_local(self, ctx: ApiContext) -> None:
         path = Path(self.config.socket)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # noqa: ASYNC240 (a socket left by a killed llmgwd)
-        app = api.api_app(ctx, api.peercred_auth(self.config.socket_group))
+        app = api_app(ctx, peercred_auth(self.config.socket_group))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()

@@ -9,7 +9,7 @@ import contextlib
 import logging
 
 from llmgwd import members, servers, wakeups
-from llmgwd.api import ApiError
+from llmgwd.api.base import ApiError
 from llmgwd.catalog import Catalog, Model
 from llmgwd.cluster import ClusterState
 from llmgwd.fence import Fenced, FencedStore

@@ -22,7 +22,7 @@ from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
 from llmgw.wire import ModelFile
-from llmgwd.api import ApiError
+from llmgwd.api.base import ApiError
 from llmgwd.mirror.hub_server import hub_app
 from llmgwd.mirror.snapshot import Snapshot
 

@@ -17,8 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.typedefs import Handler
 
-from llmgwd import api
-from llmgwd.api import ApiContext, NodeInfo
+from llmgwd.api.base import PRINCIPAL, ApiContext, NodeInfo
+from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.mirror import hub_server, peers, setup
 from llmgwd.mirror.records import Records
@@ -42,7 +42,7 @@ class NoNodes:
 
 @web.middleware
 async def anyone(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request[api.PRINCIPAL] = "test"
+    request[PRINCIPAL] = "test"
     return await handler(request)
 
 
@@ -82,7 +82,7 @@ async def _site(tmp: Path, upstream: str = "http://127.0.0.1:9/hf") -> Site:
         catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="x", mirror=mirror
     )
     app = web.Application()
-    app.add_subapp("/api/v1", api.api_subapp(ctx, anyone))
+    app.add_subapp("/api/v1", api_subapp(ctx, anyone))
     hub = hub_server.hub_app(mirror, anyone)
     hub.router.add_get(peers.LISTING, peers.listing_handler(mirror))
     app.add_subapp("/hf", hub)

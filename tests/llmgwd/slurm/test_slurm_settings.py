@@ -9,7 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgwd.api import ApiContext, api_app, peercred_auth
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.members import Members
 from llmgwd.slurm.lending import NodeStatus

@@ -10,7 +10,7 @@ from aiohttp import web
 from llmgw import sources
 from llmgw.blobstore import BlobStoreError, ChecksumMismatch, DiskFull
 from llmgw.mirror_api import ImportIn, ImportOut, PeerIn, SweepIn, SweepOut
-from llmgwd.api import ApiContext, ApiError, _ctx, _who, bad_field, json_response, read_body
+from llmgwd.api.base import ApiContext, ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.catalog import Model
 from llmgwd.mirror import imports, sweep
 from llmgwd.mirror.service import Mirror

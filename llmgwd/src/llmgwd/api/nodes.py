@@ -1,13 +1,26 @@
-"""/api/v1's node membership: `DELETE /nodes/{name}` removes a node from the cluster."""
+"""/api/v1's nodes: as reported, cordoned, drained, uncordoned, and `DELETE /nodes/{name}`
+removes a node from the cluster."""
 
 from __future__ import annotations
 
 import logging
 
+import msgspec
 from aiohttp import web
 
 from llmgw import pki
-from llmgwd.api import ApiError, _ctx, _who, bad_field, json_response
+from llmgwd.api.base import (
+    ApiContext,
+    ApiError,
+    NodeInfo,
+    _ctx,
+    _scheduling,
+    _who,
+    bad_field,
+    json_response,
+    not_found,
+)
+from llmgwd.reconciler import NodeFlags
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +44,43 @@ async def remove_node(request: web.Request) -> web.Response:
     else:
         log.warning("node name %s revoked by %s (no such node known here)", name, _who(request))
     return json_response({"name": name, "removed": True, "known": known})
+
+
+def _nodes(ctx: ApiContext) -> list[NodeInfo]:
+    nodes = sorted(ctx.nodes.nodes(), key=lambda n: n.name)
+    if ctx.scheduling is None:
+        return nodes
+    out = []
+    for n in nodes:
+        f = ctx.scheduling.flags(n.name)
+        out.append(msgspec.structs.replace(n, cordoned=f.cordoned, draining=f.draining))
+    return out
+
+
+async def get_nodes(request: web.Request) -> web.Response:
+    """GET /nodes: every node, by name."""
+    return json_response(_nodes(_ctx(request)))
+
+
+_NODE_FLAGS = {
+    "cordon": NodeFlags(cordoned=True),
+    "drain": NodeFlags(cordoned=True, draining=True),
+    "uncordon": NodeFlags(),
+}
+
+
+async def set_node_flags(request: web.Request) -> web.Response:
+    """POST /nodes/{name}/cordon|drain|uncordon"""
+    ctx = _ctx(request)
+    sched = _scheduling(ctx)
+    name, action = request.match_info["name"], request.match_info["action"]
+    known = {n.name for n in ctx.nodes.nodes()} | {p.node for p in sched.placements()}
+    if name not in known:
+        raise not_found("node", name)
+    await sched.set_flags(name, _NODE_FLAGS[action])
+    log.info("node %s: %s, by %s", name, action, _who(request))
+    f = sched.flags(name)
+    return json_response({"name": name, "cordoned": f.cordoned, "draining": f.draining})
 
 
 def routes() -> list[web.RouteDef]:

@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from llmgwd import auth
-from llmgwd.api import ApiError, _ctx, bad_field, json_response, not_found, read_body
+from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
 from llmgwd.people.records import MemberRole, Scope, StaffRole, User

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from llmgwd import control_planes as servers
 from llmgwd import server_tokens
-from llmgwd.api import ApiError, _ctx, _who, bad_field, json_response, read_body
+from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.control_planes import ControlPlanes
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from llmgwd.api import KeyLookup
+from llmgwd.api.base import KeyLookup
 
 log = logging.getLogger(__name__)
 

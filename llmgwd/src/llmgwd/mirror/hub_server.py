@@ -46,7 +46,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw.sources import REPO_RE, REV_RE
 from llmgw.wire import ModelFile
-from llmgwd.api import ApiError
+from llmgwd.api.base import ApiError
 from llmgwd.mirror.snapshot import Snapshot, SnapshotSource
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,46 @@
+"""/api/v1's limits and prices: a key's limits, a model's price."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from llmgwd import meter_views
+from llmgwd.api.base import _checked, _ctx, _who, json_response, not_found, read_body
+from llmgwd.api.keys import _find_key, key_view
+from llmgwd.api.models import _model_or_404, _view
+from llmgwd.catalog import CatalogError
+from llmgwd.meter_views import LimitsIn, PriceIn
+
+log = logging.getLogger(__name__)
+
+
+async def set_key_limits(request: web.Request) -> web.Response:
+    """PATCH /keys/{key}/limits: change the limits given, keep the others (0 removes one)."""
+    ctx = _ctx(request)
+    key = _find_key(ctx, request.match_info["key"])
+    limits = _checked(meter_views.apply_limits, key.limits, await read_body(request, LimitsIn))
+    try:
+        key = await ctx.catalog.set_key_limits(key.id, limits)
+    except CatalogError:
+        raise not_found("key", key.id) from None
+    log.info("key %s (%s) limits set to %s by %s", key.id, key.name, limits, _who(request))
+    return json_response(key_view(key))
+
+
+async def set_price(request: web.Request) -> web.Response:
+    """PUT /models/{name}/price {prompt, completion}: per million tokens."""
+    ctx = _ctx(request)
+    name = request.match_info["name"]
+    _model_or_404(ctx, name)
+    body = await read_body(request, PriceIn)
+    _checked(meter_views.check_price, body)
+    try:
+        model = await ctx.catalog.update_model(
+            name, price_prompt=body.prompt, price_completion=body.completion
+        )
+    except CatalogError:
+        raise not_found("model", name) from None
+    log.info("model %s priced %s/%s by %s", name, body.prompt, body.completion, _who(request))
+    return json_response(_view(ctx, model))

@@ -1,0 +1,84 @@
+"""/api/v1's plans: where a model's replicas are and would go, or why not."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from llmgwd.api.base import _ctx, _scheduling, json_response
+from llmgwd.api.models import _model_or_404, _parked
+from llmgwd.estimate import gib
+from llmgwd.profiles import DEFAULT
+from llmgwd.scheduler import Verdict
+
+
+class PlaceView(msgspec.Struct, kw_only=True):
+    """Where a replica runs (a placement, as `llmgw model plan` shows it)."""
+
+    id: str
+    node: str
+    devices: list[str]
+    context: int
+    memory: str
+
+
+class ProfilePlan(msgspec.Struct, kw_only=True):
+    """One profile of a plan: its replicas, and where one more would go or why not."""
+
+    name: str
+    kind: str
+    replicas: int
+    priority: int
+    placed: list[PlaceView]
+    verdicts: list[Verdict]
+
+
+class PlanView(msgspec.Struct, kw_only=True):
+    """GET /models/{name}/plan"""
+
+    model: str
+    estimates: bool  # False: the file's shape is unknown, placed by count only
+    note: str
+    parked: bool
+    profiles: list[ProfilePlan]
+    failed_on: list[str]  # nodes where the model failed to start
+
+
+async def get_plan(request: web.Request) -> web.Response:
+    """GET /models/{name}/plan: where each replica is and would go, or why not."""
+    ctx = _ctx(request)
+    sched = _scheduling(ctx)
+    model = _model_or_404(ctx, request.match_info["name"])
+    placements = [p for p in sched.placements() if p.model == model.name]
+    profiles = []
+    for profile, verdicts in sched.explain(model):
+        mine = [p for p in placements if (p.profile or DEFAULT) == profile.name]
+        placed = [
+            PlaceView(
+                id=p.id,
+                node=p.node,
+                devices=list(p.devices),
+                context=p.context,
+                memory=gib(p.memory_bytes) if model.shape is not None else "unknown",
+            )
+            for p in sorted(mine, key=lambda p: p.id)
+        ]
+        profiles.append(
+            ProfilePlan(
+                name=profile.name,
+                kind=profile.kind,
+                replicas=profile.replicas,
+                priority=profile.priority,
+                placed=placed,
+                verdicts=verdicts,
+            )
+        )
+    view = PlanView(
+        model=model.name,
+        estimates=model.shape is not None,
+        note=model.shape_error,
+        parked=_parked(ctx, model),
+        profiles=profiles,
+        failed_on=sorted(f.node for f in sched.failures() if f.model == model.name),
+    )
+    return json_response(view)

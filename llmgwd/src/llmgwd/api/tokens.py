@@ -1,0 +1,35 @@
+"""/api/v1's join tokens: a new one and the command a node joins with."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+import msgspec
+from aiohttp import web
+
+from llmgwd.api.base import _ctx, _who, json_response
+
+log = logging.getLogger(__name__)
+
+
+class TokenView(msgspec.Struct, kw_only=True):
+    """A new join token and the command that uses it."""
+
+    token: str
+    expires_in: int
+    url: str
+    command: str
+
+
+async def create_token(request: web.Request) -> web.Response:
+    """POST /tokens: a new join token and the command a node joins with."""
+    ctx = _ctx(request)
+    token = ctx.mint_token()
+    await ctx.catalog.add_token(token, ctx.token_ttl_s)
+    log.info("join token made by %s", _who(request))
+    command = f"llmgw node join {shlex.quote(ctx.join_url)} --token {shlex.quote(token)}"
+    view = TokenView(
+        token=token, expires_in=int(ctx.token_ttl_s), url=ctx.join_url, command=command
+    )
+    return json_response(view, 201)
