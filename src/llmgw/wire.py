@@ -92,6 +92,9 @@ class SlurmReport(msgspec.Struct, frozen=True):
     jobs: list[str] = []  # job ids running on the node now (slurmstepd's infinity is none)
     message: str = ""  # what failed last, for people ("": nothing)
     reason: str = ""  # why Slurm has the node drained or down, as it says ("": it is not)
+    # The node's cgroups: "v2" (unified), "v1" (v1 or hybrid, where Slurm 22.05's cgroup/v2
+    # plugin refuses to start: jobs are tracked without cgroups there), "": not known.
+    cgroup: str = ""
 
 
 # The reason llmgw gives Slurm for a node it has drained (one not lent). A drain with any other

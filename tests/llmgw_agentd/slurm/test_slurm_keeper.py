@@ -92,7 +92,16 @@ def test_the_report_says_no_state_when_the_controller_does_not_answer(tmp_path: 
         return out[argv[1]]
 
     got = report.read("n1", True, "", runner, fake_proc(tmp_path, {191: b"slurmstepd: [7.0]\0"}))
-    assert got == SlurmReport(version="22.05.8", node_line="NodeName=vm CPUs=2", jobs=["7"])
+    assert got == SlurmReport(version="22.05.8", node_line="NodeName=vm CPUs=2", jobs=["7"],
+                              cgroup=report.cgroup_version())  # fmt: skip
+
+
+def test_cgroups_are_v2_only_where_the_unified_hierarchy_is_the_root(tmp_path: Path) -> None:
+    (tmp_path / "unified").mkdir()  # hybrid, as this build host: v2 beside v1, not the root
+    (tmp_path / "unified" / "cgroup.controllers").write_text("cpu memory\n")
+    assert report.cgroup_version(tmp_path) == "v1"
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    assert report.cgroup_version(tmp_path) == "v2"
 
 
 class Units:

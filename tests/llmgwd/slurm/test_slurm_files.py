@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llmgw.wire import Gpu, Inventory
@@ -38,7 +39,7 @@ def test_the_recorded_line_gives_the_machine_not_its_host_name() -> None:
         hardware("UpTime=0-07:46:32")
 
 
-def test_slurm_conf_lists_the_nodes_drained_until_lent() -> None:
+def test_slurm_conf_lists_every_node_drained_and_is_the_same_whoever_is_lent() -> None:
     nodes = [SlurmNode("n2", "10.0.0.2", LINE, gpus=2), SlurmNode("n1", "10.0.0.1", LINE)]
 
     text = slurm_conf(SETTINGS, "10.0.0.9", nodes)
@@ -49,8 +50,11 @@ def test_slurm_conf_lists_the_nodes_drained_until_lent() -> None:
     assert "GresTypes=gpu" in lines and "ClusterName=llmgw" in lines
     n1 = next(x for x in lines if x.startswith("NodeName=n1 "))
     n2 = next(x for x in lines if x.startswith("NodeName=n2 "))
-    assert "NodeAddr=10.0.0.1" in n1 and "State=DRAIN" not in n1
+    assert "NodeAddr=10.0.0.1" in n1 and "State=DRAIN" in n1
     assert "Gres=gpu:2" in n2 and "State=DRAIN" in n2 and "Reason=" in n2
+    # Lending is the controller's agent's resume: the file does not change (no restart).
+    unlent = msgspec.structs.replace(SETTINGS, lent=[])
+    assert slurm_conf(unlent, "10.0.0.9", nodes) == text
     assert " ".join(hardware(LINE)) in n1
     assert lines[-1].startswith("PartitionName=llmgw Nodes=n1,n2 Default=YES")
     assert slurm_conf(SETTINGS, "10.0.0.9", nodes[::-1]) == text  # the same whatever order
@@ -123,3 +127,26 @@ async def test_the_kept_list_is_written_only_within_the_leaders_term() -> None:
         await kept.save(FencedStore(store, term, stepped.append), kept.Kept())
     assert await kept.load(store) == k and len(stepped) == 1
     await store.close()
+
+
+def test_jobs_are_tracked_in_cgroups_unless_a_node_has_v1_cgroups() -> None:
+    v2 = [SlurmNode("n1", "a1", LINE, cgroup="v2"), SlurmNode("n2", "a2", LINE)]
+    text = slurm_conf(SETTINGS, "10.0.0.9", v2)
+    assert "ProctrackType=proctrack/cgroup" in text.splitlines()
+    assert "CgroupPlugin=cgroup/v2" in cgroup_conf(True)
+
+    # This build host's cgroups are hybrid: slurmd 22.05.8 exits "Hybrid mode is not
+    # supported" under cgroup/v2 (seen in integration/test_slurm_agent.py's host).
+    mixed = [*v2, SlurmNode("n3", "a3", LINE, cgroup="v1")]
+    lines = slurm_conf(SETTINGS, "10.0.0.9", mixed).splitlines()
+    assert "ProctrackType=proctrack/linuxproc" in lines and "TaskPlugin=task/affinity" in lines
+    assert "CgroupPlugin=autodetect" in cgroup_conf(False).splitlines()
+
+
+def test_a_job_asking_no_memory_gets_the_smallest_nodes_share_per_cpu() -> None:
+    shape = "Boards=1 SocketsPerBoard=1 ThreadsPerCore=1"
+    small = f"NodeName=x CPUs=4 {shape} CoresPerSocket=4 RealMemory=8000"
+    big = f"NodeName=y CPUs=8 {shape} CoresPerSocket=8 RealMemory=64000"
+    nodes = [SlurmNode("n1", "a1", small), SlurmNode("n2", "a2", big)]
+    assert "DefMemPerCPU=2000" in slurm_conf(SETTINGS, "10.0.0.9", nodes).splitlines()
+    assert "DefMemPerCPU" not in slurm_conf(SETTINGS, "10.0.0.9", [])

@@ -33,6 +33,11 @@ def jobs(squeue: str) -> list[str]:
     return [x.strip() for x in squeue.splitlines() if x.strip()]
 
 
+def cgroup_version(root: Path = Path("/sys/fs/cgroup")) -> str:
+    """ "v2" where the unified hierarchy is mounted at root, else "v1" (v1 or hybrid)."""
+    return "v2" if (root / "cgroup.controllers").exists() else "v1"
+
+
 def step_jobs(proc: Path = Path("/proc")) -> list[str]:
     """The jobs with a step running on this node, from its slurmstepds' titles: read here,
     so it holds while the controller does not answer."""
@@ -71,5 +76,5 @@ def read(
             pass  # the controller does not answer: the state is not known
     return SlurmReport(
         version=ver, node_line=line, state=state, jobs=step_jobs(proc), message=message,
-        reason=reason,
+        reason=reason, cgroup=cgroup_version(),
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """A configless slurm.conf: the controller serves it to every slurmd; the nodes come from each
-node's `slurmd -C` line and its GPUs, and a node not lent to Slurm is drained there."""
+node's `slurmd -C` line and its GPUs. Every node enters drained; the controller's agent
+resumes the lent ones (SlurmPart.lent), so lending changes no file and restarts no daemon."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class SlurmNode(msgspec.Struct, frozen=True):
     address: str  # where slurmctld reaches its slurmd
     line: str  # its `slurmd -C` first line
     gpus: int = 0
+    cgroup: str = ""  # SlurmReport.cgroup: "v1" where jobs cannot be held in cgroups
 
 
 def hardware(line: str) -> list[str]:
@@ -32,17 +34,36 @@ def hardware(line: str) -> list[str]:
     return [f"{k}={words[k]}" for k in HARDWARE if k in words]
 
 
-def node_line(node: SlurmNode, lent: bool) -> str:
-    """The NodeName line of a node; one not lent is drained (a new node enters drained)."""
+def node_line(node: SlurmNode) -> str:
+    """The NodeName line of a node, drained (a new node enters drained, until lent)."""
     words = [f"NodeName={node.name}", f"NodeAddr={node.address}", *hardware(node.line)]
     if node.gpus:
         words.append(f"Gres=gpu:{node.gpus}")
-    if not lent:
-        words += ["State=DRAIN", f'Reason="{NOT_LENT}"']
+    words += ["State=DRAIN", f'Reason="{NOT_LENT}"']
     return " ".join(words)
 
 
-def _header(settings: SlurmSettings, controller_address: str, gpus: bool) -> list[str]:
+def mem_per_cpu(nodes: list[SlurmNode]) -> int:
+    """DefMemPerCPU: the smallest node's memory per CPU (MiB), so that a job that asks for
+    no memory is not given all of a node's (CR_Core_Memory) and others can run beside it."""
+    per_cpu = []
+    for n in nodes:
+        words = dict(w.split("=", 1) for w in hardware(n.line))
+        if int(words.get("CPUs", "0")) > 0 and "RealMemory" in words:
+            per_cpu.append(int(words["RealMemory"]) // int(words["CPUs"]))
+    return max(1, min(per_cpu)) if per_cpu else 0
+
+
+def tracking(nodes: list[SlurmNode]) -> list[str]:
+    """How jobs are tracked and held: in cgroups (v2), unless a node's cgroups are v1 or
+    hybrid, where Slurm 22.05 refuses cgroup/v2: there by /proc, without containment."""
+    if any(n.cgroup == "v1" for n in nodes):
+        return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/affinity"]
+    return ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity"]
+
+
+def _header(settings: SlurmSettings, controller_address: str, nodes: list[SlurmNode]) -> list[str]:
+    mem = mem_per_cpu(nodes)
     return [
         "# Made by llmgw: do not edit (the leader writes it again).",
         f"ClusterName={settings.cluster_name}",
@@ -52,24 +73,24 @@ def _header(settings: SlurmSettings, controller_address: str, gpus: bool) -> lis
         "SlurmUser=slurm",
         "StateSaveLocation=/var/lib/slurm/slurmctld",
         "SlurmdSpoolDir=/var/lib/slurm/slurmd",
-        "ProctrackType=proctrack/cgroup",
-        "TaskPlugin=task/cgroup,task/affinity",
+        *tracking(nodes),
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
+        *([f"DefMemPerCPU={mem}"] if mem else []),
         "SchedulerType=sched/backfill",
         "MpiDefault=none",
         "MailProg=/bin/true",  # Debian ships no mail program: slurmctld says so otherwise
         "ReturnToService=2",
         f"SrunPortRange={SRUN_PORTS}",
-        *(["GresTypes=gpu"] if gpus else []),
+        *(["GresTypes=gpu"] if any(n.gpus for n in nodes) else []),
     ]
 
 
 def slurm_conf(settings: SlurmSettings, controller_address: str, nodes: list[SlurmNode]) -> str:
     """The slurm.conf text: the nodes in name order, all in settings.partition."""
     nodes = sorted(nodes, key=lambda n: n.name)
-    lines = _header(settings, controller_address, any(n.gpus for n in nodes))
-    lines += [node_line(n, n.name in settings.lent) for n in nodes]
+    lines = _header(settings, controller_address, nodes)
+    lines += [node_line(n) for n in nodes]
     if nodes:
         names = ",".join(n.name for n in nodes)
         part = f"PartitionName={settings.partition} Nodes={names}"

@@ -51,7 +51,8 @@ def reported(settings: SlurmSettings, seen: Mapping[str, Seen]) -> dict[str, Slu
             hardware(report.node_line)
         except ValueError:
             continue  # not a line slurm.conf can take: the node is listed once it sends one
-        out[name] = SlurmNode(name, node.address, report.node_line, gpu_count(node.inventory))
+        gpus = gpu_count(node.inventory)
+        out[name] = SlurmNode(name, node.address, report.node_line, gpus, report.cgroup)
     return out
 
 
@@ -106,7 +107,7 @@ def parts(
             slurmctld=True,
             slurm_conf=conf,
             gres_conf=gres_conf(inventories),
-            cgroup_conf=cgroup_conf(),
+            cgroup_conf=cgroup_conf(all(n.cgroup != "v1" for n in kept.nodes)),
             lent=list(lent),
         )
     return out
