@@ -1,7 +1,9 @@
 """Every route of the client port's /api/v1 and /hf, taken from their route tables, checks its
 role: no key is a 401, a user key is a 403 on /api/v1 and enough on /hf, an admin key passes;
-and every people route (api_people.TABLE) against every role its rules name: each staff role,
-each membership role in the path's organization and in another one, and nobody."""
+and every /api/v1 route (api.routes.TABLE, the one table the API is served from) against every
+role: each staff role, each membership role in the path's organization and in another one, and
+nobody; each route's rule is the staff policy (viewer reads, operator changes models, nodes,
+mirror and Slurm, admin everything)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ from aiohttp.test_utils import TestServer
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgwd import auth
-from llmgwd.api import people as api_people
+from llmgwd.api import routes
 from llmgwd.api.access import key_auth
 from llmgwd.api.base import ApiContext, NodeInfo
-from llmgwd.api.routes import api_routes, api_subapp
+from llmgwd.api.routes import api_subapp
 from llmgwd.auth import Principal
 from llmgwd.catalog import Catalog
 from llmgwd.mirror import hub_server, peers, setup
@@ -64,7 +66,7 @@ def _routes(prefix: str, table: list[web.RouteDef]) -> list[tuple[str, str]]:
     return out
 
 
-API_ROUTES = _routes("/api/v1", api_routes())
+API_ROUTES = [(m, "/api/v1" + _fill(p)) for m, p, _h, _r in routes.TABLE]
 HF_ROUTES = [
     *_routes("/hf", hub_server.hub_routes()),
     ("GET", "/hf" + peers.LISTING),
@@ -134,9 +136,9 @@ async def test_hf_takes_any_live_key(
         assert await _status(base, method, path, keys[role]) not in (401, 403)
 
 
-# People routes, every role.
+# Every route, every role.
 
-PEOPLE_ROUTES = [(m, "/api/v1" + _fill(p), rule) for m, p, _h, rule in api_people.TABLE]
+RULED = [(m, "/api/v1" + _fill(p), rule) for m, p, _h, rule in routes.TABLE]
 STAFF: dict[str, StaffRole] = {"staff-admin": "admin", "staff-operator": "operator",
                                "staff-viewer": "viewer"}  # fmt: skip
 # Membership principals: (organization, team or "", role).
@@ -185,18 +187,23 @@ def _as_principal(principals: dict[str, Principal]) -> Middleware:
 
 
 @pytest.fixture
-async def people_port() -> AsyncIterator[str]:
+async def people_port(tmp_path: Path) -> AsyncIterator[str]:
     store = await SqliteStore.open(":memory:")
     catalog = Catalog(store)
     await catalog.load()
     principals = await _people_principals(Directory(store))
-    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="")
+    mirror = Mirror(Settings(dir=tmp_path, upstream="http://127.0.0.1:9"), Records(store))
+    await mirror.start()
+    ctx = ApiContext(
+        catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="", mirror=mirror
+    )
     app = web.Application()
     app.add_subapp("/api/v1", api_subapp(ctx, _as_principal(principals)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     yield str(server.make_url(""))
     await server.close()
+    await mirror.close()
     await store.close()
 
 
@@ -213,16 +220,42 @@ def _passes(role: str, rule: auth.Rule, path: str) -> bool:
     return where and order.index(held) >= order.index(rule.member)
 
 
-def test_the_people_table_is_every_people_route() -> None:
-    ours = {(m, p) for m, p, _ in PEOPLE_ROUTES}
-    assert len(ours) == len(api_people.TABLE) >= 20
-    served = {(m, p) for m, p in API_ROUTES if p.startswith(("/api/v1/orgs", "/api/v1/users"))}
-    assert served == ours
+async def test_every_served_route_is_in_the_table_with_a_rule() -> None:
+    store = await SqliteStore.open(":memory:")
+    ctx = ApiContext(catalog=Catalog(store), nodes=NoNodes(), mint_token=lambda: "t", join_url="")
+    sub = api_subapp(ctx, _as_principal({}))
+    await store.close()
+    served = {
+        (r.method, r.resource.canonical)
+        for r in sub.router.routes()
+        if r.method != "HEAD" and r.resource is not None
+    }
+    table = {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p, _h, _r in routes.TABLE}
+    assert served == table
+    assert len(routes.TABLE) == len(table) >= 50
+    assert all(isinstance(rule, auth.Rule) and rule.staff for *_, rule in routes.TABLE)
+
+
+OPERATED = ("/api/v1/models", "/api/v1/nodes", "/api/v1/tokens", "/api/v1/mirror", "/api/v1/slurm")
+ADMINS_ONLY = ("/api/v1/models/x/price",)  # a price is money: with keys and limits, the admins'
+
+
+def test_each_route_s_staff_roles_are_the_policy() -> None:
+    """Viewers read (GET) everything and change nothing; operators change models, nodes, join
+    tokens, the mirror and Slurm; admins everything (keys, limits, prices, servers, people)."""
+    for method, path, rule in RULED:
+        if method == "GET":
+            want = {"admin", "operator", "viewer"}
+        elif path.startswith(OPERATED) and path not in ADMINS_ONLY:
+            want = {"admin", "operator"}
+        else:
+            want = {"admin"}
+        assert rule.staff == want, (method, path)
 
 
 @pytest.mark.parametrize("role", ROLES)
-@pytest.mark.parametrize(("method", "path", "rule"), PEOPLE_ROUTES)
-async def test_people_routes_pass_exactly_the_roles_of_their_rule(
+@pytest.mark.parametrize(("method", "path", "rule"), RULED)
+async def test_every_route_passes_exactly_the_roles_of_its_rule(
     people_port: str, method: str, path: str, rule: auth.Rule, role: str
 ) -> None:
     status = await _status(people_port, method, path, None if role == "nobody" else role)
@@ -233,7 +266,7 @@ async def test_people_routes_pass_exactly_the_roles_of_their_rule(
 
 
 def test_another_organization_s_admin_and_a_viewer_s_writes_never_pass() -> None:
-    for method, path, rule in PEOPLE_ROUTES:
+    for method, path, rule in RULED:
         assert not _passes("globex-admin", rule, path)
         assert _passes("staff-viewer", rule, path) == (method == "GET")
         assert _passes("staff-admin", rule, path)

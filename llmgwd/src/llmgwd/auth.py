@@ -35,6 +35,7 @@ class Rule:
 
 STAFF_ADMIN = Rule(frozenset({"admin"}))
 STAFF_READ = Rule(frozenset(STAFF_ROLES))  # viewer, operator and admin read
+STAFF_OPERATE = Rule(frozenset({"admin", "operator"}))  # models, nodes, mirror, Slurm
 NOBODY = Principal("nobody")
 LOCAL = Principal("local", staff="admin")  # the Unix socket's root or llmgw group
 PRINCIPAL = web.RequestKey("llmgw.auth.principal", Principal)  # set by an auth middleware

@@ -17,8 +17,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.typedefs import Handler
 
-from llmgwd.api.base import PRINCIPAL, ApiContext, NodeInfo
+from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_subapp
+from llmgwd.auth import PRINCIPAL, Principal
 from llmgwd.catalog import Catalog
 from llmgwd.mirror import hub_server, peers, setup
 from llmgwd.mirror.records import Records
@@ -42,7 +43,7 @@ class NoNodes:
 
 @web.middleware
 async def anyone(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request[PRINCIPAL] = "test"
+    request[PRINCIPAL] = Principal("test", staff="admin")
     return await handler(request)
 
 

@@ -1,15 +1,21 @@
-"""/api/v1's two ways of auth: the Unix socket's peer credentials and an admin key."""
+"""/api/v1's auth: who calls (the Unix socket's peer credentials, or a key), and each route's
+guard, which lets in only the principals its rule (llmgwd.auth) passes."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from llmgw.localsock import allowed, peer_credentials
-from llmgwd.api.base import PRINCIPAL, ApiError, KeyLookup
+from llmgwd import auth
+from llmgwd.api.base import ApiError, KeyLookup, _ctx
+from llmgwd.auth import Principal, Rule
+from llmgwd.people.directory import Directory
 
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="llmgw"'}
 
 
@@ -20,7 +26,8 @@ def _deny(status: int, message: str, code: str) -> NoReturn:
 
 
 def peercred_auth(group: str) -> Middleware:
-    """Auth for the Unix socket: the caller's kernel-given credentials, no key."""
+    """Auth for the Unix socket: the caller's kernel-given credentials, no key; root and the
+    group are staff admins."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -30,7 +37,7 @@ def peercred_auth(group: str) -> Middleware:
         pid, uid, gid = cred
         if not allowed(uid, gid, group):
             _deny(403, f"uid {uid} is neither root nor in the {group} group", "not_allowed")
-        request[PRINCIPAL] = f"uid {uid} (pid {pid})"
+        request[auth.PRINCIPAL] = Principal(f"uid {uid} (pid {pid})", staff="admin")
         return await handler(request)
 
     return middleware
@@ -42,7 +49,8 @@ def _bearer(request: web.Request) -> str | None:
 
 
 def key_auth(keys: KeyLookup) -> Middleware:
-    """Auth for the client port: an admin API key as `Authorization: Bearer KEY`."""
+    """Auth for the client port: an admin API key as `Authorization: Bearer KEY` (a staff
+    admin; a user key is refused here until users' keys carry their memberships)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -54,7 +62,22 @@ def key_auth(keys: KeyLookup) -> Middleware:
             _deny(401, "the API key is not valid (or was revoked)", "invalid_key")
         if key.role != "admin":
             _deny(403, f"key {key.id} ({key.name}) is not an admin key", "not_admin")
-        request[PRINCIPAL] = f"key {key.id} ({key.name})"
+        request[auth.PRINCIPAL] = auth.of_key(key)
         return await handler(request)
 
     return middleware
+
+
+def guarded(rule: Rule, handler: RouteHandler) -> RouteHandler:
+    """handler, run only for a principal that passes rule (401 for nobody, else 403)."""
+
+    async def run(request: web.Request) -> web.StreamResponse:
+        catalog = _ctx(request).catalog
+        who = auth.principal_of(request, catalog)
+        if not await auth.allowed(who, rule, request.match_info, Directory(catalog.store)):
+            if who == auth.NOBODY:
+                _deny(401, "an API key is needed: Authorization: Bearer KEY", "missing_key")
+            _deny(403, f"{who.label} may not {request.method} {request.path}", "not_allowed")
+        return await handler(request)
+
+    return run

@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw import wire
-from llmgwd import engine_support
+from llmgwd import auth, engine_support
 from llmgwd.catalog import ApiKey, Catalog, Model
 from llmgwd.meter_views import Invalid
 from llmgwd.profiles import Profile
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
-PRINCIPAL = web.RequestKey("llmgw.principal", str)  # who calls, for the log (never a secret)
 
 
 def _own_version() -> str:
@@ -345,7 +344,9 @@ def _ctx(request: web.Request) -> ApiContext:
 
 
 def _who(request: web.Request) -> str:
-    return str(request.get(PRINCIPAL, "?"))
+    """Who calls, for the log (never a secret)."""
+    who = request.get(auth.PRINCIPAL)
+    return who.label if who is not None else "?"
 
 
 def _scheduling(ctx: ApiContext) -> Scheduling:

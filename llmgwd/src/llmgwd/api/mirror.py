@@ -160,15 +160,3 @@ async def post_peer(request: web.Request) -> web.Response:
         raise bad_field("url", str(e)) from None
     log.info("mirror peer %s added by %s", peer.url, _who(request))
     return json_response(peer, 201)
-
-
-def routes() -> list[web.RouteDef]:
-    """This module's routes, relative to /api/v1."""
-    return [
-        web.get("/mirror", get_mirror),
-        web.put("/mirror/uploads/{sha256}", put_upload),
-        web.post("/mirror/import", post_import),
-        web.post("/mirror/sweep", post_sweep),
-        web.get("/mirror/peers", get_peers),
-        web.post("/mirror/peers", post_peer),
-    ]

@@ -81,8 +81,3 @@ async def set_node_flags(request: web.Request) -> web.Response:
     log.info("node %s: %s, by %s", name, action, _who(request))
     f = sched.flags(name)
     return json_response({"name": name, "cordoned": f.cordoned, "draining": f.draining})
-
-
-def routes() -> list[web.RouteDef]:
-    """This module's routes, relative to /api/v1."""
-    return [web.delete("/nodes/{name}", remove_node)]

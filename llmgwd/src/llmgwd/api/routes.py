@@ -1,59 +1,80 @@
-"""/api/v1's routes, and the applications that serve them."""
+"""/api/v1's one route table, each route with its rule, and the applications that serve it."""
 
 from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from llmgwd.api import mirror, nodes, people, servers, slurm
-from llmgwd.api.base import API_PREFIX, CTX, MAX_BODY_BYTES, ApiContext, errors_middleware
-from llmgwd.api.keys import create_key, list_keys, revoke_key
-from llmgwd.api.limits import set_key_limits, set_price
-from llmgwd.api.models import (
-    add_model,
-    get_model,
-    list_models,
-    remove_model,
-    serve_model,
-    set_context,
-    set_profile_replicas,
-    stop_model,
+from llmgwd.api import (
+    keys,
+    limits,
+    mirror,
+    models,
+    nodes,
+    people,
+    plans,
+    servers,
+    slurm,
+    status,
+    tokens,
+    usage,
 )
-from llmgwd.api.nodes import get_nodes, set_node_flags
-from llmgwd.api.plans import get_plan
-from llmgwd.api.status import get_status
-from llmgwd.api.tokens import create_token
-from llmgwd.api.usage import get_usage
+from llmgwd.api.access import RouteHandler, guarded
+from llmgwd.api.base import API_PREFIX, CTX, MAX_BODY_BYTES, ApiContext, errors_middleware
+from llmgwd.auth import STAFF_ADMIN, STAFF_OPERATE, STAFF_READ, Rule
+
+Route = tuple[str, str, RouteHandler, Rule]  # method, path under API_PREFIX, handler, rule
+
+# Staff viewers read everything and change nothing; operators change models, nodes (join
+# tokens too), the mirror and Slurm; admins everything (keys, limits, prices, servers,
+# people). The people routes' rules also name membership roles (api.people.TABLE).
+READ, OPERATE, ADMIN = STAFF_READ, STAFF_OPERATE, STAFF_ADMIN
+
+TABLE: list[Route] = [
+    *[(m, path, people.plain(h), rule) for m, path, h, rule in people.TABLE],
+    ("GET", "/status", status.get_status, READ),
+    ("GET", "/models", models.list_models, READ),
+    ("POST", "/models", models.add_model, OPERATE),
+    ("GET", "/models/{name}", models.get_model, READ),
+    ("DELETE", "/models/{name}", models.remove_model, OPERATE),
+    ("POST", "/models/{name}/serve", models.serve_model, OPERATE),
+    ("POST", "/models/{name}/stop", models.stop_model, OPERATE),
+    ("POST", "/models/{name}/replicas", models.set_profile_replicas, OPERATE),
+    ("PUT", "/models/{name}/context", models.set_context, OPERATE),
+    ("GET", "/models/{name}/plan", plans.get_plan, READ),
+    ("PUT", "/models/{name}/price", limits.set_price, ADMIN),
+    ("GET", "/nodes", nodes.get_nodes, READ),
+    ("POST", "/nodes/{name}/{action:cordon|drain|uncordon}", nodes.set_node_flags, OPERATE),
+    ("DELETE", "/nodes/{name}", nodes.remove_node, OPERATE),
+    ("POST", "/tokens", tokens.create_token, OPERATE),
+    ("GET", "/keys", keys.list_keys, READ),
+    ("POST", "/keys", keys.create_key, ADMIN),
+    ("DELETE", "/keys/{key}", keys.revoke_key, ADMIN),
+    ("PATCH", "/keys/{key}/limits", limits.set_key_limits, ADMIN),
+    ("GET", "/usage", usage.get_usage, READ),
+    ("GET", "/mirror", mirror.get_mirror, READ),
+    ("PUT", "/mirror/uploads/{sha256}", mirror.put_upload, OPERATE),
+    ("POST", "/mirror/import", mirror.post_import, OPERATE),
+    ("POST", "/mirror/sweep", mirror.post_sweep, OPERATE),
+    ("GET", "/mirror/peers", mirror.get_peers, READ),
+    ("POST", "/mirror/peers", mirror.post_peer, OPERATE),
+    ("GET", "/slurm", slurm.get_slurm, READ),
+    ("PUT", "/slurm", slurm.put_slurm, OPERATE),
+    ("POST", "/slurm/nodes/{name}/{action:lend|reclaim}", slurm.lend, OPERATE),
+    ("GET", "/servers", servers.list_servers, READ),
+    ("POST", "/servers/tokens", servers.create_server_token, ADMIN),
+    ("POST", "/servers/leave", servers.leave, ADMIN),
+    ("DELETE", "/servers/{name}", servers.remove_server, ADMIN),
+]
 
 
 def api_routes() -> list[web.RouteDef]:
-    """The routes, relative to API_PREFIX."""
-    return [
-        *people.routes(),
-        *slurm.routes(),
-        *nodes.routes(),
-        *mirror.routes(),
-        *servers.routes(),
-        web.get("/status", get_status),
-        web.get("/nodes", get_nodes),
-        web.get("/models", list_models),
-        web.post("/models", add_model),
-        web.get("/models/{name}", get_model),
-        web.delete("/models/{name}", remove_model),
-        web.post("/models/{name}/serve", serve_model),
-        web.post("/models/{name}/stop", stop_model),
-        web.post("/models/{name}/replicas", set_profile_replicas),
-        web.put("/models/{name}/context", set_context),
-        web.get("/models/{name}/plan", get_plan),
-        web.post("/nodes/{name}/{action:cordon|drain|uncordon}", set_node_flags),
-        web.get("/keys", list_keys),
-        web.post("/keys", create_key),
-        web.delete("/keys/{key}", revoke_key),
-        web.patch("/keys/{key}/limits", set_key_limits),
-        web.put("/models/{name}/price", set_price),
-        web.get("/usage", get_usage),
-        web.post("/tokens", create_token),
-    ]
+    """The table's routes, relative to API_PREFIX, each behind its rule's guard."""
+    out = []
+    for method, path, handler, rule in TABLE:
+        route = guarded(rule, handler)
+        out.append(web.get(path, route) if method == "GET" else web.route(method, path, route))
+    return out
 
 
 def api_subapp(ctx: ApiContext, auth: Middleware) -> web.Application:

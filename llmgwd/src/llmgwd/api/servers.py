@@ -102,13 +102,3 @@ async def leave(request: web.Request) -> web.Response:
 async def remove_server(request: web.Request) -> web.Response:
     """DELETE /servers/{name} {force?}: a dead control plane's member taken out."""
     return await _remove(request, request.match_info["name"], False)
-
-
-def routes() -> list[web.RouteDef]:
-    """This module's routes, relative to /api/v1."""
-    return [
-        web.get("/servers", list_servers),
-        web.post("/servers/tokens", create_server_token),
-        web.post("/servers/leave", leave),
-        web.delete("/servers/{name}", remove_server),
-    ]

@@ -70,12 +70,3 @@ async def lend(request: web.Request) -> web.Response:
         raise ApiError(409, str(e), "conflict_error", "busy") from None
     log.info("node %s: %s to Slurm, by %s", name, action, _who(request))
     return json_response(_view(request, new))
-
-
-def routes() -> list[web.RouteDef]:
-    """This module's routes, relative to /api/v1."""
-    return [
-        web.get("/slurm", get_slurm),
-        web.put("/slurm", put_slurm),
-        web.post("/slurm/nodes/{name}/{action:lend|reclaim}", lend),
-    ]
