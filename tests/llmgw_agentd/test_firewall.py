@@ -143,3 +143,17 @@ def test_slurm_on_restricts_its_ports_to_the_nodes_networks() -> None:
     fw.set_slurm(False)
     fw.apply(fw.wanted())
     assert len(_rules(nft.batches[-1])) == 5
+
+
+def test_slurm_ports_open_to_the_peers_alone_where_the_leader_names_them() -> None:
+    # An outside host on the node's own lan is refused 6817: the hosts, not their networks.
+    nft = FakeNft()
+    fw = _keeper(nft, ["https://10.0.0.10:7710"])
+    fw.set_slurm(True, ["10.0.0.12", "10.0.0.10", "10.0.0.11"])
+    fw.apply(fw.wanted())
+    assert _set(nft.batches[-1], "cluster4") == [
+        {"prefix": {"addr": f"10.0.0.{n}", "len": 32}} for n in (10, 11, 12)
+    ]
+    fw.set_slurm(True, ["10.0.0.10"])  # a node left Slurm: the table is made again
+    fw.apply(fw.wanted())
+    assert _set(nft.batches[-1], "cluster4") == [{"prefix": {"addr": "10.0.0.10", "len": 32}}]

@@ -76,22 +76,25 @@ class Firewall:
         self._nft: Nft | None = None
         self._applied: firewall.Wanted | None = None
         self._poked = asyncio.Event()
-        self.slurm = False  # Slurm's ports restricted to the cluster's networks (set_slurm)
+        self.slurm = False  # Slurm's ports restricted to the cluster's hosts (set_slurm)
+        self.slurm_peers: tuple[str, ...] = ()  # those hosts; (): the node's own networks
         self.status = "not set yet"
 
     def poke(self) -> None:
         """Look again now (the control planes changed)."""
         self._poked.set()
 
-    def set_slurm(self, on: bool) -> None:
-        """Slurm runs on this node (its ports then only to the cluster's networks), or not."""
-        if on != self.slurm:
-            self.slurm = on
+    def set_slurm(self, on: bool, peers: Sequence[str] = ()) -> None:
+        """Slurm runs on this node, its ports then open to peers alone (the Slurm nodes' and
+        the controller's addresses; none given: the node's own networks), or it does not."""
+        wanted = tuple(sorted(peers)) if on else ()
+        if on != self.slurm or wanted != self.slurm_peers:
+            self.slurm, self.slurm_peers = on, wanted
             self.poke()
 
     def wanted(self) -> firewall.Wanted:
         """What the table is to be made from now (resolves names: call it off the loop)."""
-        nets = networks() if self.slurm else ()
+        nets = (self.slurm_peers or networks()) if self.slurm else ()
         return firewall.Wanted(self._ports, addresses(self._planes()), self.slurm, nets)
 
     def apply(self, wanted: firewall.Wanted) -> None:

@@ -18,7 +18,7 @@ KEY = base64.b64encode(b"k" * 64).decode()
 PART = SlurmPart(
     slurmd=True, slurmctld=True, conf_server="10.0.0.9:6817", munge_key=KEY,
     slurm_conf="# Made by llmgw\nClusterName=llmgw\n", cgroup_conf="CgroupPlugin=autodetect\n",
-    lent=["n1"], conf_hash="h1",
+    lent=["n1"], conf_hash="h1", peers=["10.0.0.9", "10.0.0.11"],
 )  # fmt: skip
 
 
@@ -124,10 +124,12 @@ class Units:
         self.calls.append(("reload", ""))
 
 
+# The keeper, its units, and what it told the firewall: (Slurm on, its peers) each time.
+Made = tuple[keeper.Keeper, Units, list[tuple[bool, list[str]]]]
+
+
 @pytest.fixture
-def made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[keeper.Keeper, Units, list[bool]]:
+def made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Made:
     monkeypatch.setattr(lending, "keep", lambda lent: [])
     monkeypatch.setattr(
         report, "read", lambda node, slurmd, message, proc: SlurmReport(message=message)
@@ -136,13 +138,14 @@ def made(
         units=tmp_path / "run", etc=tmp_path / "etc", munge_key=tmp_path / "munge.key",
         state=tmp_path / "lib", record=tmp_path / "agent" / "slurm-files.json",
     )  # fmt: skip
-    units, fw = Units(), list[bool]()
-    k = keeper.Keeper("n1", units, fw.append, paths, installed=lambda part: [])
+    units, fw = Units(), list[tuple[bool, list[str]]]()
+    k = keeper.Keeper("n1", units, lambda on, peers: fw.append((on, list(peers))), paths,
+                      installed=lambda part: [])  # fmt: skip
     return k, units, fw
 
 
 async def test_the_part_is_started_from_drop_ins_and_restarted_on_a_new_conf(
-    made: tuple[keeper.Keeper, Units, list[bool]], tmp_path: Path
+    made: Made, tmp_path: Path
 ) -> None:
     k, units, fw = made
     await k.step()
@@ -156,7 +159,7 @@ async def test_the_part_is_started_from_drop_ins_and_restarted_on_a_new_conf(
     slurmd = (tmp_path / "run/slurmd.service.d/50-llmgw.conf").read_text()
     assert "--conf-server 10.0.0.9:6817 -N n1" in slurmd
     assert (tmp_path / "etc/slurm.conf").read_text() == PART.slurm_conf
-    assert fw == [True] and k.report == SlurmReport()
+    assert fw == [(True, PART.peers)] and k.report == SlurmReport()
     units.calls.clear()
     await k.step()  # nothing changed: only started (a no-op for a running unit)
     assert units.calls == [
@@ -172,7 +175,7 @@ async def test_the_part_is_started_from_drop_ins_and_restarted_on_a_new_conf(
 
 
 async def test_no_part_stops_what_it_ran_and_removes_only_what_it_wrote(
-    made: tuple[keeper.Keeper, Units, list[bool]], tmp_path: Path
+    made: Made, tmp_path: Path
 ) -> None:
     k, units, fw = made
     (tmp_path / "etc").mkdir()
@@ -190,11 +193,11 @@ async def test_no_part_stops_what_it_ran_and_removes_only_what_it_wrote(
     assert not (tmp_path / "run/slurmd.service.d").exists()
     assert not (tmp_path / "etc/slurm.conf").exists()
     assert (tmp_path / "etc/cgroup.conf").read_text() == "# the site's own, edited\n"
-    assert fw == [True, False] and k.report is None
+    assert fw == [(True, PART.peers), (False, [])] and k.report is None
 
 
 async def test_a_missing_package_is_installed_and_said(
-    made: tuple[keeper.Keeper, Units, list[bool]], monkeypatch: pytest.MonkeyPatch
+    made: Made, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     k, units, _ = made
     k.installed = lambda part: ["slurmd"]
@@ -208,4 +211,3 @@ async def test_a_missing_package_is_installed_and_said(
         "slurmd",
         "slurmctld",
     ]
-

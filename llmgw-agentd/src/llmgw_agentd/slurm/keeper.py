@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -50,7 +50,7 @@ class Keeper:
 
     node: str
     units: Units
-    firewall: Callable[[bool], None]
+    firewall: Callable[[bool, Sequence[str]], None]  # Slurm on, and its peers' addresses
     paths: Paths = field(default_factory=Paths)
     installer: install.Installer = field(default_factory=install.Installer)
     installed: Callable[[SlurmPart], list[str]] = install.missing
@@ -86,7 +86,7 @@ class Keeper:
             if part is None:
                 await self._undo()
                 return
-            self.firewall(True)
+            self.firewall(True, part.peers)
             message = await self._keep(part)
             self.report = await asyncio.to_thread(
                 report.read, self.node, part.slurmd, message, proc=self.paths.proc
@@ -174,5 +174,5 @@ class Keeper:
                 log.info("removed what llmgw wrote: %s", ", ".join(removed))
         except (SystemdError, OSError) as e:
             log.warning("undoing the node's Slurm: %s", e)
-        self.firewall(False)
+        self.firewall(False, ())
         self.report = None
