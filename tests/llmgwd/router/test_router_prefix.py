@@ -48,6 +48,19 @@ def test_a_next_turn_extends_the_chain_of_the_one_before() -> None:
     assert affinity(turns("other", 1)[0]).chain[0] == a[0]  # the shared system prompt
 
 
+def test_messages_and_responses_bodies_chain_their_conversation_too() -> None:
+    """Anthropic's Messages (system apart) and OpenAI's Responses (instructions, input)."""
+    first, second = turns("c", 2)
+    for system, conversation in (("system", "messages"), ("instructions", "input")):
+        a, b = (
+            chain(prompt_text({system: SYSTEM, conversation: messages[1:]}))
+            for messages in (first, second)
+        )
+        assert len(b) > len(a) > 1
+        assert b[: len(a) - 1] == a[: len(a) - 1]
+    assert chain(prompt_text({"input": SYSTEM}))[0] == chain(SYSTEM)[0]
+
+
 async def test_each_conversation_stays_on_its_replica_and_both_are_used() -> None:
     """Conversations with no prefix in common are spread; each stays where it began."""
     balancer = Balancer(Pool([ep("a"), ep("b")]))

@@ -47,18 +47,22 @@ def chain(text: str) -> tuple[int, ...]:
 
 
 def prompt_text(doc: dict[str, Any]) -> str:
-    """The prompt serialized so that a conversation's next turn extends it: tools first, then
-    each message's role and content in order (a completion's prompt as it is)."""
+    """The prompt serialized so that a conversation's next turn extends it: tools and the
+    system text first (Messages' system, Responses' instructions), then each message's role
+    and content in order (chat's messages, Responses' input), or a completion's prompt."""
     parts: list[str] = []
-    if tools := doc.get("tools"):
-        parts.append(_encode(tools).decode())
-    messages = doc.get("messages")
+    for lead in ("tools", "system", "instructions"):
+        if value := doc.get(lead):
+            parts.append(value if isinstance(value, str) else _encode(value).decode())
+    messages = doc.get("messages", doc.get("input"))
     if isinstance(messages, list):
         for m in messages:
             if isinstance(m, dict):
                 content = m.get("content")
                 text = content if isinstance(content, str) else _encode(content).decode()
                 parts.append(f"\x1e{m.get('role')}\x1f{text}")
+    elif isinstance(messages, str):
+        parts.append(messages)
     elif isinstance(prompt := doc.get("prompt"), str):
         parts.append(prompt)
     return "".join(parts)
