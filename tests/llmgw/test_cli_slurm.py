@@ -105,7 +105,12 @@ def test_lending_a_node_not_in_slurm_says_why(cli: Callable[..., Result]) -> Non
 def test_server_init_slurm_turns_slurm_on_with_this_host_as_controller(
     cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    token = {"command": "llmgw node join https://cp:7710 --token t", "expires_in": 600}
+    token = {
+        "token": "t",
+        "expires_in": 600,
+        "url": "https://cp:7710",
+        "command": "llmgw node join https://cp:7710 --token t",
+    }  # a TokenView
     monkeypatch.setattr(server, "_started", lambda *_: token)  # llmgwd answers on the socket
     args = ["server", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
             str(tmp_path / "state"), "--slurm"]  # fmt: skip

@@ -7,8 +7,10 @@ from typing import Any
 from urllib.parse import quote
 
 import click
+import msgspec
 
 from llmgw import ipc
+from llmgw.api_types import ErrorAnswer
 
 API = "/api/v1"
 
@@ -54,13 +56,11 @@ def api_path(*parts: str) -> str:
 
 
 def error_message(answer: Any, status: int) -> str:
-    """The message of an {"error": {"message": ...}} answer, or a plain fallback."""
-    if isinstance(answer, dict):
-        err = answer.get("error")
-        message = err.get("message") if isinstance(err, dict) else None
-        if isinstance(message, str):
-            return message
-    return f"the daemon answered HTTP {status}"
+    """The message of an /api/v1 error answer (api_types.ErrorAnswer), or a plain fallback."""
+    try:
+        return msgspec.convert(answer, ErrorAnswer).error.message
+    except msgspec.ValidationError:
+        return f"the daemon answered HTTP {status}"
 
 
 def call(

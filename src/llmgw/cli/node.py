@@ -5,16 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import msgspec
 
+from llmgw.api_types import TokenView
 from llmgw.cli.common import API, Settings, api_path, call, pass_settings
 from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
 
 
-def echo_join_command(token: dict[str, Any]) -> None:
-    """Print the command a node joins with and how long it works."""
-    minutes = int(token.get("expires_in", 0)) // 60
+def echo_join_command(answer: Any) -> None:
+    """Print the command a node joins with and how long it works (a TokenView's fields)."""
+    token = msgspec.convert(answer, TokenView)
+    minutes = token.expires_in // 60
     click.echo("Join a node to this cluster by running, on the node:")
-    click.echo(f"  {token['command']}")
+    click.echo(f"  {token.command}")
     click.echo(f"The token works once, for {minutes} minutes.")
 
 

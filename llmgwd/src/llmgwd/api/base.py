@@ -16,6 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw import wire
+from llmgw.api_types import ErrorAnswer, ErrorBody
 from llmgwd import auth, engine_support
 from llmgwd.catalog import ApiKey, Catalog, Model
 from llmgwd.meter_views import Invalid
@@ -182,21 +183,6 @@ class ApiContext:
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
-
-
-class ErrorBody(msgspec.Struct, omit_defaults=True):
-    """The body of an error answer."""
-
-    message: str
-    type: str
-    code: str
-    param: str | None = None  # the request field at fault, for a 400
-
-
-class ErrorAnswer(msgspec.Struct):
-    """An error answer."""
-
-    error: ErrorBody
 
 
 class ApiError(Exception):

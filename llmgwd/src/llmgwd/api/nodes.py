@@ -9,6 +9,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw import pki
+from llmgw.api_types import NodeFlagsView
 from llmgwd.api.base import (
     ApiContext,
     ApiError,
@@ -80,4 +81,4 @@ async def set_node_flags(request: web.Request) -> web.Response:
     await sched.set_flags(name, _NODE_FLAGS[action])
     log.info("node %s: %s, by %s", name, action, _who(request))
     f = sched.flags(name)
-    return json_response({"name": name, "cordoned": f.cordoned, "draining": f.draining})
+    return json_response(NodeFlagsView(name=name, cordoned=f.cordoned, draining=f.draining))

@@ -11,6 +11,7 @@ from llmgwd.api import (
     mirror,
     models,
     nodes,
+    openapi,
     people,
     plans,
     servers,
@@ -33,6 +34,7 @@ READ, OPERATE, ADMIN = STAFF_READ, STAFF_OPERATE, STAFF_ADMIN
 TABLE: list[Route] = [
     *[(m, path, people.plain(h), rule) for m, path, h, rule in people.TABLE],
     ("GET", "/status", status.get_status, READ),
+    ("GET", "/openapi.json", openapi.get_openapi, READ),
     ("GET", "/models", models.list_models, READ),
     ("POST", "/models", models.add_model, OPERATE),
     ("GET", "/models/{name}", models.get_model, READ),

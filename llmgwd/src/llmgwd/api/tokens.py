@@ -5,21 +5,12 @@ from __future__ import annotations
 import logging
 import shlex
 
-import msgspec
 from aiohttp import web
 
+from llmgw.api_types import TokenView
 from llmgwd.api.base import _ctx, _who, json_response
 
 log = logging.getLogger(__name__)
-
-
-class TokenView(msgspec.Struct, kw_only=True):
-    """A new join token and the command that uses it."""
-
-    token: str
-    expires_in: int
-    url: str
-    command: str
 
 
 async def create_token(request: web.Request) -> web.Response:

@@ -1,0 +1,124 @@
+"""/api/v1/openapi.json: an OpenAPI 3.1 document made from the route table and the routes'
+request and answer types (msgspec's JSON Schema); every error in the one error body."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from llmgw.api_types import ErrorAnswer, NodeFlagsView, TokenView
+from llmgw.mirror_api import ImportIn, ImportOut, MirrorStatus, PeerIn, SweepIn, SweepOut
+from llmgwd.api import keys, models, people, plans, servers
+from llmgwd.api.base import API_PREFIX, NodeInfo, _ctx, json_response
+from llmgwd.auth import Rule
+from llmgwd.meter_views import LimitsIn, PriceIn
+from llmgwd.people.records import User
+
+# (method, path): (request body type or None, answer type or None: JSON not described yet)
+SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
+    ("GET", "/models"): (None, list[models.ModelView]),
+    ("POST", "/models"): (models.ModelIn, models.ModelView),
+    ("GET", "/models/{name}"): (None, models.ModelView),
+    ("POST", "/models/{name}/serve"): (models.ServeIn, models.ModelView),
+    ("POST", "/models/{name}/stop"): (None, models.ModelView),
+    ("POST", "/models/{name}/replicas"): (models.ProfileReplicasIn, models.ModelView),
+    ("PUT", "/models/{name}/context"): (models.ContextIn, models.ModelView),
+    ("GET", "/models/{name}/plan"): (None, plans.PlanView),
+    ("PUT", "/models/{name}/price"): (PriceIn, models.ModelView),
+    ("GET", "/nodes"): (None, list[NodeInfo]),
+    ("POST", "/nodes/{name}/{action}"): (None, NodeFlagsView),
+    ("POST", "/tokens"): (None, TokenView),
+    ("GET", "/keys"): (None, list[keys.KeyView]),
+    ("POST", "/keys"): (keys.KeyIn, keys.NewKey),
+    ("DELETE", "/keys/{key}"): (None, keys.KeyView),
+    ("PATCH", "/keys/{key}/limits"): (LimitsIn, keys.KeyView),
+    ("GET", "/mirror"): (None, MirrorStatus),
+    ("POST", "/mirror/import"): (ImportIn, ImportOut),
+    ("POST", "/mirror/sweep"): (SweepIn, SweepOut),
+    ("POST", "/mirror/peers"): (PeerIn, None),
+    ("POST", "/servers/tokens"): (servers.ServerTokenIn, servers.ServerTokenView),
+    ("POST", "/orgs"): (people.NamedIn, None),
+    ("POST", "/orgs/{org}/teams"): (people.NamedIn, None),
+    ("POST", "/orgs/{org}/projects"): (people.ProjectIn, None),
+    ("GET", "/users"): (None, list[User]),
+    ("POST", "/users"): (people.UserIn, User),
+    ("GET", "/users/{user}"): (None, User),
+    ("PATCH", "/users/{user}"): (people.UserChange, User),
+    ("PUT", "/users/{user}/staff"): (people.StaffIn, None),
+}
+for _scope in ("", "/teams/{team}", "/projects/{project}"):
+    SHAPES[("PUT", f"/orgs/{{org}}{_scope}/members/{{user}}")] = (people.RoleIn, None)
+
+_REF = "#/components/schemas/{name}"
+_ERRORS = ("400", "401", "403", "404", "409", "503")
+
+
+def plain_path(path: str) -> str:
+    """A route's path with its parameters' patterns dropped ({action:a|b} -> {action})."""
+    return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", path)
+
+
+def _json(schema: dict[str, Any], what: str) -> dict[str, Any]:
+    return {"description": what, "content": {"application/json": {"schema": schema}}}
+
+
+def _operation(method: str, path: str, rule: Rule, schemas: dict[Any, Any]) -> dict[str, Any]:
+    """One route's operation: its parameters, body, answers and who may call it."""
+    request, answer = SHAPES.get((method, path), (None, None))
+    ok = _json(schemas[answer], "done") if answer is not None else {"description": "done"}
+    op: dict[str, Any] = {
+        "operationId": f"{method.lower()} {path}",
+        "parameters": [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in re.findall(r"\{(\w+)\}", path)
+        ],
+        "responses": {"200": ok}
+        | {code: {"$ref": "#/components/responses/Error"} for code in _ERRORS},
+        "x-staff-roles": sorted(rule.staff),
+    }
+    if rule.member is not None:
+        op["x-member-role"] = rule.member
+    if request is not None:
+        op["requestBody"] = {"required": True, **_json(schemas[request], "the request")}
+    return op
+
+
+def document(table: Sequence[tuple[str, str, object, Rule]], version: str) -> dict[str, Any]:
+    """The OpenAPI document of these routes (method, path under API_PREFIX, handler, rule)."""
+    typed = sorted({t for pair in SHAPES.values() for t in pair if t is not None}, key=repr)
+    found, components = msgspec_schemas([ErrorAnswer, *typed])
+    schemas = dict(zip([ErrorAnswer, *typed], found, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for method, raw, _handler, rule in table:
+        path = plain_path(raw)
+        paths.setdefault(API_PREFIX + path, {})[method.lower()] = _operation(
+            method, path, rule, schemas
+        )
+    error = _json(schemas[ErrorAnswer], "an error, in /api/v1's one error body")
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llmgw /api/v1", "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "responses": {"Error": error},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def msgspec_schemas(types: list[Any]) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
+    """msgspec's JSON Schemas of types, referring to components named as OpenAPI wants."""
+    return msgspec.json.schema_components(types, ref_template=_REF)
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    """GET /openapi.json: this API's OpenAPI document."""
+    from llmgwd.api import routes  # the table holds this handler
+
+    return json_response(document(routes.TABLE, _ctx(request).version))

@@ -1,0 +1,100 @@
+"""/api/v1/openapi.json: made from the route table, every route in it, every type it names
+described, and answers that decode into the shared types (llmgw.api_types) the CLI uses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from llmgw.api_types import ErrorAnswer, TokenView
+from llmgw.cli.common import error_message
+from llmgwd.api import openapi, routes
+from llmgwd.api.access import key_auth
+from llmgwd.api.base import ApiContext, NodeInfo
+from llmgwd.api.routes import api_subapp
+from llmgwd.catalog import Catalog
+from llmgwd.store.sqlite import SqliteStore
+
+
+class NoNodes:
+    def nodes(self) -> list[NodeInfo]:
+        return []
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[aiohttp.ClientSession, dict[str, str]]]:
+    store = await SqliteStore.open(":memory:")
+    catalog = Catalog(store)
+    await catalog.load()
+    ctx = ApiContext(
+        catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="https://cp:7710"
+    )
+    app = web.Application()
+    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    _, admin = await catalog.create_key("a", "admin")
+    async with aiohttp.ClientSession(str(server.make_url(""))) as s:
+        yield s, {"Authorization": f"Bearer {admin}"}
+    await server.close()
+    await store.close()
+
+
+def _refs(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+async def test_the_document_is_served_and_holds_every_route(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.get("/api/v1/openapi.json") as resp:
+        assert resp.status == 401  # a key is needed, as on every route
+    async with session.get("/api/v1/openapi.json", headers=auth) as resp:
+        assert resp.status == 200
+        doc = await resp.json()
+    assert doc["openapi"].startswith("3.1")
+    served = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    table = {(m, "/api/v1" + openapi.plain_path(p)) for m, p, _h, _r in routes.TABLE}
+    assert served == table and len(table) >= 50
+    names = {"#/components/schemas/" + n for n in doc["components"]["schemas"]}
+    assert _refs(doc["paths"]) - {"#/components/responses/Error"} <= names
+    assert _refs(doc["components"]) <= names
+    error = doc["components"]["responses"]["Error"]["content"]["application/json"]["schema"]
+    assert error == {"$ref": "#/components/schemas/ErrorAnswer"}
+    tokens = doc["paths"]["/api/v1/tokens"]["post"]
+    assert tokens["x-staff-roles"] == ["admin", "operator"]
+    assert tokens["responses"]["403"] == {"$ref": "#/components/responses/Error"}
+    json.dumps(doc)  # plain JSON
+
+
+def test_every_described_shape_is_a_route() -> None:
+    table = {(m, openapi.plain_path(p)) for m, p, _h, _r in routes.TABLE}
+    assert set(openapi.SHAPES) <= table
+
+
+async def test_answers_decode_into_the_shared_types(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.post("/api/v1/tokens", headers=auth) as resp:
+        token = msgspec.convert(await resp.json(), TokenView)
+    assert token.command.startswith("llmgw node join https://cp:7710 --token ")
+    async with session.get("/api/v1/models/nope", headers=auth) as resp:
+        answer = await resp.json()
+    err = msgspec.convert(answer, ErrorAnswer)
+    assert resp.status == 404 and err.error.code == "model_not_found"
+    assert error_message(answer, 404) == "no model 'nope'"
+    assert error_message({"detail": "?"}, 502) == "the daemon answered HTTP 502"
