@@ -666,7 +666,9 @@ async def make_llmgw_keys(sock: Path, notes: list[str]) -> tuple[str, str | None
 
 
 @contextlib.asynccontextmanager
-async def llmgwd(cores: Cores, tmp: Path, mock_port: int) -> AsyncIterator[Target]:
+async def llmgwd(
+    cores: Cores, tmp: Path, mock_port: int, prefix_balancing: str = ""
+) -> AsyncIterator[Target]:
     """The real daemon, a key, the model, and a fake node that reports the mock ready."""
     d = tmp / "llmgwd"
     d.mkdir()
@@ -676,7 +678,8 @@ async def llmgwd(cores: Cores, tmp: Path, mock_port: int) -> AsyncIterator[Targe
     config.write_text(
         f"name: bench\nstate_dir: {d / 'state'}\nsocket: {sock}\nlog_level: info\n"
         f"client:\n  listen: 127.0.0.1:{client}\n"
-        f"cluster:\n  listen: 127.0.0.1:{cluster}\n  advertise: https://127.0.0.1:{cluster}\n"
+        + (f"  prefix_balancing: {prefix_balancing}\n" if prefix_balancing else "")
+        + f"cluster:\n  listen: 127.0.0.1:{cluster}\n  advertise: https://127.0.0.1:{cluster}\n"
     )
     env = {
         k: v
@@ -1249,7 +1252,9 @@ async def run(args: argparse.Namespace) -> None:
             t_start = time.monotonic()
             await measure(cores, direct, plan, 20000.0, None)
             targets: list[Target] = []
-            async with llmgwd(cores, tmp, mock_port) as gw:
+            prefix = {"on": "true", "off": "false"}.get(args.prefix_balancing, "")
+            out(f"  llmgwd with client.prefix_balancing {prefix or 'as it defaults'}")
+            async with llmgwd(cores, tmp, mock_port, prefix) as gw:
                 await measure(cores, gw, plan, None, direct)
                 targets.append(gw)
                 if not args.no_profile:
@@ -1306,6 +1311,9 @@ def main() -> None:
     parser.add_argument("--skip-litellm", action="store_true", help="direct and llmgwd only")
     parser.add_argument("--no-profile", action="store_true", help="no py-spy profile of llmgwd")
     parser.add_argument("--output", type=Path, default=HERE / "last-run.txt")
+    parser.add_argument(
+        "--prefix-balancing", choices=("on", "off"), help="llmgwd's setting (else its default)"
+    )
     args = parser.parse_args()
     out = Out(args.output)
 
