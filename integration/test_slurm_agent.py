@@ -43,10 +43,12 @@ import asyncio, sys, msgspec
 from pathlib import Path
 from llmgw.wire import SlurmPart
 from llmgw_agentd.slurm.keeper import Keeper, Paths
+from llmgw_agentd.slurm.setup_unit import SetupUnit
 from llmgw_agentd.systemd import Systemd
 async def main():
     sd = Systemd(); await sd.connect()
-    k = Keeper("n1", sd, lambda on, peers: None, Paths(record=Path("/var/lib/t/rec.json")))
+    k = Keeper("n1", sd, lambda on, peers: None, SetupUnit(sd, Path("/var/lib/t")),
+               Paths(record=Path("/var/lib/t/rec.json")))
     k.set(msgspec.json.decode(sys.argv[1], type=SlurmPart | None))
     await k.step()
     print(msgspec.json.encode(k.report).decode())

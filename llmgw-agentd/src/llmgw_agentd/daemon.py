@@ -22,6 +22,7 @@ from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.planes import PLANES_FILE, Planes
 from llmgw_agentd.replicas import Replicas
 from llmgw_agentd.slurm.keeper import Keeper, Paths
+from llmgw_agentd.slurm.setup_unit import SetupUnit
 from llmgw_agentd.systemd import Systemd
 
 log = logging.getLogger("llmgw-agentd")
@@ -61,7 +62,11 @@ class Agent:
         self._slurm_bus = Systemd()
         record = Path(config.state_dir) / "slurm-files.json"
         self.slurm = Keeper(
-            self.node, self._slurm_bus, self.firewall.set_slurm, Paths(record=record)
+            self.node,
+            self._slurm_bus,
+            self.firewall.set_slurm,
+            SetupUnit(self._slurm_bus, Path(config.state_dir)),
+            Paths(record=record),
         )
         self._slurm_task: asyncio.Task[None] | None = None
 

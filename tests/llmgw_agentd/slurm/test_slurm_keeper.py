@@ -3,6 +3,7 @@ recorded/README.md), the drains it keeps, and what it does to units and files (f
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import msgspec
 import pytest
 
 from llmgw.wire import SLURM_NOT_LENT, SlurmPart, SlurmReport
-from llmgw_agentd.slurm import install, keeper, lending, report
+from llmgw_agentd.slurm import install, keeper, lending, report, setup
 from llmgw_agentd.slurm.cmd import SlurmError
 
 REC = Path(__file__).parent / "recorded"
@@ -86,12 +87,12 @@ def test_jobs_are_the_slurmstepds_with_a_step_not_slurmds_infinity(tmp_path: Pat
 
 def test_the_report_says_no_state_when_the_controller_does_not_answer(tmp_path: Path) -> None:
     def runner(argv: list[str]) -> str:
-        if argv[0] == "sinfo":
-            raise SlurmError("sinfo failed (1): Unable to contact slurm controller")
-        out = {"-V": "slurm-wlm 22.05.8\n", "-C": "NodeName=vm CPUs=2\nUpTime=0\n"}
-        return out[argv[1]]
+        assert argv[0] == "sinfo"  # slurmd -V and -C: the set-up unit's (slurmd drops groups)
+        raise SlurmError("sinfo failed (1): Unable to contact slurm controller")
 
-    got = report.read("n1", True, "", runner, fake_proc(tmp_path, {191: b"slurmstepd: [7.0]\0"}))
+    probed = (report.version("slurm-wlm 22.05.8\n"), report.node_line("NodeName=vm CPUs=2\nUp"))
+    got = report.read("n1", True, "", probed, runner,
+                      fake_proc(tmp_path, {191: b"slurmstepd: [7.0]\0"}))  # fmt: skip
     assert got == SlurmReport(version="22.05.8", node_line="NodeName=vm CPUs=2", jobs=["7"],
                               cgroup=report.cgroup_version())  # fmt: skip
 
@@ -124,6 +125,11 @@ class Units:
         self.calls.append(("reload", ""))
 
 
+async def in_process(order: setup.Order) -> setup.Done:
+    """The set-up unit's work done here (the unit itself: integration/test_slurm.py)."""
+    return await asyncio.to_thread(setup.carry_out, order)
+
+
 # The keeper, its units, and what it told the firewall: (Slurm on, its peers) each time.
 Made = tuple[keeper.Keeper, Units, list[tuple[bool, list[str]]]]
 
@@ -131,21 +137,23 @@ Made = tuple[keeper.Keeper, Units, list[tuple[bool, list[str]]]]
 @pytest.fixture
 def made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Made:
     monkeypatch.setattr(lending, "keep", lambda lent: [])
+    monkeypatch.setattr(install, "missing", lambda part: [])
+    monkeypatch.setattr(setup, "run", lambda argv: "")  # slurmd -V, -C: not asked here
     monkeypatch.setattr(
-        report, "read", lambda node, slurmd, message, proc: SlurmReport(message=message)
+        report, "read", lambda node, slurmd, message, probed, proc: SlurmReport(message=message)
     )
     paths = keeper.Paths(
         units=tmp_path / "run", etc=tmp_path / "etc", munge_key=tmp_path / "munge.key",
         state=tmp_path / "lib", record=tmp_path / "agent" / "slurm-files.json",
     )  # fmt: skip
     units, fw = Units(), list[tuple[bool, list[str]]]()
-    k = keeper.Keeper("n1", units, lambda on, peers: fw.append((on, list(peers))), paths,
-                      installed=lambda part: [])  # fmt: skip
+    k = keeper.Keeper("n1", units, lambda on, peers: fw.append((on, list(peers))),
+                      in_process, paths)  # fmt: skip
     return k, units, fw
 
 
 async def test_the_part_is_started_from_drop_ins_and_restarted_on_a_new_conf(
-    made: Made, tmp_path: Path
+    made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     k, units, fw = made
     await k.step()
@@ -167,6 +175,12 @@ async def test_the_part_is_started_from_drop_ins_and_restarted_on_a_new_conf(
         ("start", "slurmctld.service"),
         ("start", "slurmd.service"),
     ]
+    units.calls.clear()
+    k.set(msgspec.structs.replace(PART, lent=[]))  # lending sets nothing up again
+    real = setup.set_up
+    monkeypatch.setattr(setup, "set_up", lambda part, where: pytest.fail("set up again"))
+    await k.step()
+    monkeypatch.setattr(setup, "set_up", real)
     units.calls.clear()
     k.set(msgspec.structs.replace(PART, conf_hash="h2", slurm_conf="# new\n"))
     await k.step()
@@ -196,18 +210,28 @@ async def test_no_part_stops_what_it_ran_and_removes_only_what_it_wrote(
     assert fw == [(True, PART.peers), (False, [])] and k.report is None
 
 
-async def test_a_missing_package_is_installed_and_said(
-    made: Made, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    k, units, _ = made
-    k.installed = lambda part: ["slurmd"]
-    monkeypatch.setattr(install, "commands", lambda wanted: [])
-    k.set(PART)
-    await k.step()
-    assert k.report is not None and "slurmd not installed" in k.report.message
-    assert units.calls == []
+def test_a_part_needs_the_packages_of_its_daemons() -> None:
     assert install.missing(PART, exists=lambda p: "munged" in p) == [
         "client",
         "slurmd",
         "slurmctld",
     ]
+    assert install.commands(["slurmd"], which=lambda m: "/usr/bin/dnf" if m == "dnf" else None)[
+        0
+    ] == ["dnf", "install", "-y", "slurm-slurmd"]
+
+
+async def test_a_missing_package_is_installed_and_said(
+    made: Made, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k, units, _ = made
+    monkeypatch.setattr(install, "missing", lambda part: ["slurmd"])
+    monkeypatch.setattr(install, "commands", lambda wanted: [])
+    k.set(PART)
+    await k.step()
+    assert k.report is not None and "slurmd not installed" in k.report.message
+    assert units.calls == []
+    # Not run again at once (every RETRY_S): the same failure is said meanwhile.
+    monkeypatch.setattr(setup, "set_up", lambda part, where: pytest.fail("set up again"))
+    await k.step()
+    assert k.report is not None and "slurmd not installed" in k.report.message

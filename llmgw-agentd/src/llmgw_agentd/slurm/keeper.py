@@ -1,25 +1,30 @@
 """Keeps the node's part in Slurm as the leader's Desired says, on each Desired and every
-CHECK_S: packages, munge's key, the controller's files, the units' drop-ins (reloaded and
-started over D-Bus), the drains of nodes not lent; told no part, it undoes what it did."""
+CHECK_S: a new part set up by the set-up unit (packages, munge's key, the controller's files:
+slurm/setup.py), the units' drop-ins (reloaded and started over D-Bus), the drains of nodes
+not lent; told no part, it undoes what it did."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
 from llmgw.wire import SlurmPart, SlurmReport
-from llmgw_agentd.slurm import dropins, files, install, lending, munge, report
+from llmgw_agentd.slurm import dropins, files, install, lending, munge, report, setup
 from llmgw_agentd.slurm.cmd import SlurmError
 from llmgw_agentd.systemd import SystemdError
 
 log = logging.getLogger(__name__)
 
 CHECK_S = 12.0
+RETRY_S = 60.0  # a set-up that failed is run again after this
 MUNGE = "munge.service"
 
 
@@ -34,7 +39,7 @@ class Units(Protocol):
 
 @dataclass
 class Paths:
-    """Where the keeper writes (other roots in tests)."""
+    """Where the keeper and its set-up write (other roots in tests)."""
 
     units: Path = dropins.RUN_UNITS
     etc: Path = dropins.SLURM_ETC
@@ -42,6 +47,15 @@ class Paths:
     state: Path = files.STATE
     record: Path = Path("/var/lib/llmgw-agent") / files.WRITTEN
     proc: Path = Path("/proc")
+
+    def where(self) -> setup.Where:
+        """The set-up's share of these."""
+        return setup.Where(str(self.etc), str(self.munge_key), str(self.state), str(self.record))
+
+
+def _set_up_key(part: SlurmPart) -> SlurmPart:
+    """What of a part its set-up depends on (lending and the peers change none of it)."""
+    return msgspec.structs.replace(part, lent=[], peers=[])
 
 
 @dataclass
@@ -51,12 +65,15 @@ class Keeper:
     node: str
     units: Units
     firewall: Callable[[bool, Sequence[str]], None]  # Slurm on, and its peers' addresses
+    run_setup: Callable[[setup.Order], Awaitable[setup.Done]]  # setup_unit.SetupUnit
     paths: Paths = field(default_factory=Paths)
-    installer: install.Installer = field(default_factory=install.Installer)
-    installed: Callable[[SlurmPart], list[str]] = install.missing
     report: SlurmReport | None = None
     _part: SlurmPart | None = None
     _told: bool = False  # a Desired came: before it, nothing is started nor stopped
+    _set_up_for: SlurmPart | None = None  # the part (_set_up_key) the last set-up was for
+    _probed: tuple[str, str] = ("", "")  # its `slurmd -V` version and `slurmd -C` line
+    _failed: str = ""  # why the last set-up failed ("": it did not)
+    _failed_at: float = 0.0
     _poked: asyncio.Event = field(default_factory=asyncio.Event)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -89,34 +106,48 @@ class Keeper:
             self.firewall(True, part.peers)
             message = await self._keep(part)
             self.report = await asyncio.to_thread(
-                report.read, self.node, part.slurmd, message, proc=self.paths.proc
+                report.read, self.node, part.slurmd, message, self._probed, proc=self.paths.proc
             )
 
     async def _keep(self, part: SlurmPart) -> str:
         """Everything the part wants; what failed ("": nothing)."""
-        wanted = self.installed(part)
-        if wanted:
-            return self.installer.ensure(wanted)
         try:
-            await self._munge(part)
-            ctl_changed = False
+            done = await self._set_up(part)
+            if done.message:
+                return done.message
+            await self._munge(done.munge_changed)
+            await self._units(part, done.files_changed)
             if part.slurmctld:
-                ctl_changed = await asyncio.to_thread(
-                    files.write, part, self.paths.etc, self.paths.record
-                )
-            await asyncio.to_thread(files.make_dirs, part.slurmctld, self.paths.state)
-            await self._units(part, ctl_changed)
-            if part.slurmctld:
-                done = await asyncio.to_thread(lending.keep, part.lent)
-                for name, what in done:
+                changed = await asyncio.to_thread(lending.keep, part.lent)
+                for name, what in changed:
                     log.info("Slurm: %s node %s (lent: %s)", what, name, ", ".join(part.lent))
         except (SlurmError, SystemdError, OSError, ValueError) as e:
             log.warning("the node's Slurm: %s", e)
             return str(e)
         return ""
 
-    async def _munge(self, part: SlurmPart) -> None:
-        if await asyncio.to_thread(munge.write_key, part.munge_key, self.paths.munge_key):
+    async def _set_up(self, part: SlurmPart) -> setup.Done:
+        """The set-up unit run for a part it has not yet set up (again RETRY_S after it
+        failed); Done() when there is nothing new to do."""
+        key = _set_up_key(part)
+        if key == self._set_up_for:
+            return setup.Done()
+        if self._failed and time.monotonic() - self._failed_at < RETRY_S:
+            return setup.Done(message=self._failed)
+        if missing := install.missing(part):
+            log.info("installing %s: journalctl -u %s", ", ".join(missing), setup.UNIT)
+            self.report = SlurmReport(message=f"installing {', '.join(missing)}")
+        done = await self.run_setup(setup.Order(setup.SET_UP, self.paths.where(), part))
+        if done.message:
+            self._failed, self._failed_at = done.message, time.monotonic()
+            log.warning("setting up the node's Slurm failed: %s", done.message)
+            return done
+        self._failed, self._set_up_for = "", key
+        self._probed = (done.version, done.node_line)
+        return done
+
+    async def _munge(self, changed: bool) -> None:
+        if changed:
             log.info("munge's key changed: restarting munge")
             await self.units.restart(MUNGE)
         else:
@@ -169,10 +200,12 @@ class Keeper:
             ]
             if gone:
                 await self.units.reload()
-            removed = await asyncio.to_thread(files.remove, self.paths.record)
-            if removed:
-                log.info("removed what llmgw wrote: %s", ", ".join(removed))
+            if self.paths.record.exists():
+                done = await self.run_setup(setup.Order(setup.UNDO, self.paths.where()))
+                if done.removed:
+                    log.info("removed what llmgw wrote: %s", ", ".join(done.removed))
         except (SystemdError, OSError) as e:
             log.warning("undoing the node's Slurm: %s", e)
         self.firewall(False, ())
         self.report = None
+        self._set_up_for = None

@@ -57,17 +57,15 @@ def read(
     node: str,
     slurmd: bool,
     message: str,
+    probed: tuple[str, str] = ("", ""),
     runner: Callable[[list[str]], str] = run,
     proc: Path = Path("/proc"),
 ) -> SlurmReport:
-    """The node's Slurm as it is now (state and reason "" when the controller does not
-    answer, or the node runs no slurmd)."""
-    ver = line = state = reason = ""
-    try:
-        ver = version(runner(["slurmd", "-V"]))
-        line = node_line(runner(["slurmd", "-C"]))
-    except SlurmError as e:
-        message = message or str(e)
+    """The node's Slurm as it is now, with the version and `slurmd -C` line its set-up
+    probed (slurmd wants privileges the agent's unit has not); state and reason "" when the
+    controller does not answer, or the node runs no slurmd."""
+    ver, line = probed
+    state = reason = ""
     if slurmd and ver:
         try:
             found = lending.nodes(runner(["sinfo", "-h", "-N", "-n", node, "-o", "%N|%T|%E"]))
