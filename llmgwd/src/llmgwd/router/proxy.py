@@ -117,7 +117,7 @@ class Upstream:
             total=None, connect=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
         self._retry_after_s = retry_after_s
-        self._poll_s = disconnect_poll_s
+        self._watch = _Watch(disconnect_poll_s)
         self._flights = _Flights()
         self._fresh: aiohttp.ClientSession | None = None
 
@@ -363,7 +363,7 @@ class Upstream:
             raise _engine_failed(endpoint, e) from None
         if upstream.status == 200:
             content_type = upstream.headers.get("Content-Type", "application/json")
-            body = answers.success_body(data, endpoint.model, tally)
+            body = answers.success_body(data, endpoint.model, tally, path)
             return web.Response(status=200, body=body, headers={"Content-Type": content_type})
         error = answers.engine_error(upstream.status, data, endpoint.model, path)
         log.info(
@@ -415,48 +415,58 @@ class Upstream:
         """Run work; None (work cancelled at once) if the client disconnects first.
 
         aiohttp does not cancel a handler when its client leaves (unless the daemon asks for
-        handler_cancellation), so the connection is watched here, by a timer rather than by
-        a wait with a timeout (which would cost every request a future and a timer of its own).
+        handler_cancellation), so the connections of all requests in flight are checked by
+        one timer (self._watch), which cancels the handler's own task: no task, future or
+        timer of its own for each request.
         """
-        task = asyncio.ensure_future(work)
-        watch = _Watch(request, task, self._poll_s)
+        task = asyncio.current_task()
+        assert task is not None  # only ever called from a request's handler
+        self._watch.add(task, request)
         try:
-            return await task
+            return await work
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if watch.gone and (current is None or not current.cancelling()):
-                return None
+            if self._watch.left(task) and task.uncancel() == 0:
+                return None  # our cancel only: the client left
             raise
         except ConnectionResetError:  # a write to the client failed: it is gone
             return None
         finally:
-            watch.stop()
-            task.cancel()  # our own cancellation (handler_cancellation) reaches the work too
+            self._watch.discard(task)
 
 
 class _Watch:
-    """Cancels a request's work when its client's connection closes, checked every poll_s."""
+    """Cancels the handler of each request whose client's connection closed, all of them
+    checked every poll_s by one timer that runs while any is watched."""
 
-    def __init__(self, request: web.Request, task: asyncio.Future[Any], poll_s: float) -> None:
-        self.gone = False
-        self._request = request
-        self._task = task
+    def __init__(self, poll_s: float) -> None:
         self._poll_s = poll_s
-        self._loop = asyncio.get_running_loop()
-        self._timer = self._loop.call_later(poll_s, self._check)
+        self._watched: dict[asyncio.Task[Any], web.Request] = {}
+        self._gone: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, task: asyncio.Task[Any], request: web.Request) -> None:
+        """Watch request's connection; task is its handler."""
+        self._watched[task] = request
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._poll_s, self._check)
+
+    def left(self, task: asyncio.Task[Any]) -> bool:
+        """Whether task was cancelled here because its client left."""
+        return task in self._gone
+
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        """No more checks for task."""
+        self._watched.pop(task, None)
+        self._gone.discard(task)
 
     def _check(self) -> None:
-        if self._task.done():
-            return
-        if _client_gone(self._request):
-            self.gone = True
-            self._task.cancel()
-            return
-        self._timer = self._loop.call_later(self._poll_s, self._check)
-
-    def stop(self) -> None:
-        """No more checks."""
-        self._timer.cancel()
+        self._timer = None
+        for task, request in self._watched.items():
+            if task not in self._gone and not task.done() and _client_gone(request):
+                self._gone.add(task)
+                task.cancel()
+        if self._watched:
+            self._timer = asyncio.get_running_loop().call_later(self._poll_s, self._check)
 
 
 class _Events:

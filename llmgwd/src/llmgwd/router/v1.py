@@ -14,7 +14,18 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Endpoint, Pool
-from llmgwd.router import cache_salt, embeddings, errors, fields, overhead, prefix
+from llmgwd.router import (
+    cache_salt,
+    embeddings,
+    errors,
+    fields,
+    messages,
+    overhead,
+    prefix,
+    rerank,
+    responses,
+)
+from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.proxy import Upstream
@@ -29,6 +40,9 @@ ROUTING_KEYS = frozenset(
 )
 
 Document = dict[str, Any]
+# Routes whose streams end with a usage chunk when asked (stream_options); the others'
+# streams carry their usage anyway (Responses' response.completed, Messages' message_delta).
+_OPENAI_STREAMS = frozenset({"chat/completions", "completions"})
 
 
 class Keys(Protocol):
@@ -132,6 +146,10 @@ class Router:
         self.app.router.add_post("/chat/completions", self._chat)
         self.app.router.add_post("/completions", self._completions)
         self.app.router.add_post("/embeddings", self._embeddings)
+        self.app.router.add_post("/responses", self._responses)
+        self.app.router.add_post("/messages", self._messages)
+        self.app.router.add_post("/messages/count_tokens", self._count_tokens)
+        self.app.router.add_post("/rerank", self._rerank)
 
     def node_lost(self, node: str) -> None:
         """A node was declared lost: its requests in flight are sent to other replicas."""
@@ -167,6 +185,21 @@ class Router:
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "embeddings", embeddings.check, embeddings.bound)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "responses", responses.check, responses.bound)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        with anthropic_shape():
+            return await self._complete(request, "messages", messages.check, messages.bound)
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        with anthropic_shape():
+            path, check, bound = "messages/count_tokens", messages.check_count, messages.bound_count
+            return await self._complete(request, path, check, bound)
+
+    async def _rerank(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "rerank", rerank.check, rerank.bound)
+
     async def _complete(
         self,
         request: web.Request,
@@ -200,7 +233,7 @@ class Router:
             request[prefix.AFFINITY] = prefix.affinity_of(request, doc)
         reservation = await self.meter.reserve(key, model, bounds)
         try:
-            if stream:
+            if stream and path in _OPENAI_STREAMS:
                 reservation.tally.pass_usage = ask_for_usage(doc)
             request[TALLY] = reservation.tally
             request[HEADERS] = reservation.headers
@@ -214,7 +247,7 @@ class Router:
         stale = self._stale_s() if self._stale_s is not None else 0.0
         if stale > 0:
             raise errors.store_unreachable(stale, self._retry_after_s)
-        header = request.headers.get("Authorization", "").strip()
+        header = request.headers.get("Authorization", "").strip() or api_key_header(request)
         if not header:
             raise errors.invalid_api_key(
                 "Missing API key: send it as the header 'Authorization: Bearer KEY'."
