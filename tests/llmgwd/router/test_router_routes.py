@@ -4,6 +4,7 @@ front of a fake engine that answers what the real llama-server answered (llama_a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from tests.llmgwd.router.test_router_v1 import (
     Seen,
     endpoint,
     serve,
+    until,
 )
 
 ANSWERS = Path(__file__).parent / "llama_answers"
@@ -41,6 +43,8 @@ class RecordedEngine:
     def __init__(self) -> None:
         self.seen: list[Seen] = []
         self.refuse: tuple[int, dict[str, Any]] | None = None  # the next answer, when set
+        self.cut_after: int | None = None  # a stream's events sent before the engine dies
+        self.hang = False  # with cut_after: the engine goes silent rather than dying
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -61,7 +65,14 @@ class RecordedEngine:
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            await resp.write((ANSWERS / f"{name}_stream.sse").read_bytes())
+            events = (ANSWERS / f"{name}_stream.sse").read_bytes().split(b"\n\n")
+            if self.cut_after is None:
+                await resp.write(b"\n\n".join(events))
+                return resp
+            await resp.write(b"\n\n".join(events[: self.cut_after]) + b"\n\n")
+            await asyncio.sleep(30 if self.hang else 0.05)
+            assert request.transport is not None
+            request.transport.abort()
             return resp
         return web.json_response(_recorded(f"{name}.json"))
 
@@ -131,9 +142,10 @@ async def test_messages_with_x_api_key_answer_and_count_cached_prompt_tokens(m: 
 
 
 async def test_messages_stream_is_relayed_and_counted(m: Metered) -> None:
-    async with claude(m) as client, client.messages.stream(
-        model=MODEL, messages=MESSAGES, max_tokens=3
-    ) as stream:
+    async with (
+        claude(m) as client,
+        client.messages.stream(model=MODEL, messages=MESSAGES, max_tokens=3) as stream,
+    ):
         text = await stream.get_final_text()
         final = await stream.get_final_message()
     assert text == "*Hello," and final.model == MODEL
@@ -182,6 +194,35 @@ async def test_an_engine_refusal_on_messages_is_in_anthropics_shape(m: Metered) 
             await client.messages.create(model=MODEL, messages=MESSAGES, max_tokens=8)
     assert e.value.body["type"] == "error"  # type: ignore[index]
     assert e.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+async def _cut_messages_stream(m: Metered, lose_node: bool) -> anthropic.APIStatusError:
+    m.engine.cut_after, m.engine.hang = 4, lose_node  # type: ignore[attr-defined]
+    async with (
+        claude(m) as client,
+        client.messages.stream(model=MODEL, messages=MESSAGES, max_tokens=3) as stream,
+    ):
+        if lose_node:
+            await until(lambda: m.gw.router.balancer.outstanding("r1") == 1)
+            await asyncio.sleep(0.1)  # the first events relayed
+            m.gw.router.node_lost("n1")
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await stream.get_final_text()
+        assert stream.current_message_snapshot.content[0].text == "*Hello"  # type: ignore[union-attr]
+    return caught.value
+
+
+@pytest.mark.parametrize("lose_node", [False, True])
+async def test_a_messages_stream_the_router_ends_ends_with_anthropics_error_event(
+    m: Metered, lose_node: bool
+) -> None:
+    """The engine dying mid-stream, or its node lost: the router's own error event is
+    Anthropic's (event: error, {"type": "error", "error": {...}}), which its client raises."""
+    error = await _cut_messages_stream(m, lose_node)
+    body: Any = error.body
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert body["error"]["type"] == "api_error"
+    assert ("lost" if lose_node else "engine failed") in body["error"]["message"]
 
 
 async def test_responses_errors_are_in_openais_shape(m: Metered) -> None:

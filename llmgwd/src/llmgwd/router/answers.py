@@ -133,8 +133,7 @@ def success_body(data: bytes, model: str, tally: Tally, path: str = "") -> bytes
 def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
     """The engine's refusal (status is not 200) as the client is told it, in the route's shape
     (Anthropic's on its routes)."""
-    error = _engine_error(status, data, model, path)
-    return anthropic_errors.shaped(error) if path.startswith("messages") else error
+    return anthropic_errors.for_route(path, _engine_error(status, data, model, path))
 
 
 def _engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:

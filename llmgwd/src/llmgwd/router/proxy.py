@@ -20,6 +20,7 @@ from aiohttp import web
 
 from llmgwd.pool import Endpoint
 from llmgwd.router import answers, errors, overhead
+from llmgwd.router.anthropic_errors import for_route
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.prefix import AFFINITY, Affinity
 from llmgwd.router.usage_events import Tally, tally_of
@@ -211,7 +212,7 @@ class Upstream:
             # uncancel: one cancel is ours; any other (the client left, shutdown) goes on.
             if not flight.abandoned or flight.task.uncancel() > 0:
                 raise
-            return await self._abandoned(request, endpoint)
+            return await self._abandoned(request, endpoint, path)
         except errors.ApiError as e:
             if e.status in _ENGINE_FAULTS:
                 ejections.failed(endpoint.replica_id)
@@ -227,7 +228,7 @@ class Upstream:
         return answer
 
     async def _abandoned(
-        self, request: web.Request, endpoint: Endpoint
+        self, request: web.Request, endpoint: Endpoint, path: str
     ) -> web.StreamResponse | None:
         """After node_lost: None (another replica may answer) unless the stream had begun."""
         rid = request[errors.REQUEST_ID]
@@ -244,7 +245,7 @@ class Upstream:
         )  # fmt: skip
         request[errors.OUTCOME] = "upstream_broke"
         failure = errors.upstream_failed("The node serving the model was lost mid-answer.")
-        await started.write(failure.sse_event())
+        await started.write(for_route(path, failure).sse_event())
         return started
 
     async def _exchange(
@@ -399,7 +400,8 @@ class Upstream:
                     if isinstance(e, TimeoutError)
                     else _engine_failed(endpoint, e)
                 )
-                await out.write(failure.sse_event())  # the partial event held back is dropped
+                # the partial event held back is dropped
+                await out.write(for_route(path, failure).sse_event())
                 return out
             if not chunk:
                 break
