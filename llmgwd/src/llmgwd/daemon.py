@@ -18,11 +18,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
 from llmgwd import clientport, cluster, servers, servers_setup
 from llmgwd.allotments import Allotments
+from llmgwd.api import login
 from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
@@ -30,6 +32,9 @@ from llmgwd.catalog import Catalog
 from llmgwd.leader import Election, LeaderRecord
 from llmgwd.live import Published, RolePool
 from llmgwd.members import Members
+from llmgwd.metrics import endpoint as metrics
+from llmgwd.metrics.cluster import ClusterCollector
+from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.mirror import setup as mirror_setup
 from llmgwd.roles import Roles
 from llmgwd.router import Router
@@ -241,24 +246,37 @@ class Daemon:
 
     async def _serve_client(self, ctx: ApiContext) -> None:
         cfg = self.config.client
+        pool = RolePool(self.cluster, self.published)
+        self.registry = CollectorRegistry()  # /metrics' own, not prometheus_client's global one
         self.router = Router(
             self.catalog,
             self.catalog,
-            RolePool(self.cluster, self.published),
+            pool,
             max_body_bytes=cfg.max_body_bytes,
             meter=self.meter,
             on_demand=self.waker,
             stale_s=self._stale_s,
             prefix_aware=cfg.prefix_balancing,
+            registry=self.registry,
         )
+        self._register_metrics(pool)
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
+        app.add_subapp(login.PREFIX, login.login_app(self.store, self.config.oidc))  # no key
         app.add_subapp(API_PREFIX, api_subapp(ctx, key_auth(self.catalog)))
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
+        app.router.add_get(metrics.PATH, metrics.client_handler(self.registry, self.catalog))
         host, port = split_listen(cfg.listen)
         self.client_runner = await clientport.serve(app, cfg, host, port)
         self._runners.append(self.client_runner)
+
+    def _register_metrics(self, pool: RolePool) -> None:
+        """The cluster's and the GPUs' series, read from the state at each scrape."""
+        models = lambda: [m.name for m in self.catalog.all()]  # noqa: E731
+        queued, grace = self.router.balancer.queued, self.config.node_grace_s
+        self.registry.register(ClusterCollector(models, pool, self.cluster.nodes, queued, grace))
+        self.registry.register(GpuCollector(self.cluster.nodes))
 
     async def _serve_local(self, ctx: ApiContext) -> None:
         path = Path(self.config.socket)
@@ -266,6 +284,7 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # noqa: ASYNC240 (a socket left by a killed llmgwd)
         app = api_app(ctx, peercred_auth(self.config.socket_group))
+        app.router.add_get(metrics.PATH, metrics.socket_handler(self.registry))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()

@@ -4,7 +4,8 @@ the prompt's prefix unless it is much busier, then least outstanding."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 from llmgwd.pool import Endpoint, Pool
@@ -45,6 +46,7 @@ class Balancer:
         self._queue_timeout_s = queue_timeout_s
         self._recheck_s = recheck_s
         self.ejections = ejections if ejections is not None else Ejections()
+        self.on_waited: Callable[[str, float], None] | None = None  # (model, seconds in line)
         self._in_flight: dict[str, int] = {}
         self._turn = 0  # rotates among equally busy replicas
         self.prefix = PrefixIndex() if prefix_aware else None
@@ -120,7 +122,7 @@ class Balancer:
         if not self._usable(model, exclude):
             return None
         waiter = self._waitlist.join(model, frozenset(exclude))
-        served = False
+        served, joined = False, time.perf_counter()
         try:
             endpoint = await self._served(model, waiter)
             served = endpoint is not None
@@ -130,6 +132,8 @@ class Balancer:
         finally:
             if not served:  # the timeout, none left to wait for, or the client left
                 self._give_up(model, waiter)
+            if self.on_waited is not None:
+                self.on_waited(model, time.perf_counter() - joined)
 
     def release(self, endpoint: Endpoint) -> None:
         """One request on endpoint ended: its slot goes to the first waiter that may use it."""

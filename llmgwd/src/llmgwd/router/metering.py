@@ -92,6 +92,8 @@ class Meter:
         self._wall = wall
         self._monotonic = monotonic
         self._today = Today()
+        # Told (model, prompt, completion, picos) of each settled request the engine answered.
+        self.on_settled: Callable[[str, int, int, int], None] | None = None
 
     async def load(self) -> None:
         """Count this month's stored usage against the budgets (at start, before serving)."""
@@ -160,6 +162,8 @@ class Meter:
             self.shares.settle(r.ticket, tokens, picos)
         if r.tally.answered:
             self.usage.add((day, r.key.id, r.model.name), prompt, completion, picos)
+            if self.on_settled is not None:
+                self.on_settled(r.model.name, prompt, completion, picos)
 
 
 def rate_headers(states: list[State]) -> dict[str, str]:

@@ -4,6 +4,7 @@ decoded from router/answers.py, which reads each event once."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypeGuard
 
 import msgspec
@@ -25,13 +26,14 @@ _answer_dec = msgspec.json.Decoder(_Answer)
 class Tally:
     """What the engine said it used for one request, and what the client wants to see of it."""
 
-    __slots__ = ("answered", "events", "pass_usage", "usage")
+    __slots__ = ("answered", "events", "first_at", "pass_usage", "usage")
 
     def __init__(self) -> None:
         self.answered = False  # the engine answered 200
         self.events: int | None = None  # stream events relayed (None: not a stream)
         self.usage: tuple[int, int] | None = None  # (prompt, completion) from the engine
         self.pass_usage = False  # the client asked for stream_options.include_usage
+        self.first_at = 0.0  # perf_counter() at a stream's first event (0: none yet)
 
     def whole(self, status: int, data: bytes) -> None:
         """A whole answer: its usage, when it is a success."""
@@ -57,6 +59,8 @@ class Tally:
 
     def count(self, events: int) -> None:
         """Stream events relayed (an answer cut short is counted by them)."""
+        if not self.first_at and events:
+            self.first_at = time.perf_counter()
         self.events = (self.events or 0) + events
 
     def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None:

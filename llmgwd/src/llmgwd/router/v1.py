@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -11,8 +12,10 @@ import aiohttp
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from prometheus_client import CollectorRegistry
 
 from llmgwd.catalog import ApiKey, Model
+from llmgwd.metrics.router import RouterMetrics
 from llmgwd.pool import Endpoint, Pool
 from llmgwd.router import (
     cache_salt,
@@ -111,6 +114,7 @@ class Router:
         wake_poll_s: float = 0.2,
         stale_s: Callable[[], float] | None = None,
         prefix_aware: bool = True,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -136,7 +140,11 @@ class Router:
             retry_after_s=retry_after_s,
             disconnect_poll_s=disconnect_poll_s,
         )
-        self.app = web.Application(middlewares=[overhead.stamp, errors.error_middleware])
+        self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda m: bool(models.get(m)))
+        self.meter.on_settled = self.metrics.settled
+        self.balancer.on_waited = self.metrics.waited
+        middlewares = [overhead.stamp, errors.error_middleware, self.metrics.middleware]
+        self.app = web.Application(middlewares=middlewares)
         self.app.on_response_prepare.append(errors.add_request_id)
         self.app.on_response_prepare.append(overhead.add_header)
         self.app.on_response_prepare.append(add_rate_headers)
@@ -277,9 +285,12 @@ class Router:
         if task is None or task.done():
             task = asyncio.create_task(self._until_ready(name))
             self._waking[name] = task
+        began = time.perf_counter()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), self._wake_timeout_s)
-        if not self._pool.ready(name):
+        woke = bool(self._pool.ready(name))
+        self.metrics.woke(name, time.perf_counter() - began, woke)
+        if not woke:
             message = f"The model '{errors.quote(name)}' is starting; retry later."
             raise errors.model_unavailable(message, self._retry_after_s)
 

@@ -1,0 +1,151 @@
+"""/metrics: the router's counts as a client's traffic made them, the GPUs of the recorded
+NVML answers (MIG included), the cluster's state, and who may scrape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmgw.wire import ReplicaStatus
+from llmgwd.cluster import NodeInfo
+from llmgwd.metrics import endpoint
+from llmgwd.metrics.cluster import ClusterCollector
+from llmgwd.metrics.gpus import GpuCollector
+from tests.llmgw_agentd.nvml_inventory import load, recorded
+from tests.llmgwd.router.test_router_slots import HEADERS, body, gateway, replica
+from tests.llmgwd.router.test_router_v1 import MODEL, STREAM_PROMPT_TOKENS, FakeEngine, running
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, Labels], float]:
+    """Every sample of the registry's exposition, as Prometheus parses it."""
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: dict[tuple[str, Labels], float], name: str, **labels: str) -> float:
+    return found[(name, tuple(sorted(labels.items())))]
+
+
+async def test_the_router_counts_requests_tokens_and_first_tokens_as_sent() -> None:
+    engine = FakeEngine(chunks=3, gap_s=0.0)
+    async with running(engine), gateway([replica(engine, "r1")]) as (url, router, http):
+        for stream in (False, False, True):
+            ask = {**body("hi"), "stream": stream}
+            async with http.post(f"{url}/v1/chat/completions", json=ask, headers=HEADERS) as r:
+                assert r.status == 200
+                await r.read()
+        nowhere = {**body("hi"), "model": "no-such-model-123"}
+        async with http.post(f"{url}/v1/chat/completions", json=nowhere, headers=HEADERS) as r:
+            assert r.status == 404
+        found = samples(router.metrics.registry)
+    chat = "/v1/chat/completions"
+    ok = value(found, "llmgw_requests_total", model=MODEL, route=chat, status_class="2xx")
+    assert ok == 3
+    # A model not in the catalog is no label of its own: the names a client sends are unbounded.
+    assert value(found, "llmgw_requests_total", model="", route=chat, status_class="4xx") == 1
+    assert not any("no-such-model" in str(labels) for _, labels in found)
+    # Two whole answers of 3 prompt and 2 completion tokens, a stream of 7 and 3.
+    assert (
+        value(found, "llmgw_tokens_total", model=MODEL, direction="in")
+        == 2 * 3 + STREAM_PROMPT_TOKENS
+    )
+    assert value(found, "llmgw_tokens_total", model=MODEL, direction="out") == 2 * 2 + 3
+    assert value(found, "llmgw_first_token_seconds_count", model=MODEL) == 1
+    assert value(found, "llmgw_request_duration_seconds_count", model=MODEL) == 3
+
+
+def test_each_card_and_each_mig_instance_of_the_recorded_nvml_answers_is_a_series() -> None:
+    dgx, mig = recorded(load("dgx-h100-8x80gb")), recorded(load("a100-80gb-mig"))
+    nodes = [node("dgx", dgx), node("a100", mig)]
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(lambda: nodes))
+    found = samples(registry)
+    for gpu in dgx.gpus:
+        card = {"node": "dgx", "gpu": str(gpu.index)}
+        total = value(found, "llmgw_gpu_memory_total_bytes", **card)
+        assert total == gpu.memory_total_bytes > 0
+        used = value(found, "llmgw_gpu_memory_used_bytes", **card)
+        assert used == gpu.memory_total_bytes - gpu.memory_free_bytes
+        assert gpu.power_limit_mw is not None
+        assert value(found, "llmgw_gpu_power_limit_watts", **card) == gpu.power_limit_mw / 1000
+        if gpu.utilization_percent is not None:
+            assert value(found, "llmgw_gpu_busy_ratio", **card) == gpu.utilization_percent / 100
+    instances = [(g, i) for g in mig.gpus for i in g.instances]
+    assert instances  # the recording has MIG instances
+    for gpu, inst in instances:
+        labels = {"node": "a100", "gpu": str(gpu.index), "instance": inst.uuid,
+                  "profile": inst.profile}  # fmt: skip
+        assert value(found, "llmgw_mig_memory_total_bytes", **labels) == inst.memory_total_bytes
+        # The instance's series carry its own memory, never its card's.
+        assert inst.memory_total_bytes < gpu.memory_total_bytes
+    mig_rows = [k for k in found if k[0] == "llmgw_mig_memory_total_bytes"]
+    assert len(mig_rows) == len(instances)
+
+
+def node(name: str, inventory: Any, **kw: Any) -> NodeInfo:
+    fields: dict[str, Any] = {"address": "10.0.0.1", "version": "1", "inventory": inventory,
+                              "replicas": (), "desired": None, "connected": True,
+                              "last_seen": 0.0}  # fmt: skip
+    return NodeInfo(name=name, **{**fields, **kw})
+
+
+class Pool:
+    def ready(self, model: str) -> list[Any]:
+        return [object()] if model == "m" else []
+
+    def wanted(self, model: str) -> int:
+        return 2
+
+
+def test_the_cluster_series_say_nodes_by_state_and_replicas_by_model() -> None:
+    inv = recorded(load("rtx4090-8x24gb"))
+    replicas = (ReplicaStatus("r1", "m", "ready", restarts=2), ReplicaStatus("r2", "m", "failed"))
+    nodes = [node("a", inv, replicas=replicas), node("b", inv, connected=False, silent_s=5.0),
+             node("c", inv, connected=False, silent_s=500.0)]  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: ["m", "n"], Pool(), lambda: nodes,
+                                       lambda m: 4 if m == "m" else 0, 60.0))  # fmt: skip
+    found = samples(registry)
+    assert [
+        value(found, "llmgw_nodes", state=s) for s in ("connected", "disconnected", "lost")
+    ] == [1, 1, 1]
+    assert value(found, "llmgw_replicas_wanted", model="m") == 2
+    assert value(found, "llmgw_replicas_ready", model="m") == 1
+    assert value(found, "llmgw_replicas_ready", model="n") == 0
+    assert value(found, "llmgw_requests_waiting", model="m") == 4
+    assert value(found, "llmgw_replicas", model="m", state="failed") == 1
+    assert value(found, "llmgw_engine_restarts_total", model="m") == 2
+
+
+@pytest.mark.parametrize(
+    ("remote", "allowed"),
+    [("127.0.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True), ("10.1.2.3", False),
+     ("", False), (None, False)],
+)  # fmt: skip
+def test_only_loopback_peers_scrape_without_a_key(remote: str | None, allowed: bool) -> None:
+    assert endpoint.loopback(remote) is allowed
+
+
+class Keys:
+    def authenticate(self, secret: str) -> Any:
+        return None
+
+
+async def test_a_scrape_from_elsewhere_without_a_staff_key_is_refused() -> None:
+    handler = endpoint.client_handler(CollectorRegistry(), Keys())
+    request = make_mocked_request("GET", "/metrics", headers={"Authorization": "Bearer nope"})
+    answer = await handler(request)  # a mocked request has no loopback peer
+    assert answer.status == 401
+    assert isinstance(answer, web.Response) and answer.body is not None
+    assert b"nope" not in bytes(answer.body)  # type: ignore[arg-type]
