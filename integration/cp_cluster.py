@@ -128,9 +128,9 @@ def leader(node: Node, timeout: float = 5.0) -> str:
 class Booted:
     """Boots the hosts and the lan, and shuts them all down at the end."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, prefix: str = PREFIX) -> None:
         self.label = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:30]
-        self.lan = Lan(f"{self.label}-{os.getpid()}", PREFIX)
+        self.lan = Lan(f"{self.label}-{os.getpid()}", prefix)
         self.made: list[PrivateSystemd] = []
 
     def host(self, name: str, ip: str, binary: str) -> Node:
