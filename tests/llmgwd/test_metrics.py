@@ -115,7 +115,8 @@ def test_the_cluster_series_say_nodes_by_state_and_replicas_by_model() -> None:
              node("c", inv, connected=False, silent_s=500.0)]  # fmt: skip
     registry = CollectorRegistry()
     registry.register(ClusterCollector(lambda: ["m", "n"], Pool(), lambda: nodes,
-                                       lambda m: 4 if m == "m" else 0, 60.0))  # fmt: skip
+                                       lambda m: 4 if m == "m" else 0, 60.0,
+                                       lambda: (3, 0.25)))  # fmt: skip
     found = samples(registry)
     assert [
         value(found, "llmgw_nodes", state=s) for s in ("connected", "disconnected", "lost")
@@ -126,6 +127,8 @@ def test_the_cluster_series_say_nodes_by_state_and_replicas_by_model() -> None:
     assert value(found, "llmgw_requests_waiting", model="m") == 4
     assert value(found, "llmgw_replicas", model="m", state="failed") == 1
     assert value(found, "llmgw_engine_restarts_total", model="m") == 2
+    assert value(found, "llmgw_scheduler_passes_total") == 3
+    assert value(found, "llmgw_scheduler_pass_seconds_total") == 0.25
 
 
 @pytest.mark.parametrize(

@@ -275,7 +275,9 @@ class Daemon:
         """The cluster's and the GPUs' series, read from the state at each scrape."""
         models = lambda: [m.name for m in self.catalog.all()]  # noqa: E731
         queued, grace = self.router.balancer.queued, self.config.node_grace_s
-        self.registry.register(ClusterCollector(models, pool, self.cluster.nodes, queued, grace))
+        passes = lambda: (r.passes, r.pass_s) if (r := self.roles.reconciler) else None  # noqa: E731
+        nodes = self.cluster.nodes
+        self.registry.register(ClusterCollector(models, pool, nodes, queued, grace, passes))
         self.registry.register(GpuCollector(self.cluster.nodes))
 
     async def _serve_local(self, ctx: ApiContext) -> None:

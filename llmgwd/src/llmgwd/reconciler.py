@@ -172,6 +172,7 @@ class Reconciler:
         self._clock = clock
         self._started = clock()
         self._wake = asyncio.Event()
+        self.passes, self.pass_s = 0, 0.0  # passes run and their seconds, for /metrics
         self._placements: dict[str, Placement] = {}
         self._flags: dict[str, NodeFlags] = {}
         self._held: dict[str, NodeFlags] = {}  # nodes Slurm holds (slurm/lending.py), not kept
@@ -193,10 +194,12 @@ class Reconciler:
         await self.load()
         while True:
             self._wake.clear()
+            began = time.perf_counter()
             try:
                 await self.reconcile()
             except Exception:
                 log.exception("reconcile pass failed; trying again")
+            self.passes, self.pass_s = self.passes + 1, self.pass_s + time.perf_counter() - began
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), period_s)
 

@@ -15,6 +15,7 @@ from llmgwd.pool import Pool
 Names = Callable[[], Iterable[str]]  # the catalog's model names
 Nodes = Callable[[], Iterable[NodeInfo]]
 Queued = Callable[[str], int]  # requests for a model waiting for a slot
+Passes = Callable[[], tuple[int, float] | None]  # the scheduler's passes and their seconds
 NODE_STATES = ("connected", "disconnected", "lost")
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
 
@@ -24,15 +25,30 @@ class ClusterCollector(Collector):
     as published; nodes and replica states only where agents are connected, the leader)."""
 
     def __init__(
-        self, models: Names, pool: Pool, nodes: Nodes, queued: Queued, grace_s: float
+        self,
+        models: Names,
+        pool: Pool,
+        nodes: Nodes,
+        queued: Queued,
+        grace_s: float,
+        passes: Passes = lambda: None,
     ) -> None:
         self._models, self._pool, self._nodes = models, pool, nodes
-        self._queued, self._grace_s = queued, grace_s
+        self._queued, self._grace_s, self._passes = queued, grace_s, passes
 
     def collect(self) -> Iterator[Metric]:
         """The families, read from the catalog, the pool and the nodes."""
         yield from self._by_model()
         yield from self._by_node()
+        yield from self._scheduler()
+
+    def _scheduler(self) -> Iterator[Metric]:
+        """The scheduler's passes on this control plane (none on a standby)."""
+        passes, seconds = self._passes() or (0, 0.0)
+        yield CounterMetricFamily("llmgw_scheduler_passes", "Scheduler passes run here.",
+                                  value=passes)  # fmt: skip
+        yield CounterMetricFamily("llmgw_scheduler_pass_seconds", "Seconds the scheduler's "
+                                  "passes took here, all together.", value=seconds)  # fmt: skip
 
     def _by_model(self) -> Iterator[Metric]:
         labels = ["model"]
