@@ -22,6 +22,7 @@ def test_slurmd_runs_configless_from_the_controller_as_our_node_name() -> None:
     assert "ExecStart=" in lines  # the packaged command is cleared first
     assert "ExecStart=/usr/sbin/slurmd -D -s --conf-server 10.0.0.9:6817 -N n1" in lines
     assert "ConditionPathExists=" in lines  # no /etc/slurm/slurm.conf on a configless node
+    assert "Type=simple" in lines  # a packaged Type=notify unit (Slurm 23.02+) would want --systemd
     assert "Restart=always" in lines
 
 

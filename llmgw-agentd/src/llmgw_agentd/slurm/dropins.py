@@ -31,6 +31,9 @@ def _text(argv: list[str], clear_condition: bool, conf_hash: str) -> str:
             f"# slurm.conf {conf_hash}",
             *unit,
             "[Service]",
+            # Slurm 23.02 and later package Type=notify units, which want --systemd; in the
+            # foreground (-D) as Type=simple every version starts alike (22.05's is simple).
+            "Type=simple",
             "ExecStart=",
             f"ExecStart={shlex.join(argv)}",
             "Restart=always",
