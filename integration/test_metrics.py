@@ -1,0 +1,126 @@
+"""Debian's real Prometheus scrapes llmgwd's /metrics while /v1 traffic runs: its HTTP API
+then says the requests the test sent, the tokens the engine reported and the replicas ready;
+`promtool check metrics` accepts what llmgwd serves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from integration.harness import PrivateSystemd
+from integration.llmgw_node import MODEL, Node
+from integration.test_single_node import llama_server
+
+CLIENT_PORT, CLUSTER_PORT = 17800, 17810  # apart from the other integration tests' ports
+PROMETHEUS = "127.0.0.1:17890"
+REQUESTS = 3
+
+
+@pytest.fixture(scope="module")
+def node(systemd: PrivateSystemd) -> Iterator[Node]:
+    n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
+    n.install(llama_server(), address="")
+    n.join(n.init_server())
+    n.serve_model(1)
+    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
+    yield n
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Prometheus on this host (the private systemd shares its network), scraping llmgwd's
+    client port from the loopback every second."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("Debian's prometheus is not installed (apt-get install prometheus)")
+    d = tmp_path_factory.mktemp("prometheus")
+    config = d / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: llmgw\n    static_configs: [{{targets: ['127.0.0.1:{CLIENT_PORT}']}}]\n"
+    )
+    log = (d / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={d / 'data'}",
+         f"--web.listen-address={PROMETHEUS}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        yield f"http://{PROMETHEUS}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def metrics(node: Node) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.client_port}/metrics", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return str(r.read().decode())
+
+
+def query(base: str, expr: str) -> float | None:
+    """The single value of expr through Prometheus' HTTP API (None: no sample, or no answer)."""
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            result = json.loads(r.read())["data"]["result"]
+    except OSError:
+        return None
+    return float(result[0]["value"][1]) if result else None
+
+
+def until(base: str, expr: str, want: float, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until Prometheus says want for expr."""
+    deadline = time.monotonic() + timeout_s
+    got = None
+    while time.monotonic() < deadline:
+        if (got := query(base, expr)) == want:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus says {got} for {expr}, not {want}")
+
+
+def test_prometheus_reads_the_requests_tokens_and_replicas_sent(
+    node: Node, prometheus: str
+) -> None:
+    node.wait_ready(1)
+    client = openai.OpenAI(base_url=node.base_url, api_key=node.key, max_retries=0, timeout=120)
+    until(prometheus, "up", 1)  # scraped before the traffic: the counters then start at 0
+    prompt = completion = 0
+    for i in range(REQUESTS):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Count to {i + 2}."}],
+            max_tokens=8,
+        )  # fmt: skip
+        assert r.usage is not None
+        prompt += r.usage.prompt_tokens
+        completion += r.usage.completion_tokens
+    ok = f'llmgw_requests_total{{model="{MODEL}",route="/v1/chat/completions",status_class="2xx"}}'
+    until(prometheus, f"sum({ok})", REQUESTS)
+    tokens = f'llmgw_tokens_total{{model="{MODEL}",direction="%s"}}'
+    until(prometheus, f"sum({tokens % 'in'})", prompt)
+    until(prometheus, f"sum({tokens % 'out'})", completion)
+    until(prometheus, f'llmgw_replicas_ready{{model="{MODEL}"}}', 1)
+    until(prometheus, 'llmgw_nodes{state="connected"}', 1)
+    until(prometheus, f'llmgw_request_duration_seconds_count{{model="{MODEL}"}}', REQUESTS)
+
+
+def test_promtool_accepts_every_endpoint(node: Node, tmp_path: Path) -> None:
+    if shutil.which("promtool") is None:
+        pytest.skip("Debian's prometheus is not installed (apt-get install prometheus)")
+    node.wait_ready(1)
+    text = metrics(node)
+    assert "llmgw_gpu" in text or "llmgw_replicas_ready" in text
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
