@@ -38,6 +38,32 @@ SOURCE = "llmgw"
 # in config.py (`name: str = ""  # what it is`); tests/test_man.py fails on a setting with
 # neither, and on an entry here for a setting that does not exist.
 SETTINGS = {
+    "server.oidc.issuer": (
+        "The OpenID Connect provider's issuer URL, for `llmgw login` (its discovery document, "
+        "keys and endpoints are read from ISSUER/.well-known/openid-configuration); https://, "
+        "or http:// on a loopback address only; empty: sign-in is off."
+    ),
+    "server.oidc.client_id": "llmgw's client id at the provider: the ID token's audience.",
+    "server.oidc.client_secret_file": (
+        "A file (readable by the llmgw user) holding llmgw's client secret, which llmgwd "
+        "sends when it trades a sign-in's code for tokens; the secret is never in this file, "
+        "an answer or a log. Empty: a public client (PKCE alone)."
+    ),
+    "server.oidc.scopes": "The scopes asked at sign-in; openid is needed.",
+    "server.oidc.groups_claim": "The ID token's claim that lists the person's groups.",
+    "server.oidc.allowed_groups": (
+        "Only people in one of these groups may sign in (others are refused with 403 "
+        "not_in_allowed_groups); empty: anyone the provider signs in."
+    ),
+    "server.oidc.rules": (
+        "Group rules, each {group, org, team, project, role}: at each sign-in a person in group "
+        "gets role (admin, manager or member; member by default) in org, or in its team or "
+        "project if one is named, set by the group; a membership set by hand is never "
+        "rewritten, and one set by a group the person has left is taken away."
+    ),
+    "server.oidc.session_ttl_s": (
+        "How long the key that `llmgw login` gets is good for, in seconds (60 to 30 days)."
+    ),
     "server.name": "The cluster's name, shown by `llmgw status` and on its answers.",
     "server.state_dir": (
         "Where llmgwd keeps the cluster: its store (SQLite), the cluster CA and secret, and "
@@ -424,6 +450,8 @@ def type_name(t: Any) -> str:
         t = t.__origin__
     if t in names:
         return names[t]
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+        return "{" + ", ".join(f.encode_name for f in msgspec.structs.fields(t)) + "}"
     args: tuple[Any, ...] = getattr(t, "__args__", ())
     if getattr(t, "__origin__", None) is tuple and len(args) == 2 and args[1] is Ellipsis:
         return "[" + type_name(args[0]) + ", ...]"

@@ -36,3 +36,32 @@ class NodeFlagsView(msgspec.Struct, kw_only=True):
     name: str
     cordoned: bool
     draining: bool
+
+
+class OidcInfo(msgspec.Struct, kw_only=True):
+    """GET /login/oidc: what `llmgw login` needs to send a person to the provider."""
+
+    issuer: str
+    authorization_endpoint: str
+    client_id: str
+    scopes: list[str]
+
+
+class OidcLogin(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /login/oidc: a sign-in's code (with its PKCE verifier and redirect), which llmgwd
+    trades for the ID token, or the ID token itself; the nonce sent to the provider."""
+
+    nonce: str
+    code: str = ""
+    code_verifier: str = ""
+    redirect_uri: str = ""
+    id_token: str = ""
+
+
+class LoginAnswer(msgspec.Struct, kw_only=True):
+    """POST /login/oidc: the signed-in user and their session's key (shown once)."""
+
+    user: str  # the user's id
+    name: str
+    key: str
+    expires_at: float

@@ -93,6 +93,49 @@ class StoreConfig(Strict):
         self.endpoint = self.endpoint.rstrip("/")
 
 
+class GroupRule(Strict):
+    """One OIDC group's membership: its people get role in org (or its team or project)."""
+
+    group: str
+    org: str
+    team: str = ""
+    project: str = ""
+    role: str = "member"
+
+    def __post_init__(self) -> None:
+        if self.role not in ("admin", "manager", "member"):
+            raise ValueError(f"role: {self.role!r} is not admin, manager or member")
+        if self.team and self.project:
+            raise ValueError(f"group {self.group!r}: a rule names a team or a project, not both")
+
+
+def _loopback_url(url: str) -> bool:
+    return urlsplit(url).hostname in ("127.0.0.1", "::1", "localhost")
+
+
+class Oidc(Strict):
+    """Sign-in with the site's OpenID Connect provider (`llmgw login`); off without issuer."""
+
+    issuer: str = ""  # the provider's issuer URL (https://; http:// on loopback only); "": off
+    client_id: str = ""  # llmgw's client id at the provider
+    client_secret_file: str = ""  # a file holding the client secret; "": a public client
+    scopes: tuple[str, ...] = ("openid", "email", "profile", "groups")  # asked at sign-in
+    groups_claim: str = "groups"  # the ID token's claim listing the person's groups
+    allowed_groups: tuple[str, ...] = ()  # sign-in only for these groups' people; (): anyone
+    rules: tuple[GroupRule, ...] = ()  # group -> membership (a role set by hand is kept)
+    session_ttl_s: Annotated[int, msgspec.Meta(ge=60, le=30 * 86400)] = 12 * 3600  # key's life
+
+    def __post_init__(self) -> None:
+        url = urlsplit(self.issuer)
+        plain = url.scheme == "http" and _loopback_url(self.issuer)
+        if self.issuer and (not (url.scheme == "https" or plain) or url.query or not url.netloc):
+            raise ValueError(f"issuer: {self.issuer!r} is not an https:// URL")
+        if self.issuer and not self.client_id:
+            raise ValueError("client_id: needed with an issuer")
+        if "openid" not in self.scopes:
+            raise ValueError("scopes: must include openid")
+
+
 class ServerConfig(Strict):
     """/etc/llmgw/server.yaml"""
 
@@ -104,6 +147,7 @@ class ServerConfig(Strict):
     cluster: ClusterPort = msgspec.field(default_factory=ClusterPort)
     mirror: Mirror = msgspec.field(default_factory=Mirror)
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
+    oidc: Oidc = msgspec.field(default_factory=Oidc)
     join_token_ttl_s: int = 3600
     node_grace_s: int = 60  # how long a silent node's replicas stay in the pool
     # The lease of a control plane's record and leadership: a leader killed is replaced

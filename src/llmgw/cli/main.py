@@ -7,6 +7,7 @@ import click
 from llmgw import config
 from llmgw.cli import (
     key,
+    login,
     mirror,
     model,
     node,
@@ -65,6 +66,7 @@ main.add_command(model.models)
 main.add_command(key.key)
 main.add_command(org.org)
 main.add_command(user.user)
+main.add_command(login.login)
 main.add_command(usage.usage)
 main.add_command(mirror.mirror)
 main.add_command(slurm.slurm)

@@ -1,0 +1,104 @@
+"""A verified OIDC sign-in applied to the people: the user found or made (source oidc, by the
+provider's subject), the allowed groups checked, and the group rules turned into memberships
+(set by the group; a role set by hand is never rewritten, one of a group left is removed)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from llmgw.config import GroupRule, Oidc
+from llmgwd.people.directory import ROOT, Directory
+from llmgwd.people.oidc import SignInError
+from llmgwd.people.records import MemberRole, Scope, User
+from llmgwd.people.rules import NAME_RE, PeopleError, rank
+from llmgwd.store import Store
+
+SUBJECTS = ROOT + "oidc/"  # + sha256(issuer, subject): the user's id
+
+
+def groups_of(claims: dict[str, Any], claim: str) -> set[str]:
+    """The groups a token's claim lists (a list of names, or one name)."""
+    value = claims.get(claim, [])
+    items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return {str(g) for g in items}
+
+
+def login_name(claims: dict[str, Any]) -> str:
+    """The name a new user is given: preferred_username, else the email's local part, else
+    the subject, made a valid name."""
+    raw = claims.get("preferred_username") or str(claims.get("email", "")).partition("@")[0]
+    name = re.sub(r"[^a-z0-9._-]", "-", str(raw or claims["sub"]).lower()).lstrip("._-")[:64]
+    if not NAME_RE.fullmatch(name):
+        raise SignInError(403, "no_usable_name", "the provider gave no name usable here")
+    return name
+
+
+def _scope(rule: GroupRule) -> Scope:
+    if rule.team:
+        return Scope(org=rule.org, kind="team", name=rule.team)
+    if rule.project:
+        return Scope(org=rule.org, kind="project", name=rule.project)
+    return Scope(org=rule.org)
+
+
+class SignIn:
+    """Sign-ins against the directory, by the settings' allowed groups and rules."""
+
+    def __init__(self, store: Store, settings: Oidc) -> None:
+        self._store = store
+        self._people = Directory(store)
+        self._settings = settings
+
+    async def user_for(self, claims: dict[str, Any]) -> User:
+        """The user of the token's subject: found, or made (source oidc) on first sign-in."""
+        groups = groups_of(claims, self._settings.groups_claim)
+        allowed = self._settings.allowed_groups
+        if allowed and not groups & set(allowed):
+            raise SignInError(
+                403, "not_in_allowed_groups", "you are in none of the groups allowed to sign in"
+            )
+        subject = f"{self._settings.issuer} {claims['sub']}"
+        link = SUBJECTS + hashlib.sha256(subject.encode()).hexdigest()[:32]
+        kv = await self._store.get(link)
+        user = await self._people.user(kv.value.decode()) if kv is not None else None
+        if user is None:
+            user = await self._make(claims, link)
+        if not user.active:
+            raise SignInError(403, "user_deactivated", f"user {user.name} is deactivated")
+        email = str(claims.get("email", ""))
+        if email and email != user.email:
+            user = await self._people.change_user(user.id, email=email)
+        await self.apply_groups(user, groups)
+        return user
+
+    async def _make(self, claims: dict[str, Any], link: str) -> User:
+        name = login_name(claims)
+        try:
+            user = await self._people.create_user(name, source="oidc")
+        except PeopleError:
+            raise SignInError(
+                409, "name_taken", f"a user named {name} exists and is not this sign-in's"
+            ) from None
+        await self._store.put(link, user.id.encode())
+        return user
+
+    async def apply_groups(self, user: User, groups: set[str]) -> None:
+        """Each rule's membership for a group held; a group-set one of a group left removed."""
+        held: dict[tuple[str, str, str], MemberRole] = {}
+        # the strongest rule for a place last, so that it is the one kept
+        for rule in sorted(self._settings.rules, key=lambda r: rank(r.role)):  # type: ignore[arg-type]
+            if rule.group in groups:
+                scope = _scope(rule)
+                role: MemberRole = rule.role  # type: ignore[assignment]  # checked in config
+                try:
+                    await self._people.set_member("", user.id, scope, role, "group", rule.group)
+                except PeopleError:
+                    continue  # its organization, team or project does not exist (yet)
+                held[(scope.org, scope.kind, scope.name)] = role
+        for org in {r.org for r in self._settings.rules}:
+            for m in await self._people.members(org):
+                place = (m.scope.org, m.scope.kind, m.scope.name)
+                if m.user == user.id and m.set_by == "group" and place not in held:
+                    await self._people.remove_member("", user.id, m.scope, "group")

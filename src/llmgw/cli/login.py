@@ -1,0 +1,132 @@
+"""`llmgw login`: sign in with the site's OpenID Connect provider through llmgwd's client port;
+the session's key is kept in the user's config dir (0600) for the commands that follow."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import webbrowser
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from llmgw.api_types import ErrorAnswer, LoginAnswer, OidcInfo, OidcLogin
+from llmgw.cli.common import Refused, Unreachable
+from llmgw.cli.login_flow import Catcher, Request
+
+WAIT_S = 300.0  # how long the person has to sign in
+
+
+class SavedSession(msgspec.Struct, kw_only=True):
+    """What `llmgw login` keeps: the server it signed in to, the key, whose, until when."""
+
+    server: str
+    key: str
+    user: str
+    name: str
+    expires_at: float
+
+
+def session_path() -> Path:
+    """$XDG_CONFIG_HOME/llmgw/session.json (~/.config by default)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "llmgw" / "session.json"
+
+
+def save_session(session: SavedSession) -> Path:
+    """Write the session readable by its owner only (0600, in a 0700 dir)."""
+    path = session_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(msgspec.json.encode(session))
+    return path
+
+
+def load_session() -> SavedSession | None:
+    """The kept session, if any and not expired."""
+    try:
+        saved = msgspec.json.decode(session_path().read_bytes(), type=SavedSession)
+    except (OSError, msgspec.DecodeError):
+        return None
+    return saved if saved.expires_at > time.time() else None
+
+
+def _http(method: str, url: str, body: object = None, timeout: float = 30.0) -> Any:
+    """One JSON call to the client port; a refusal or an unreachable server ends the command."""
+    data = msgspec.json.encode(body) if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http(s) only)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http(s) only)
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        try:
+            message = msgspec.json.decode(e.read(), type=ErrorAnswer).error.message
+        except msgspec.DecodeError:
+            message = f"the server answered HTTP {e.code}"
+        raise Refused(message) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise Unreachable(f"{url}: {getattr(e, 'reason', e)}") from None
+
+
+def open_browser(url: str) -> None:
+    """Open url in the person's browser, if there is one (the URL is printed anyway)."""
+    webbrowser.open(url)
+
+
+def _sign_in(server: str, browser: bool) -> LoginAnswer:
+    login = server + "/api/v1/login/oidc"
+    info = msgspec.convert(_http("GET", login), OidcInfo)
+    catcher = Catcher()
+    req = Request(info=info, redirect_uri=catcher.redirect_uri)
+    click.echo(f"Sign in with {info.issuer} by opening:\n\n  {req.url()}\n")
+    if browser:
+        open_browser(req.url())
+    query = catcher.wait(WAIT_S)
+    if query is None:
+        raise Refused(f"no sign-in came back within {WAIT_S:.0f} s")
+    if query.get("state") != req.state:
+        raise Refused("the provider's answer is not this sign-in's (state differs)")
+    if "code" not in query:
+        raise Refused(f"the provider refused: {query.get('error', 'no code')}")
+    body = OidcLogin(
+        nonce=req.nonce,
+        code=query["code"],
+        code_verifier=req.verifier,
+        redirect_uri=req.redirect_uri,
+    )
+    return msgspec.convert(_http("POST", login, body), LoginAnswer)
+
+
+@click.command()
+@click.option(
+    "--server",
+    envvar="LLMGW_SERVER",
+    required=True,
+    help="The cluster's client port, https://HOST:7700 (or $LLMGW_SERVER).",
+)
+@click.option("--no-browser", is_flag=True, help="Print the sign-in URL only; open no browser.")
+def login(server: str, no_browser: bool) -> None:
+    """Sign in with the site's identity provider (OpenID Connect, a browser with PKCE and a
+    redirect to 127.0.0.1); the session's key is kept in ~/.config/llmgw/session.json (0600)."""
+    server = server.rstrip("/")
+    if not server.startswith(("https://", "http://")):
+        raise click.BadParameter("must be an http(s):// URL", param_hint="--server")
+    answer = _sign_in(server, not no_browser)
+    saved = SavedSession(
+        server=server,
+        key=answer.key,
+        user=answer.user,
+        name=answer.name,
+        expires_at=answer.expires_at,
+    )
+    path = save_session(saved)
+    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(answer.expires_at))
+    click.echo(f"signed in as {answer.name} until {until} (session kept in {path})")
