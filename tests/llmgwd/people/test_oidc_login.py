@@ -139,8 +139,13 @@ async def _llmgw_login(
 
 
 async def test_login_signs_in_and_groups_become_memberships(
-    issuer: str, gw: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    issuer: str,
+    gw: Gateway,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     _put_user(issuer, "ada-sub", {"email": "ada@physics.example", "groups": ["physics-all"]})
     result = await _llmgw_login(gw, "ada-sub", tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
@@ -153,6 +158,7 @@ async def test_login_signs_in_and_groups_become_memberships(
     assert user is not None and user.source == "oidc" and user.email == "ada@physics.example"
     [m] = await gw.people.members("physics")
     assert (m.user, m.role, m.set_by, m.group) == (user.id, "member", "group", "physics-all")
+    assert SECRET not in caplog.text and session["key"] not in caplog.text
 
 
 async def test_a_manager_set_by_hand_stays_manager_at_every_sign_in(
