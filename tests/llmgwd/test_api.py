@@ -429,7 +429,7 @@ async def test_key_auth(keyed: aiohttp.ClientSession, catalog: Catalog) -> None:
     assert "sk-llmgw-wrong" not in text
     status, text = await _status_with(keyed, f"Bearer {user}")
     assert status == 403
-    assert '"not_admin"' in text
+    assert '"not_allowed"' in text
     assert user not in text
     assert (await _status_with(keyed, f"Bearer {admin}"))[0] == 200
     await catalog.revoke_key(admin_key.id)

@@ -212,6 +212,8 @@ def _passes(role: str, rule: auth.Rule, path: str) -> bool:
     least rule.member held in the path's organization (acme), or in its team when it names ml."""
     if role in STAFF:
         return STAFF[role] in rule.staff
+    if role != "nobody" and rule.user:
+        return True  # a user's own things (/me/keys)
     if role == "nobody" or rule.member is None or "/orgs/acme" not in path:
         return False
     org, team, held = MEMBERS[role]
@@ -238,13 +240,14 @@ async def test_every_served_route_is_in_the_table_with_a_rule() -> None:
 
 OPERATED = ("/api/v1/models", "/api/v1/nodes", "/api/v1/tokens", "/api/v1/mirror", "/api/v1/slurm")
 ADMINS_ONLY = ("/api/v1/models/x/price",)  # a price is money: with keys and limits, the admins'
+OWN = "/api/v1/me/"  # a person's own keys: every staff role's, as every user's
 
 
 def test_each_route_s_staff_roles_are_the_policy() -> None:
     """Viewers read (GET) everything and change nothing; operators change models, nodes, join
     tokens, the mirror and Slurm; admins everything (keys, limits, prices, servers, people)."""
     for method, path, rule in RULED:
-        if method == "GET":
+        if method == "GET" or path.startswith(OWN):
             want = {"admin", "operator", "viewer"}
         elif path.startswith(OPERATED) and path not in ADMINS_ONLY:
             want = {"admin", "operator"}
@@ -267,6 +270,7 @@ async def test_every_route_passes_exactly_the_roles_of_its_rule(
 
 def test_another_organization_s_admin_and_a_viewer_s_writes_never_pass() -> None:
     for method, path, rule in RULED:
-        assert not _passes("globex-admin", rule, path)
-        assert _passes("staff-viewer", rule, path) == (method == "GET")
+        own = path.startswith(OWN)
+        assert _passes("globex-admin", rule, path) == rule.user  # only their own keys
+        assert _passes("staff-viewer", rule, path) == (method == "GET" or own)
         assert _passes("staff-admin", rule, path)

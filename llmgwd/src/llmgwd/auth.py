@@ -22,6 +22,8 @@ class Principal:
     label: str  # for the log: "key ID (NAME)", "local", "user ID"; never a secret
     staff: StaffRole | None = None
     user: str = ""  # a user's id; "": a key of no user, or the local socket
+    org: str = ""  # with project: a project key's, narrowed to that project
+    project: str = ""  # "": not narrowed (a user's own rights, staff role included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class Rule:
 
     staff: frozenset[StaffRole]
     member: MemberRole | None = None
+    user: bool = False  # every user passes (their own things: /me/...)
 
 
 STAFF_ADMIN = Rule(frozenset({"admin"}))
@@ -55,6 +58,10 @@ class Roles(Protocol):
         """user's strongest role over org, or the team or project of it named."""
         ...
 
+    async def staff_role(self, user: str) -> StaffRole | None:
+        """user's staff role, or None."""
+        ...
+
 
 class KeyLookup(Protocol):
     """The catalog's key check."""
@@ -65,9 +72,12 @@ class KeyLookup(Protocol):
 
 
 def of_key(key: ApiKey) -> Principal:
-    """A key's principal: an admin key is a staff admin; a user key has no role yet (keys of
-    users, with their memberships, come with the rest of issue 13)."""
-    return Principal(f"key {key.id} ({key.name})", staff="admin" if key.role == "admin" else None)
+    """A key's principal: its maker's, narrowed to its project; a key of no maker (made before
+    issue 13) is a staff admin if an admin key, else of no role (/v1 only)."""
+    label = f"key {key.id} ({key.name})"
+    if key.user:
+        return Principal(label, user=key.user, org=key.org, project=key.project)
+    return Principal(label, staff="admin" if key.role == "admin" else None)
 
 
 def principal_of(request: web.Request, keys: KeyLookup) -> Principal:
@@ -77,6 +87,11 @@ def principal_of(request: web.Request, keys: KeyLookup) -> Principal:
         return request[PRINCIPAL]
     if peer_credentials(request) is not None:
         return LOCAL
+    return of_bearer(request, keys)
+
+
+def of_bearer(request: web.Request, keys: KeyLookup) -> Principal:
+    """The principal of the request's bearer key (client port's key_auth), else nobody."""
     scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
     key = keys.authenticate(secret.strip()) if scheme.lower() == "bearer" else None
     return of_key(key) if key is not None else NOBODY
@@ -86,8 +101,25 @@ async def allowed(who: Principal, rule: Rule, path: Mapping[str, str], roles: Ro
     """Whether who passes rule on a path with these parameters (org, team, project)."""
     if who.staff is not None and who.staff in rule.staff:
         return True
+    if rule.user and who.user:
+        return True
+    if who.user and not who.project and await roles.staff_role(who.user) in rule.staff:
+        return True  # a staff user's own key: their staff role, looked up now
     org = path.get("org", "")
-    if rule.member is None or not who.user or not org:
+    if rule.member is None or not who.user or not org or not _within(who, rule, path):
         return False
     held = await roles.role_in(who.user, org, path.get("team", ""), path.get("project", ""))
     return rank(held) >= rank(rule.member)
+
+
+def _within(who: Principal, rule: Rule, path: Mapping[str, str]) -> bool:
+    """Whether a path is inside the project who is narrowed to: that project's routes, and
+    reads (rules staff viewers pass) of its organization's own; a principal not narrowed is
+    inside everything."""
+    if not who.project:
+        return True
+    if path.get("org") != who.org or path.get("team"):
+        return False
+    if "project" not in path:
+        return "viewer" in rule.staff
+    return path["project"] == who.project

@@ -17,6 +17,8 @@ import msgspec
 from llmgw.wire import Engine, ModelFile
 from llmgwd import profiles as profiles_
 from llmgwd.estimate import ModelShape
+from llmgwd.people.directory import USERS
+from llmgwd.people.records import User
 from llmgwd.profiles import Profile
 from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 
@@ -85,6 +87,20 @@ class ApiKey(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     revoked: bool = False
     limits: KeyLimits = msgspec.field(default_factory=KeyLimits)
+    # A person's key (issue 13); "" for keys made before and for keys of no user.
+    user: str = ""  # its maker's user id: the key has the maker's rights, narrowed to project
+    org: str = ""
+    project: str = ""  # "" with a user: a staff key (the maker's staff role)
+    service: bool = False  # a project's service key, made by one of its managers
+
+
+class KeyOwner(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose a new key is: its maker, and the project it is narrowed to ("" for a staff key)."""
+
+    user: str
+    org: str = ""
+    project: str = ""
+    service: bool = False
 
 
 class JoinToken(msgspec.Struct, kw_only=True):
@@ -110,6 +126,7 @@ TOKENS = "/tokens/"
 
 _model_dec = msgspec.json.Decoder(Model)
 _key_dec = msgspec.json.Decoder(ApiKey)
+_user_dec = msgspec.json.Decoder(User)
 _token_dec = msgspec.json.Decoder(JoinToken)
 _enc = msgspec.json.Encoder()
 FOLLOW_RETRY_S = 1.0  # between a failed watch and reading the catalog again
@@ -136,6 +153,7 @@ class Catalog:
         self._models: dict[str, Model] = {}
         self._keys_by_hash: dict[str, ApiKey] = {}
         self._keys: dict[str, ApiKey] = {}
+        self._active: set[str] = set()  # users whose keys work (a deactivated one's stop)
         self._listeners: list[Callable[[], None]] = []
 
     @property
@@ -149,7 +167,10 @@ class Catalog:
         self._models = {m.name: m for m in (_model_dec.decode(kv.value) for kv in kvs)}
         kvs, rev2 = await self._store.range(KEYS, prefix_end(KEYS))
         self._set_keys([_key_dec.decode(kv.value) for kv in kvs])
-        return max(rev, rev2)
+        kvs, rev3 = await self._store.range(USERS, prefix_end(USERS))
+        users = [_user_dec.decode(kv.value) for kv in kvs]
+        self._active = {u.id for u in users if u.active}
+        return max(rev, rev2, rev3)
 
     async def follow(self, revision: int) -> None:
         """Apply the store's changes from revision on, for ever (run as a task). A watch that
@@ -185,6 +206,10 @@ class Catalog:
                 else:
                     keys.pop(key[len(KEYS) :], None)
                 self._set_keys(list(keys.values()))
+            elif key.startswith(USERS) and ev.type == "put":
+                self.note_user(_user_dec.decode(ev.kv.value))
+            elif key.startswith(USERS):
+                self._active.discard(key[len(USERS) :])
             else:
                 continue
             self._changed()
@@ -196,6 +221,14 @@ class Catalog:
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call listener after every change of models or keys."""
         self._listeners.append(listener)
+
+    def note_user(self, user: User) -> None:
+        """Keep a user's active flag (the watch calls this; so does whoever just changed it,
+        so that a deactivated user's keys stop at once on this control plane)."""
+        if user.active:
+            self._active.add(user.id)
+        else:
+            self._active.discard(user.id)
 
     def _set_keys(self, keys: list[ApiKey]) -> None:
         self._keys = {k.id: k for k in keys}
@@ -216,8 +249,8 @@ class Catalog:
         if not secret.startswith(KEY_PREFIX):
             return None
         key = self._keys_by_hash.get(hash_secret(secret))
-        if key is None:
-            return None
+        if key is None or (key.user and key.user not in self._active):
+            return None  # a deactivated (or deleted) user's keys stop
         # Compare again in constant time: the dict lookup alone leaks nothing useful, but
         # this keeps the rule in one obvious place.
         return key if hmac.compare_digest(key.hash, hash_secret(secret)) else None
@@ -262,9 +295,14 @@ class Catalog:
         self._models.pop(name, None)
 
     async def create_key(
-        self, name: str, role: Role = "user", limits: KeyLimits | None = None
+        self,
+        name: str,
+        role: Role = "user",
+        limits: KeyLimits | None = None,
+        owner: KeyOwner | None = None,
     ) -> tuple[ApiKey, str]:
-        """A new key; returns the record and the key itself, which is never stored."""
+        """A new key (its maker, project and service flag taken from owner, if given); returns
+        the record and the key itself, which is never stored."""
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(
             id=secrets.token_hex(6),
@@ -275,6 +313,10 @@ class Catalog:
             created_at=time.time(),
             limits=limits or KeyLimits(),
         )
+        if owner is not None:
+            key = msgspec.structs.replace(
+                key, user=owner.user, org=owner.org, project=owner.project, service=owner.service
+            )
         await self._store.put(KEYS + key.id, _enc.encode(key))
         self._set_keys([*self._keys.values(), key])
         return key, secret

@@ -49,20 +49,18 @@ def _bearer(request: web.Request) -> str | None:
 
 
 def key_auth(keys: KeyLookup) -> Middleware:
-    """Auth for the client port: an admin API key as `Authorization: Bearer KEY` (a staff
-    admin; a user key is refused here until users' keys carry their memberships)."""
+    """Auth for the client port: an API key as `Authorization: Bearer KEY`, resolved to its
+    principal (auth.of_bearer: an admin key a staff admin, a person's key its maker's rights
+    narrowed to its project); each route's guard then lets in whom its rule passes."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        secret = _bearer(request)
-        if secret is None:
-            _deny(401, "an admin API key is needed: Authorization: Bearer KEY", "missing_key")
-        key = keys.authenticate(secret)
-        if key is None:
+        if _bearer(request) is None:
+            _deny(401, "an API key is needed: Authorization: Bearer KEY", "missing_key")
+        who = auth.of_bearer(request, keys)
+        if who == auth.NOBODY:
             _deny(401, "the API key is not valid (or was revoked)", "invalid_key")
-        if key.role != "admin":
-            _deny(403, f"key {key.id} ({key.name}) is not an admin key", "not_admin")
-        request[auth.PRINCIPAL] = auth.of_key(key)
+        request[auth.PRINCIPAL] = who
         return await handler(request)
 
     return middleware

@@ -234,6 +234,7 @@ async def change_user(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, UserChange)
     changes = {k: v for k, v in msgspec.structs.asdict(body).items() if v is not None}
     user = await _dir(request).change_user((await _user(request)).id, **changes)
+    _ctx(request).catalog.note_user(user)  # a deactivated user's keys stop here at once
     log.info("user %s (%s) changed (%s) by %s", user.id, user.name, ", ".join(changes), who.label)
     return json_response(user)
 

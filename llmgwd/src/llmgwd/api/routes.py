@@ -13,6 +13,7 @@ from llmgwd.api import (
     nodes,
     openapi,
     people,
+    person_keys,
     plans,
     servers,
     slurm,
@@ -33,6 +34,7 @@ READ, OPERATE, ADMIN = STAFF_READ, STAFF_OPERATE, STAFF_ADMIN
 
 TABLE: list[Route] = [
     *[(m, path, people.plain(h), rule) for m, path, h, rule in people.TABLE],
+    *person_keys.TABLE,
     ("GET", "/status", status.get_status, READ),
     ("GET", "/openapi.json", openapi.get_openapi, READ),
     ("GET", "/models", models.list_models, READ),
