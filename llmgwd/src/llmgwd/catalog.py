@@ -92,6 +92,7 @@ class ApiKey(msgspec.Struct, kw_only=True):
     org: str = ""
     project: str = ""  # "" with a user: a staff key (the maker's staff role)
     service: bool = False  # a project's service key, made by one of its managers
+    expires_at: float = 0.0  # 0: never; a sign-in's key (llmgw login) ends then
 
 
 class KeyOwner(msgspec.Struct, frozen=True, kw_only=True):
@@ -251,6 +252,8 @@ class Catalog:
         key = self._keys_by_hash.get(hash_secret(secret))
         if key is None or (key.user and key.user not in self._active):
             return None  # a deactivated (or deleted) user's keys stop
+        if key.expires_at and key.expires_at <= time.time():
+            return None
         # Compare again in constant time: the dict lookup alone leaks nothing useful, but
         # this keeps the rule in one obvious place.
         return key if hmac.compare_digest(key.hash, hash_secret(secret)) else None
@@ -300,6 +303,7 @@ class Catalog:
         role: Role = "user",
         limits: KeyLimits | None = None,
         owner: KeyOwner | None = None,
+        expires_at: float = 0.0,
     ) -> tuple[ApiKey, str]:
         """A new key (its maker, project and service flag taken from owner, if given); returns
         the record and the key itself, which is never stored."""
@@ -312,6 +316,7 @@ class Catalog:
             role=role,
             created_at=time.time(),
             limits=limits or KeyLimits(),
+            expires_at=expires_at,
         )
         if owner is not None:
             key = msgspec.structs.replace(

@@ -32,7 +32,7 @@ from llmgwd.api import login
 from llmgwd.api.access import key_auth
 from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_subapp
-from llmgwd.catalog import Catalog
+from llmgwd.catalog import Catalog, KeyOwner
 from llmgwd.people.directory import Directory
 from llmgwd.people.records import Scope
 from llmgwd.store.sqlite import SqliteStore
@@ -73,9 +73,10 @@ class Gateway:
     """llmgwd's client port in process: the sign-in routes mounted before /api/v1, as the
     daemon mounts them."""
 
-    def __init__(self, base: str, store: SqliteStore) -> None:
+    def __init__(self, base: str, catalog: Catalog) -> None:
         self.base = base
-        self.people = Directory(store)
+        self.catalog = catalog
+        self.people = Directory(catalog.store)
 
 
 SECRET = "llmgw-client-secret-7f3a"  # the provider takes any; it must never be logged
@@ -97,11 +98,11 @@ async def _gateway(issuer: str, tmp: Path) -> AsyncIterator[Gateway]:
     )
     ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="x")
     app = web.Application()
-    app.add_subapp(login.PREFIX, login.login_app(store, settings))
+    app.add_subapp(login.PREFIX, login.login_app(catalog, settings))
     app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    gw = Gateway(str(server.make_url("")).rstrip("/"), store)
+    gw = Gateway(str(server.make_url("")).rstrip("/"), catalog)
     await gw.people.create_org("physics")
     yield gw
     await server.close()
@@ -153,12 +154,41 @@ async def test_login_signs_in_and_groups_become_memberships(
     saved = tmp_path / "llmgw" / "session.json"
     assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
     session = json.loads(saved.read_text())
-    assert session["key"].startswith("sk-llmgw-session-")
+    assert session["key"].startswith("sk-llmgw-")
     user = await gw.people.user("ada")
     assert user is not None and user.source == "oidc" and user.email == "ada@physics.example"
     [m] = await gw.people.members("physics")
     assert (m.user, m.role, m.set_by, m.group) == (user.id, "member", "group", "physics-all")
     assert SECRET not in caplog.text and session["key"] not in caplog.text
+
+
+async def _get(gw: Gateway, path: str, key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as http, http.get(gw.base + path, headers=headers) as r:
+        return r.status
+
+
+async def test_the_session_key_opens_the_user_s_own_organization_only(
+    issuer: str, gw: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await gw.people.create_org("chemistry")
+    _put_user(issuer, "fay-sub", {"preferred_username": "fay", "groups": ["physics-all"]})
+    assert (await _llmgw_login(gw, "fay-sub", tmp_path, monkeypatch)).exit_code == 0
+    key = json.loads((tmp_path / "llmgw" / "session.json").read_text())["key"]
+    assert await _get(gw, "/api/v1/orgs/physics/members", key) == 200
+    assert await _get(gw, "/api/v1/orgs/chemistry/members", key) == 403
+    assert await _get(gw, "/api/v1/users", key) == 403  # staff only
+
+
+async def test_a_sign_in_s_key_stops_when_its_life_is_over(gw: Gateway) -> None:
+    fay = await gw.people.create_user("fay", source="oidc")
+    gw.catalog.note_user(fay)
+    owner = KeyOwner(user=fay.id)
+    _, ended = await gw.catalog.create_key("login fay", owner=owner, expires_at=1.0)
+    _, live = await gw.catalog.create_key("login fay", owner=owner, expires_at=4e9)
+    assert await _get(gw, "/api/v1/orgs/physics", ended) == 401
+    assert gw.catalog.authenticate(ended) is None
+    assert gw.catalog.authenticate(live) is not None
 
 
 async def test_a_manager_set_by_hand_stays_manager_at_every_sign_in(

@@ -1,27 +1,27 @@
 """/api/v1/login: sign-in with the site's OpenID Connect provider, open to callers without a
 key (that is what they come for): GET what `llmgw login` needs, POST a sign-in's code or ID
-token for a session key of the user's."""
+token for a key of the user's with a bounded life."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 from aiohttp import web
 
 from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
 from llmgw.config import Oidc
 from llmgwd.api.base import ApiError, errors_middleware, json_response, read_body
-from llmgwd.people import sessions
+from llmgwd.catalog import Catalog, KeyOwner
 from llmgwd.people.oidc import Provider, SignInError
 from llmgwd.people.signin import SignIn
-from llmgwd.store import Store
 
 log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1/login"  # mounted before /api/v1 on the client port, so no key is asked
 OIDC = web.AppKey("llmgw.login.oidc", Provider)
 SIGNIN = web.AppKey("llmgw.login.signin", SignIn)
-STORE = web.AppKey("llmgw.login.store", Store)
+KEYS = web.AppKey("llmgw.login.keys", Catalog)
 _TYPES = {401: "authentication_error", 403: "permission_error", 409: "conflict_error"}
 
 
@@ -81,20 +81,22 @@ async def post_oidc(request: web.Request) -> web.StreamResponse:
         user = await signin.user_for(claims)
     except SignInError as e:
         raise _refuse(e) from None
-    key, session = await sessions.create(
-        request.app[STORE], user.id, provider.settings.session_ttl_s
+    expires_at = time.time() + provider.settings.session_ttl_s
+    request.app[KEYS].note_user(user)  # a new user's key works here at once, before the watch
+    _, key = await request.app[KEYS].create_key(
+        f"login {user.name}", owner=KeyOwner(user=user.id), expires_at=expires_at
     )
     log.info("oidc: user %s (%s) signed in", user.id, user.name)
-    answer = LoginAnswer(user=user.id, name=user.name, key=key, expires_at=session.expires_at)
+    answer = LoginAnswer(user=user.id, name=user.name, key=key, expires_at=expires_at)
     return json_response(answer)
 
 
-def login_app(store: Store, settings: Oidc) -> web.Application:
+def login_app(catalog: Catalog, settings: Oidc) -> web.Application:
     """The sign-in routes, to mount with parent.add_subapp(PREFIX, ...) before /api/v1."""
     app = web.Application(middlewares=[errors_middleware], client_max_size=64 * 1024)
-    app[STORE] = store
+    app[KEYS] = catalog
     if settings.issuer:
         app[OIDC] = Provider(settings)
-        app[SIGNIN] = SignIn(store, settings)
+        app[SIGNIN] = SignIn(catalog.store, settings)
     app.add_routes([web.get("/oidc", get_oidc), web.post("/oidc", post_oidc)])
     return app
