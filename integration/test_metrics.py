@@ -47,6 +47,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         f"  - job_name: llmgw\n    static_configs: [{{targets: ['127.0.0.1:{CLIENT_PORT}']}}]\n"
+        f"  - job_name: engines\n    metrics_path: /metrics/engines\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{CLIENT_PORT}']}}]\n"
     )
     log = (d / "prometheus.log").open("w")
     proc = subprocess.Popen(
@@ -62,8 +64,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-def metrics(node: Node) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.client_port}/metrics", timeout=10) as r:
+def metrics(node: Node, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.client_port}{path}", timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain")
         return str(r.read().decode())
 
@@ -113,14 +115,19 @@ def test_prometheus_reads_the_requests_tokens_and_replicas_sent(
     until(prometheus, f'llmgw_replicas_ready{{model="{MODEL}"}}', 1)
     until(prometheus, 'llmgw_nodes{state="connected"}', 1)
     until(prometheus, f'llmgw_request_duration_seconds_count{{model="{MODEL}"}}', REQUESTS)
+    # The engine's own count, relayed through llmgwd with the replica's model and node.
+    name = node.connected()[0]
+    engine = f'sum(llamacpp_tokens_predicted_total{{model="{MODEL}",node="{name}"}})'
+    until(prometheus, f"{engine} >= bool {completion}", 1)
 
 
 def test_promtool_accepts_every_endpoint(node: Node, tmp_path: Path) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("Debian's prometheus is not installed (apt-get install prometheus)")
     node.wait_ready(1)
-    text = metrics(node)
-    assert "llmgw_gpu" in text or "llmgw_replicas_ready" in text
-    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
-                       text=True, timeout=30)  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
+    for path, family in (("/metrics", "llmgw_replicas_ready"), ("/metrics/engines", "llamacpp_")):
+        text = metrics(node, path)
+        assert family in text, path
+        r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+        assert r.returncode == 0, (path, r.stdout + r.stderr)

@@ -65,6 +65,7 @@ def test_argv_has_the_agents_options_then_the_specs_args() -> None:
         "smollm2",
         "--jinja",
         "--no-webui",
+        "--metrics",  # relayed by llmgwd at /metrics/engines
         "--temp",
         "0.2",
         "--n-gpu-layers",  # the canonical form of what was checked

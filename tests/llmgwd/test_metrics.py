@@ -146,9 +146,78 @@ class Keys:
 
 
 async def test_a_scrape_from_elsewhere_without_a_staff_key_is_refused() -> None:
-    handler = endpoint.client_handler(CollectorRegistry(), Keys())
+    handler = endpoint.client_handler(endpoint.of(CollectorRegistry()), Keys())
     request = make_mocked_request("GET", "/metrics", headers={"Authorization": "Bearer nope"})
     answer = await handler(request)  # a mocked request has no loopback peer
     assert answer.status == 401
     assert isinstance(answer, web.Response) and answer.body is not None
     assert b"nope" not in bytes(answer.body)  # type: ignore[arg-type]
+
+
+# What llama-server --metrics answers (its format: `llamacpp:` names, HELP and TYPE each).
+LLAMA_METRICS = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total {prompt}
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 5
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+"""
+
+
+PROMPT = web.AppKey("prompt", int)
+
+
+class EnginePool:
+    def __init__(self, endpoints: list[Any]) -> None:
+        self._endpoints = endpoints
+
+    def ready(self, model: str) -> list[Any]:
+        return [e for e in self._endpoints if e.model == model]
+
+    def wanted(self, model: str) -> int:
+        return len(self.ready(model))
+
+
+async def test_the_engines_metrics_are_relayed_once_each_family_with_their_replica() -> None:
+    from aiohttp.test_utils import TestServer
+
+    from llmgwd.metrics.engines import EngineRelay
+    from llmgwd.pool import Endpoint
+
+    async def serve(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer engine-key":
+            return web.Response(status=401)
+        prompt = request.app[PROMPT]
+        return web.Response(text=LLAMA_METRICS.format(prompt=prompt))
+
+    servers = []
+    for prompt in (11, 22):
+        app = web.Application()
+        app[PROMPT] = prompt
+        app.router.add_get("/metrics", serve)
+        servers.append(TestServer(app))
+    for s in servers:
+        await s.start_server()
+    try:
+        urls = [str(s.make_url("")).rstrip("/") for s in servers]
+        endpoints = [Endpoint("r1", "m", "n1", urls[0], "engine-key"),
+                     Endpoint("r2", "m", "n2", urls[1], "engine-key"),
+                     Endpoint("r3", "m", "n3", urls[1], "wrong-key")]  # fmt: skip
+        relay = EngineRelay(lambda: ["m"], EnginePool(endpoints))
+        text = (await relay.render()).decode()
+        await relay.close()
+    finally:
+        for s in servers:
+            await s.close()
+    assert text.count("# TYPE llamacpp_prompt_tokens_total counter") == 1
+    found = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    for rid, node_name, prompt in (("r1", "n1", 11), ("r2", "n2", 22)):
+        labels = {"model": "m", "node": node_name, "replica": rid}
+        assert value(found, "llamacpp_prompt_tokens_total", **labels) == prompt
+    assert value(found, "llmgw_engine_scrape_failures", model="m") == 1  # r3's key is refused
+    assert "engine-key" not in text

@@ -77,6 +77,8 @@ def command(
     argv.append("--jinja")
     # The router only passes /v1 on: the engine serves no web pages of its own.
     argv.append("--no-webui")
+    # Its Prometheus metrics, which llmgwd relays at /metrics/engines (with the engine's key).
+    argv.append("--metrics")
     return argv + validate_args(spec.args)
 
 

@@ -1,5 +1,5 @@
-"""GET /metrics: llmgwd's registry in Prometheus' text format, on the client port and the
-local socket.
+"""GET /metrics (llmgwd's registry) and GET /metrics/engines (the engines' own, relayed) in
+Prometheus' text format, on the client port and the local socket.
 
 Who may scrape: on the client port, a peer on the loopback (a Prometheus on this host) or the
 bearer of an API key with a staff role (viewer and up: an admin key today); on the local
@@ -21,12 +21,22 @@ from llmgwd.router import errors
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PATH = "/metrics"
+ENGINES_PATH = "/metrics/engines"
+Render = Callable[[], Awaitable[bytes]]
 
 
-def render(registry: CollectorRegistry) -> web.Response:
-    """The registry's series, as Prometheus reads them."""
-    body = generate_latest(registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def of(registry: CollectorRegistry) -> Render:
+    """What renders registry's series, as Prometheus reads them."""
+
+    async def render() -> bytes:
+        return generate_latest(registry)
+
+    return render
+
+
+async def answer(render: Render) -> web.Response:
+    """The rendered series as Prometheus' text format."""
+    return web.Response(body=await render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def loopback(remote: str | None) -> bool:
@@ -39,7 +49,7 @@ def loopback(remote: str | None) -> bool:
     return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-def client_handler(registry: CollectorRegistry, keys: KeyLookup) -> Handler:
+def client_handler(render: Render, keys: KeyLookup) -> Handler:
     """The client port's /metrics: loopback peers, or a staff key as `Authorization: Bearer`."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -52,15 +62,15 @@ def client_handler(registry: CollectorRegistry, keys: KeyLookup) -> Handler:
             if auth.of_key(key).staff is None:
                 message = f"Key {key.id} has no staff role: it may not read the metrics."
                 return errors.ApiError(403, message, "permission_error").response()
-        return render(registry)
+        return await answer(render)
 
     return handler
 
 
-def socket_handler(registry: CollectorRegistry) -> Handler:
+def socket_handler(render: Render) -> Handler:
     """The local socket's /metrics (its own middleware admits the caller)."""
 
     async def handler(_request: web.Request) -> web.StreamResponse:
-        return render(registry)
+        return await answer(render)
 
     return handler
