@@ -1,11 +1,13 @@
 """The routes of today's clients on one real node (llmgwd, llmgw-agentd, the real llama-server
 and SmolLM2): the official openai client's Responses API and the official anthropic client's
 Messages API, their usage counted against the key, their errors each in its route's shape,
-and tools passed to the engine (--jinja) through both."""
+and a tool call made and answered through both, streamed and not."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -13,10 +15,12 @@ import openai
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node
+from integration.llmgw_node import MODEL, Node, gguf
 from integration.test_single_node import llama_server
 
 CLIENT_PORT, CLUSTER_PORT = 17780, 17790  # apart from the other integration tests' ports
+GREEDY = {"temperature": 0}  # a field this anthropic client no longer names
+TOOLS_MODEL = "smollm2-tools"  # the same model file with a chat template that calls functions
 WEATHER: dict[str, object] = {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]
 }
@@ -113,26 +117,118 @@ def test_errors_are_each_in_their_routes_shape(node: Node) -> None:
         assert body["type"] == "error" and body["error"]["type"] == kind
 
 
-def test_tools_reach_the_engine_through_both_clients(node: Node) -> None:
-    """SmolLM2's own template has no tools, so llama-server answers in text; without --jinja
-    it would refuse tools. Where the model does call the tool, the call is well shaped."""
-    client, anthro = gpt(node, node.key), claude(node, node.key)
+# Tool calls with a real model. SmolLM2's own chat template has no tools, and llama.cpp's
+# grammar for tool_choice "required" still lets a model write text before its call (and then
+# stop at max_tokens): a second entry of the same model serves smollm2_calls.jinja (given
+# inline with --chat-template), which steers SmolLM2 to open its answer with a JSON call, which
+# the grammar then keeps well-formed (its function's name, its arguments' schema); greedy
+# sampling makes each answer the same on every run.
+
+
+def tools_node(node: Node) -> Node:
+    """The tools model served beside MODEL (once per module)."""
+    if TOOLS_MODEL not in [m["name"] for m in node.llmgw("models", "--json")]:
+        template = (Path(__file__).parent / "smollm2_calls.jinja").read_text()
+        node.llmgw("model", "add", TOOLS_MODEL, "--from", f"file:{gguf()}", "--engine",
+                   "llama.cpp", f"--arg=--chat-template={template}")  # fmt: skip
+        node.llmgw("model", "serve", TOOLS_MODEL, "--replicas", "1")
+        node.wait(lambda: node.model(TOOLS_MODEL)["ready"] >= 1, "the tools model ready", 180)
+    return node
+
+
+def city_of(arguments: str | object) -> str:
+    """The city a call's arguments name (a JSON text or an object)."""
+    found = json.loads(arguments) if isinstance(arguments, str) else arguments
+    assert isinstance(found, dict) and isinstance(found["city"], str) and found["city"]
+    return found["city"]
+
+
+def test_a_chat_tool_call_streamed_and_not_and_its_answer(node: Node) -> None:
+    client = gpt(tools_node(node), node.key)
+    ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    answer = client.chat.completions.create(model=TOOLS_MODEL, messages=ask, tools=tools,
+                                            tool_choice="required", temperature=0,
+                                            max_tokens=60)  # fmt: skip
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert city_of(call.function.arguments) == "Paris"
+    calls: dict[int, dict[str, str]] = {}  # the streamed deltas assembled, by index
+    for chunk in client.chat.completions.create(model=TOOLS_MODEL, messages=ask, tools=tools,
+                                                tool_choice="required", temperature=0,
+                                                max_tokens=60, stream=True):  # fmt: skip
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            got = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+            if delta.function is not None:
+                got["name"] += delta.function.name or ""
+                got["arguments"] += delta.function.arguments or ""
+    assert [c["name"] for c in calls.values()] == ["get_weather"]
+    assert city_of(calls[0]["arguments"]) == "Paris"
+    told = [*ask, choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]  # fmt: skip
+    final = client.chat.completions.create(model=TOOLS_MODEL, messages=told, tools=tools,
+                                           temperature=0, max_tokens=40)  # fmt: skip
+    assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
+    assert "sunny" in (final.choices[0].message.content or "").lower()
+
+
+def test_a_responses_tool_call_streamed_and_not_and_its_answer(node: Node) -> None:
+    client = gpt(tools_node(node), node.key)
     tool: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER}
-    answer = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[tool],
-                                     tool_choice="required", max_output_tokens=40)  # fmt: skip
-    for item in answer.output:
-        if item.type == "function_call":
-            assert item.name == "get_weather" and item.arguments
-    events = list(client.responses.create(model=MODEL, input="Weather in Paris?", tools=[tool],
-                                          max_output_tokens=40, stream=True))  # fmt: skip
-    assert events[-1].type == "response.completed"
-    anthropic_tool: anthropic.types.ToolParam = {"name": "get_weather", "input_schema": WEATHER}
-    message = anthro.messages.create(model=MODEL, messages=[{"role": "user", "content":
-                                     "Weather in Paris?"}], tools=[anthropic_tool],
-                                     tool_choice={"type": "any"}, max_tokens=40)  # fmt: skip
-    for block in message.content:
-        if block.type == "tool_use":
-            assert block.name == "get_weather" and isinstance(block.input, dict)
-    with anthro.messages.stream(model=MODEL, messages=SAY_HI, tools=[anthropic_tool],
-                                max_tokens=20) as stream:  # fmt: skip
-        assert stream.get_final_message().stop_reason in ("end_turn", "max_tokens", "tool_use")
+    ask = "What is the weather in Paris?"
+    answer = client.responses.create(model=TOOLS_MODEL, input=ask, tools=[tool],
+                                     tool_choice="required", temperature=0,
+                                     max_output_tokens=60)  # fmt: skip
+    calls = [item for item in answer.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
+    assert city_of(calls[0].arguments) == "Paris"
+    events = list(client.responses.create(model=TOOLS_MODEL, input=ask, tools=[tool],
+                                          tool_choice="required", temperature=0,
+                                          max_output_tokens=60, stream=True))  # fmt: skip
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert city_of(deltas) == "Paris"  # llama-server sends no function_call_arguments.done
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, getattr(i, "arguments", None)) for i in done] == [("function_call", deltas)]
+    final = events[-1]
+    assert final.type == "response.completed"
+    assert [i.type for i in final.response.output] == ["function_call"]
+    back: Any = [{"role": "user", "content": ask}, calls[0].model_dump(exclude_none=True),
+                 {"type": "function_call_output", "call_id": calls[0].call_id,
+                  "output": "Sunny, 21 C"}]  # fmt: skip
+    told = client.responses.create(model=TOOLS_MODEL, input=back, tools=[tool], temperature=0,
+                                   max_output_tokens=40)  # fmt: skip
+    assert "sunny" in told.output_text.lower()
+
+
+def test_an_anthropic_tool_use_streamed_and_not_and_its_answer(node: Node) -> None:
+    client = claude(tools_node(node), node.key)
+    tool: anthropic.types.ToolParam = {"name": "get_weather", "input_schema": WEATHER}
+    ask: list[anthropic.types.MessageParam] = [
+        {"role": "user", "content": "What is the weather in Paris?"}
+    ]
+    message = client.messages.create(model=TOOLS_MODEL, messages=ask, tools=[tool],
+                                     tool_choice={"type": "any"}, extra_body=GREEDY,
+                                     max_tokens=60)  # fmt: skip
+    assert message.stop_reason == "tool_use"
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
+    assert city_of(uses[0].input) == "Paris"
+    with client.messages.stream(model=TOOLS_MODEL, messages=ask, tools=[tool],
+                                tool_choice={"type": "any"}, extra_body=GREEDY,
+                                max_tokens=60) as stream:  # fmt: skip
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use"
+    blocks = [b for b in streamed.content if b.type == "tool_use"]
+    assert [b.name for b in blocks] == ["get_weather"] and city_of(blocks[0].input) == "Paris"
+    told: Any = [
+        *ask,
+        {"role": "assistant", "content": [uses[0].model_dump(exclude_none=True)]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": uses[0].id, "content": "Sunny, 21 C"}]},
+    ]  # fmt: skip
+    final = client.messages.create(model=TOOLS_MODEL, messages=told, tools=[tool],
+                                   extra_body=GREEDY, max_tokens=40)  # fmt: skip
+    assert final.stop_reason == "end_turn" and final.content[0].type == "text"
+    assert "sunny" in final.content[0].text.lower()
