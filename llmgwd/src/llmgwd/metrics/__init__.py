@@ -1,1 +1,2 @@
-"""Prometheus metrics of llmgwd: the router's counters, the cluster's and the GPUs' state."""
+"""Prometheus metrics of llmgwd: the endpoints, the cluster, the GPUs, the engines (the
+router's own counters are router/metrics.py, beside what they count)."""

@@ -15,7 +15,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
 from llmgwd.catalog import ApiKey, Model
-from llmgwd.metrics.router import RouterMetrics
 from llmgwd.pool import Endpoint, Pool
 from llmgwd.router import (
     cache_salt,
@@ -31,6 +30,7 @@ from llmgwd.router import (
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
+from llmgwd.router.metrics import RouterMetrics
 from llmgwd.router.proxy import Upstream
 from llmgwd.router.token_bounds import Estimate, estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
