@@ -143,6 +143,28 @@ class Directory:
             User, USERS + user_id, lambda u: msgspec.structs.replace(u, **changes), "user"
         )
 
+    async def rename_user(self, user_id: str, name: str) -> User:
+        """Give a user a new unique name (SCIM's userName); a name taken is a conflict."""
+        check_name("name", name)
+        while True:
+            kv = await self._store.get(USERS + user_id)
+            if kv is None:
+                raise _missing("user", user_id)
+            old = _dec(User, kv)
+            if old.name == name:
+                return old
+            new = msgspec.structs.replace(old, name=name)
+            guards = [_unchanged(kv.key, kv), _absent(LOGINS + name)]
+            ops: list[Put | Delete | Get] = [
+                Put(kv.key, _enc.encode(new)),
+                Delete(LOGINS + old.name),
+                Put(LOGINS + name, user_id.encode()),
+            ]
+            if (await self._store.txn(guards, ops)).succeeded:
+                return new
+            if await self._store.get(LOGINS + name) is not None:
+                raise PeopleError("conflict", f"a user named {name!r} exists", "name")
+
     # Organizations, teams, projects
 
     async def create_org(self, name: str, title: str = "") -> Org:
