@@ -29,6 +29,9 @@ from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
 from llmgwd.people.directory import Directory
 from llmgwd.people.records import MemberRole, Scope, StaffRole
+from llmgwd.scim import app as scim
+from llmgwd.scim import token
+from llmgwd.scim.base import ScimContext
 from llmgwd.store.sqlite import SqliteStore
 
 # What each path parameter is given: a well-formed value, so the role is checked, not the path.
@@ -41,6 +44,7 @@ SAMPLES = {
     "team": "ml",
     "project": "chat",
     "user": "zed",
+    "id": "0123456789ab",
 }
 
 
@@ -67,6 +71,7 @@ def _routes(prefix: str, table: list[web.RouteDef]) -> list[tuple[str, str]]:
 
 
 API_ROUTES = [(m, "/api/v1" + _fill(p)) for m, p, _h, _r in routes.TABLE]
+SCIM_ROUTES = [(m, scim.PREFIX + _fill(p)) for m, p, _h, _r in scim.TABLE]
 HF_ROUTES = [
     *_routes("/hf", hub_server.hub_routes()),
     ("GET", "/hf" + peers.LISTING),
@@ -90,11 +95,13 @@ async def port(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
     app = web.Application()
     app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
     app.add_subapp("/hf", setup.hub(mirror, catalog))
+    app.add_subapp(scim.PREFIX, scim.scim_app(ScimContext(catalog)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     _, user = await catalog.create_key("u", "user")
     _, admin = await catalog.create_key("a", "admin")
-    yield str(server.make_url("")), {"user": user, "admin": admin}
+    secrets = {"user": user, "admin": admin, "scim": await token.mint(store)}
+    yield str(server.make_url("")), secrets
     await server.close()
     await mirror.close()
     await store.close()
@@ -110,10 +117,10 @@ async def _status(base: str, method: str, path: str, key: str | None) -> int:
 
 
 def test_the_tables_were_read() -> None:
-    assert len(API_ROUTES) >= 25 and len(HF_ROUTES) >= 5
+    assert len(API_ROUTES) >= 25 and len(HF_ROUTES) >= 5 and len(SCIM_ROUTES) >= 15
 
 
-@pytest.mark.parametrize(("method", "path"), API_ROUTES + HF_ROUTES)
+@pytest.mark.parametrize(("method", "path"), API_ROUTES + HF_ROUTES + SCIM_ROUTES)
 async def test_no_key_is_refused(port: tuple[str, dict[str, str]], method: str, path: str) -> None:
     base, _ = port
     assert await _status(base, method, path, None) == 401
@@ -125,6 +132,34 @@ async def test_api_wants_an_admin(port: tuple[str, dict[str, str]], method: str,
     base, keys = port
     assert await _status(base, method, path, keys["user"]) == 403
     assert await _status(base, method, path, keys["admin"]) not in (401, 403)
+
+
+@pytest.mark.parametrize(("method", "path"), SCIM_ROUTES)
+async def test_scim_takes_only_its_token(
+    port: tuple[str, dict[str, str]], method: str, path: str
+) -> None:
+    base, secrets = port
+    for role in ("user", "admin"):
+        assert await _status(base, method, path, secrets[role]) == 401
+    assert await _status(base, method, path, secrets["scim"]) not in (401, 403)
+
+
+@pytest.mark.parametrize(("method", "path"), API_ROUTES[:3])
+async def test_the_scim_token_is_no_api_key(
+    port: tuple[str, dict[str, str]], method: str, path: str
+) -> None:
+    base, secrets = port
+    assert await _status(base, method, path, secrets["scim"]) == 401
+
+
+async def test_every_scim_route_is_in_its_table_with_the_token_s_rule() -> None:
+    store = await SqliteStore.open(":memory:")
+    sub = scim.scim_app(ScimContext(Catalog(store)))
+    await store.close()
+    served = {(r.method, r.resource.canonical) for r in sub.router.routes()
+              if r.method != "HEAD" and r.resource is not None}  # fmt: skip
+    assert served == {(m, p) for m, p, _h, _r in scim.TABLE}
+    assert all(rule == scim.SCIM_TOKEN for *_, rule in scim.TABLE)
 
 
 @pytest.mark.parametrize(("method", "path"), HF_ROUTES)

@@ -12,6 +12,7 @@ from llmgw.cli import (
     model,
     node,
     org,
+    scim,
     server,
     server_join,
     server_migrate,
@@ -70,3 +71,4 @@ main.add_command(login.login)
 main.add_command(usage.usage)
 main.add_command(mirror.mirror)
 main.add_command(slurm.slurm)
+main.add_command(scim.scim)

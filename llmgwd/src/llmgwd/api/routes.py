@@ -15,6 +15,7 @@ from llmgwd.api import (
     people,
     person_keys,
     plans,
+    scim_token,
     servers,
     slurm,
     status,
@@ -69,6 +70,7 @@ TABLE: list[Route] = [
     ("POST", "/servers/tokens", servers.create_server_token, ADMIN),
     ("POST", "/servers/leave", servers.leave, ADMIN),
     ("DELETE", "/servers/{name}", servers.remove_server, ADMIN),
+    ("POST", "/scim/token", scim_token.create_scim_token, ADMIN),
 ]
 
 

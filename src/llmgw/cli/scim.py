@@ -1,0 +1,30 @@
+"""llmgw scim token: the bearer token the identity provider provisions users and groups with."""
+
+from __future__ import annotations
+
+import click
+
+from llmgw.cli.common import Settings, api_path, call, pass_settings
+from llmgw.cli.output import echo_json, json_option
+
+
+@click.group()
+def scim() -> None:
+    """SCIM 2.0 provisioning (/scim/v2 on the client port) by the site's identity provider."""
+
+
+@scim.command()
+@json_option
+@pass_settings
+def token(settings: Settings, as_json: bool) -> None:
+    """Make a new SCIM bearer token (shown once; the old one stops working)."""
+    answer = call(settings, "POST", api_path("scim", "token"), {})
+    if as_json:
+        echo_json(answer)
+        return
+    click.echo(answer["token"])
+    click.echo(
+        f"Give it to the identity provider with the URL https://HOST:PORT{answer['path']} "
+        "(the client port); it is not shown again.",
+        err=True,
+    )
