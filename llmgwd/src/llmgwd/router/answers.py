@@ -53,7 +53,8 @@ _LACKS = (
 _PROMPT_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input",
                  "responses": "input", "messages": "messages"}  # fmt: skip
 # Routes an engine may lack (it answers 404 or 501 for them): the client is told so.
-_OPTIONAL = frozenset({"embeddings", "responses", "messages", "messages/count_tokens", "rerank"})
+_OPTIONAL = frozenset({"embeddings", "responses", "messages", "messages/count_tokens", "rerank",
+                       "audio/transcriptions"})  # fmt: skip
 _LIBRARY_NOISE = re.compile(r"\[json\.exception\.[a-z_]+\.\d+\]\s*")  # nlohmann::json's tags
 _FLAG = re.compile(r"(^|\s|`)--?[a-z]")  # a command-line flag: never quoted to a client
 _FIELD = re.compile(r"^Field '([A-Za-z0-9_.\[\]]{1,64})'")  # llama.cpp names the bad field so

@@ -50,6 +50,9 @@ _SSE_HEADERS = {
 }
 
 
+# The request's body type for the engine when it is not JSON (a multipart form's, with its
+# boundary: router/transcriptions.py).
+BODY_TYPE = web.RequestKey("llmgw_body_type", str)
 _ENGINE_FAULTS = (502, 504)  # our answers for an engine that broke the exchange or went silent
 
 
@@ -301,7 +304,7 @@ class Upstream:
         and a connection both sides know is closing never goes back to the pool."""
         headers = {
             "Authorization": f"Bearer {endpoint.api_key}",
-            "Content-Type": "application/json",
+            "Content-Type": request.get(BODY_TYPE, "application/json"),
             "Accept": "text/event-stream" if stream else "application/json",
             "x-request-id": request[errors.REQUEST_ID],
         }

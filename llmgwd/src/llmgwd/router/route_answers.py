@@ -1,6 +1,7 @@
 """Answers of the routes whose shape is not OpenAI's completion (Responses, Anthropic's
-Messages, rerank): each route's own clean() applied to a whole answer or to each event of a
-stream of named events (`event: NAME` then `data: {...}`), their usage told to the tally."""
+Messages, rerank, transcriptions): each route's own clean() applied to a whole answer or to
+each event of a stream of named events (`event: NAME` then `data: {...}`), their usage told
+to the tally."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from llmgwd.router import messages, rerank, responses
+from llmgwd.router import messages, rerank, responses, transcriptions
 from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
@@ -20,6 +21,7 @@ CLEAN: dict[str, Clean] = {
     "messages": messages.clean,
     "messages/count_tokens": messages.clean,
     "rerank": rerank.clean,
+    "audio/transcriptions": transcriptions.clean,
 }
 _END = b"\n\n"
 _encoder = msgspec.json.Encoder()

@@ -26,12 +26,13 @@ from llmgwd.router import (
     prefix,
     rerank,
     responses,
+    transcriptions,
 )
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
 from llmgwd.router.metrics import RouterMetrics
-from llmgwd.router.proxy import Upstream
+from llmgwd.router.proxy import BODY_TYPE, Upstream
 from llmgwd.router.token_bounds import Estimate, estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
 
@@ -115,6 +116,7 @@ class Router:
         stale_s: Callable[[], float] | None = None,
         prefix_aware: bool = True,
         registry: CollectorRegistry | None = None,
+        max_audio_bytes: int = transcriptions.MAX_AUDIO_BYTES,
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -127,6 +129,7 @@ class Router:
         self._models = models
         self._pool = pool
         self._max_body_bytes = max_body_bytes
+        self._max_audio_bytes = max_audio_bytes
         self._retry_after_s = retry_after_s
         self.balancer = (
             balancer if balancer is not None else Balancer(pool, prefix_aware=prefix_aware)
@@ -158,6 +161,7 @@ class Router:
         self.app.router.add_post("/messages", self._messages)
         self.app.router.add_post("/messages/count_tokens", self._count_tokens)
         self.app.router.add_post("/rerank", self._rerank)
+        self.app.router.add_post("/audio/transcriptions", self._transcriptions)
 
     def node_lost(self, node: str) -> None:
         """A node was declared lost: its requests in flight are sent to other replicas."""
@@ -208,6 +212,26 @@ class Router:
     async def _rerank(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "rerank", rerank.check, rerank.bound)
 
+    async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
+        """A multipart form, not JSON: read within its bounds, passed on as the router
+        writes it; one request and the tokens its answer reports."""
+        key = self._authenticate(request)
+        form = await transcriptions.read(request, self._max_audio_bytes)
+        name = request[errors.MODEL] = form.fields["model"]
+        model = self._models.get(name)
+        if model is None:
+            raise errors.model_not_found(name)
+        await self._ready(model)
+        reservation = await self.meter.reserve(key, model, Estimate(prompt=0, completion=0))
+        try:
+            request[TALLY] = reservation.tally
+            request[HEADERS] = reservation.headers
+            body, request[BODY_TYPE] = form.body(model.name)
+            path = "audio/transcriptions"
+            return await self._upstream.forward(request, model.name, path, body, False)
+        finally:
+            reservation.settle()
+
     async def _complete(
         self,
         request: web.Request,
@@ -229,9 +253,7 @@ class Router:
         if model is None:
             raise errors.model_not_found(name)
         fields.for_engine(doc, model, path)
-        if model.on_demand and self._on_demand is not None:
-            await self._wake(model.name)
-        ready = self._require_ready(model)
+        ready = await self._ready(model)
         bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
         if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
@@ -273,6 +295,12 @@ class Router:
         if key.revoked:
             raise errors.invalid_api_key("This API key has been revoked.")
         return key
+
+    async def _ready(self, model: Model) -> list[Endpoint]:
+        """The model's ready replicas, an on-demand one woken first."""
+        if model.on_demand and self._on_demand is not None:
+            await self._wake(model.name)
+        return self._require_ready(model)
 
     async def _wake(self, name: str) -> None:
         """Wake an on-demand model and wait (bounded) for a replica; requests arriving
