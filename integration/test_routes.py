@@ -117,6 +117,15 @@ def test_errors_are_each_in_their_routes_shape(node: Node) -> None:
         assert body["type"] == "error" and body["error"]["type"] == kind
 
 
+def test_a_transcription_on_a_text_model_says_the_model_lacks_it(node: Node) -> None:
+    """llama-server answers 501 for audio on a text-only model: a clear 400 in OpenAI's shape."""
+    wav = b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00" + bytes(64)
+    with pytest.raises(openai.BadRequestError) as e:
+        gpt(node, node.key).audio.transcriptions.create(model=MODEL, file=("a.wav", wav))
+    assert e.value.code == "model_not_supported" and e.value.param == "model"
+    assert "/v1/audio/transcriptions" in e.value.message
+
+
 # Tool calls with a real model. SmolLM2's own chat template has no tools, and llama.cpp's
 # grammar for tool_choice "required" still lets a model write text before its call (and then
 # stop at max_tokens): a second entry of the same model serves smollm2_calls.jinja (given
