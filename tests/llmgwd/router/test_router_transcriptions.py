@@ -152,6 +152,11 @@ async def test_the_forms_bounds_and_shape(m: Metered) -> None:
     assert "'file' is given more than once" in answers[1][1]["message"]
     assert answers[2][1]["code"] == "missing_required_parameter"
     assert answers[3][1]["param"] == "prompt"
+    headers = {"Authorization": f"Bearer {USER_SECRET}",
+               "Content-Type": "multipart/form-data; boundary=b"}  # fmt: skip
+    cut = b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nsmoll'  # no end
+    async with m.gw.http.post(url, data=cut, headers=headers) as resp:
+        assert resp.status == 400 and (await resp.json())["error"]["param"] == "file"
     assert engine(m).forms == []
 
 

@@ -72,9 +72,14 @@ async def read(request: web.Request, limit: int) -> Form:
             if not isinstance(part, BodyPartReader):
                 raise errors.invalid_value("file", "A form part may not hold parts of its own.")
             await _take(form, part, budget)
-    except (HttpProcessingError, ValueError, AssertionError) as e:  # a broken form
-        message = f"The form could not be read: {type(e).__name__}."
-        raise errors.invalid_value("file", message) from None
+    except HttpProcessingError as e:  # too slow (408, the client port's gate), or broken
+        if e.code == 408:
+            raise errors.request_timeout(e.message) from None
+        raise errors.invalid_value("file", "The form could not be read.") from None
+    except (ValueError, AssertionError):  # a broken form
+        raise errors.invalid_value("file", "The form could not be read.") from None
+    except ConnectionError:  # the client left during its upload
+        raise errors.client_closed() from None
     if "model" not in form.fields:
         raise errors.missing_parameter("model")
     if not form.audio:
