@@ -34,11 +34,14 @@ from llmgwd.live import Published, RolePool
 from llmgwd.members import Members
 from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
+from llmgwd.metrics.engines import EngineRelay
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.mirror import setup as mirror_setup
 from llmgwd.roles import Roles
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
+from llmgwd.scim import app as scim
+from llmgwd.scim.base import ScimContext
 from llmgwd.session import Session
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.open import open_store
@@ -263,10 +266,14 @@ class Daemon:
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
-        app.add_subapp(login.PREFIX, login.login_app(self.store, self.config.oidc))  # no key
+        app.add_subapp(login.PREFIX, login.login_app(self.catalog, self.config.oidc))  # no key
         app.add_subapp(API_PREFIX, api_subapp(ctx, key_auth(self.catalog)))
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
-        app.router.add_get(metrics.PATH, metrics.client_handler(self.registry, self.catalog))
+        scim_ctx = ScimContext(self.catalog, self.config.oidc.rules)  # groups by oidc.rules
+        app.add_subapp(scim.PREFIX, scim.scim_app(scim_ctx))  # its own token, no key
+        for path, render in ((metrics.PATH, metrics.of(self.registry)),
+                             (metrics.ENGINES_PATH, self.engine_metrics.render)):  # fmt: skip
+            app.router.add_get(path, metrics.client_handler(render, self.catalog))
         host, port = split_listen(cfg.listen)
         self.client_runner = await clientport.serve(app, cfg, host, port)
         self._runners.append(self.client_runner)
@@ -279,6 +286,7 @@ class Daemon:
         nodes = self.cluster.nodes
         self.registry.register(ClusterCollector(models, pool, nodes, queued, grace, passes))
         self.registry.register(GpuCollector(self.cluster.nodes))
+        self.engine_metrics = EngineRelay(models, pool)  # /metrics/engines
 
     async def _serve_local(self, ctx: ApiContext) -> None:
         path = Path(self.config.socket)
@@ -286,7 +294,8 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # noqa: ASYNC240 (a socket left by a killed llmgwd)
         app = api_app(ctx, peercred_auth(self.config.socket_group))
-        app.router.add_get(metrics.PATH, metrics.socket_handler(self.registry))
+        app.router.add_get(metrics.PATH, metrics.socket_handler(metrics.of(self.registry)))
+        app.router.add_get(metrics.ENGINES_PATH, metrics.socket_handler(self.engine_metrics.render))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()
@@ -310,6 +319,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.router.close()
+        await self.engine_metrics.close()
         await self.mirror.close()
         await self.session.close()  # standbys take over at once rather than at the lease's TTL
         await self.planes.close()
