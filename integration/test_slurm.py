@@ -17,6 +17,7 @@ import pytest
 from integration.conftest import unavailable
 from integration.cp_cluster import CLIENT, Booted
 from integration.llmgw_node import MODEL, VENV, Node
+from integration.test_firewall import probe
 from integration.test_single_node import llama_server
 
 pytestmark = pytest.mark.skipif(
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ADDRESSES = {"cp": "10.233.0.10", "n1": "10.233.0.11", "n2": "10.233.0.12"}
+OUTSIDE = "10.233.0.99"  # a host on the lan that is not in the cluster
 NOT_LENT = "llmgw: not lent to Slurm"
 
 
@@ -35,6 +37,7 @@ class SlurmCluster:
     cp: Node
     nodes: dict[str, Node]
     key: str
+    outside: Node
 
     def sinfo(self) -> dict[str, tuple[str, str]]:
         """node -> (state, reason) as the controller's sinfo says."""
@@ -119,7 +122,8 @@ def slurm() -> Iterator[SlurmCluster]:
         cp.serve_model(replicas=1)
         key = str(cp.llmgw("key", "create", "slurm-test", "--json")["key"])
         cp.llmgw("slurm", "setup", "--controller", "cp", "--nodes", "n1,n2")
-        yield SlurmCluster(cp, nodes, key)
+        outside = booted.host("out", OUTSIDE, binary)  # llmgw installed, never started
+        yield SlurmCluster(cp, nodes, key, outside)
     finally:
         booted.close()
 
@@ -134,6 +138,13 @@ def test_lend_and_reclaim_on_real_slurm(slurm: SlurmCluster) -> None:
     slurm.wait(lambda: all(_drained_by_llmgw(slurm, n) for n in ("n1", "n2")),
                "slurmctld on cp, slurmd on n1 and n2, both drained by llmgw", 240)  # fmt: skip
     setup_s = time.monotonic() - started
+
+    # Slurm's ports answer the cluster's hosts alone: slurmctld's 6817 on cp and slurmd's
+    # 6818 on n1 from n2, not from a host on the same lan outside the cluster.
+    assert probe(slurm.nodes["n2"].ps, ADDRESSES["cp"], 6817) == "open"
+    assert probe(slurm.nodes["n2"].ps, ADDRESSES["n1"], 6818) == "open"
+    assert probe(slurm.outside.ps, ADDRESSES["cp"], 6817) == "dropped"
+    assert probe(slurm.outside.ps, ADDRESSES["n1"], 6818) == "dropped"
     where = slurm.replica_nodes()
     assert len(where) == 1, where
     lent = where[0]
