@@ -47,9 +47,7 @@ class Node:
             return json.loads(r.stdout)
         return r
 
-    def install(
-        self, llama_server: str, address: str = "127.0.0.1", agent_extra: str = ""
-    ) -> None:
+    def install(self, llama_server: str, address: str = "127.0.0.1", agent_extra: str = "") -> None:
         """Units, users and config as a package would lay them, ExecStart from the venv;
         the agent's engines listen on address (agent_extra: more agent.yaml lines)."""
         ps = self.ps
@@ -163,3 +161,14 @@ class Node:
 
     def restarts(self, unit: str) -> int:
         return int(self.ps.systemctl("show", "-P", "NRestarts", unit).stdout.strip())
+
+
+def serving(ps: PrivateSystemd, llama_server: str, client_port: int, cluster_port: int) -> Node:
+    """A whole single-node cluster in ps: llmgwd and the agent, the node joined, SmolLM2 served
+    with one replica, and a key for /v1 (Node.key)."""
+    n = Node(ps, client_port, cluster_port)
+    n.install(llama_server, address="")  # engines listen where the agent's link comes from
+    n.join(n.init_server())
+    n.serve_model(1)
+    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
+    return n

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from integration.harness import REPO, PrivateSystemd
-from integration.llmgw_node import MODEL, VENV, Node
+from integration.llmgw_node import MODEL, VENV, Node, serving
 from llmgw import engine_memory
 from llmgw_agentd import cpus
 
@@ -31,12 +31,7 @@ def llama_server() -> str:
 
 @pytest.fixture(scope="module")
 def node(systemd: PrivateSystemd) -> Iterator[Node]:
-    n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
-    n.install(llama_server(), address="")
-    n.join(n.init_server())
-    n.serve_model(1)
-    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
-    yield n
+    yield serving(systemd, llama_server(), CLIENT_PORT, CLUSTER_PORT)
 
 
 def show(ps: PrivateSystemd, unit: str, *props: str) -> dict[str, str]:

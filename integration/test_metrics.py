@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node
+from integration.llmgw_node import MODEL, Node, serving
 from integration.test_single_node import llama_server
 
 CLIENT_PORT, CLUSTER_PORT = 17800, 17810  # apart from the other integration tests' ports
@@ -27,12 +27,7 @@ REQUESTS = 3
 
 @pytest.fixture(scope="module")
 def node(systemd: PrivateSystemd) -> Iterator[Node]:
-    n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
-    n.install(llama_server(), address="")
-    n.join(n.init_server())
-    n.serve_model(1)
-    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
-    yield n
+    yield serving(systemd, llama_server(), CLIENT_PORT, CLUSTER_PORT)
 
 
 @pytest.fixture(scope="module")

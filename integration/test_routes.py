@@ -15,26 +15,23 @@ import openai
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, gguf
+from integration.llmgw_node import MODEL, Node, gguf, serving
 from integration.test_single_node import llama_server
 
 CLIENT_PORT, CLUSTER_PORT = 17780, 17790  # apart from the other integration tests' ports
 GREEDY = {"temperature": 0}  # a field this anthropic client no longer names
 TOOLS_MODEL = "smollm2-tools"  # the same model file with a chat template that calls functions
 WEATHER: dict[str, object] = {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
 }
 SAY_HI: list[anthropic.types.MessageParam] = [{"role": "user", "content": "Say hi."}]
 
 
 @pytest.fixture(scope="module")
 def node(systemd: PrivateSystemd) -> Iterator[Node]:
-    n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
-    n.install(llama_server(), address="")
-    n.join(n.init_server())
-    n.serve_model(1)
-    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
-    yield n
+    yield serving(systemd, llama_server(), CLIENT_PORT, CLUSTER_PORT)
 
 
 def key(node: Node, name: str, *limits: str) -> str:

@@ -20,7 +20,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from integration.harness import REPO, PrivateSystemd
-from integration.llmgw_node import MODEL, Node, gguf
+from integration.llmgw_node import MODEL, Node, gguf, serving
 from llmgw import pki
 
 CLIENT_PORT = 17700  # not 7700: a quickstart cluster may run on this machine too
@@ -36,13 +36,7 @@ def llama_server() -> str:
 
 @pytest.fixture(scope="module")
 def node(systemd: PrivateSystemd) -> Iterator[Node]:
-    n = Node(systemd, CLIENT_PORT, CLUSTER_PORT)
-    n.install(llama_server(), address="")  # engines listen where the agent's link comes from
-    token = n.init_server()
-    n.join(token)
-    n.serve_model(1)
-    n.key = n.llmgw("key", "create", "tests", "--json")["key"]
-    yield n
+    yield serving(systemd, llama_server(), CLIENT_PORT, CLUSTER_PORT)
 
 
 @pytest.fixture
