@@ -3,12 +3,17 @@ NVML answers (MIG included), the cluster's state, and who may scrape."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.wire import ReplicaStatus
@@ -16,6 +21,7 @@ from llmgwd.cluster import NodeInfo
 from llmgwd.metrics import endpoint
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.gpus import GpuCollector
+from llmgwd.metrics.scrape import Fixed, Scraper
 from tests.llmgw_agentd.nvml_inventory import load, recorded
 from tests.llmgwd.router.test_router_slots import HEADERS, body, gateway, replica
 from tests.llmgwd.router.test_router_v1 import MODEL, STREAM_PROMPT_TOKENS, FakeEngine, running
@@ -221,3 +227,31 @@ async def test_the_engines_metrics_are_relayed_once_each_family_with_their_repli
         assert value(found, "llamacpp_prompt_tokens_total", **labels) == prompt
     assert value(found, "llmgw_engine_scrape_failures", model="m") == 1  # r3's key is refused
     assert "engine-key" not in text
+
+
+class Recorder:
+    """State that notes which thread read it and which built its series."""
+
+    def __init__(self) -> None:
+        self.read_in: list[int] = []
+        self.built_in: list[int] = []
+
+    def snapshot(self) -> Fixed[int]:
+        self.read_in.append(threading.get_ident())
+        return Fixed(self.families, len(self.read_in))
+
+    def families(self, reads: int) -> Iterator[Metric]:
+        self.built_in.append(threading.get_ident())
+        time.sleep(0.05)  # long enough for the other scrapes to arrive meanwhile
+        yield GaugeMetricFamily("llmgw_test_reads", "Reads of the state.", value=reads)
+
+
+async def test_a_scrape_reads_state_on_the_loop_and_builds_the_series_in_a_thread() -> None:
+    state = Recorder()
+    scraper = Scraper(CollectorRegistry(), [state])
+    texts = await asyncio.gather(*(scraper.render() for _ in range(3)))
+    loop_thread = threading.get_ident()
+    assert state.read_in == [loop_thread]  # three scrapes at once: one read, one render
+    assert state.built_in and loop_thread not in state.built_in
+    assert all(b"llmgw_test_reads 1.0" in text for text in texts)
+    assert b"llmgw_test_reads 2.0" in await scraper.render()  # the next scrape reads anew

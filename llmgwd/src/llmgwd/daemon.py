@@ -36,6 +36,7 @@ from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.engines import EngineRelay
 from llmgwd.metrics.gpus import GpuCollector
+from llmgwd.metrics.scrape import Scraper
 from llmgwd.mirror import setup as mirror_setup
 from llmgwd.roles import Roles
 from llmgwd.router import Router
@@ -271,7 +272,7 @@ class Daemon:
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
         scim_ctx = ScimContext(self.catalog, self.config.oidc.rules)  # groups by oidc.rules
         app.add_subapp(scim.PREFIX, scim.scim_app(scim_ctx))  # its own token, no key
-        for path, render in ((metrics.PATH, metrics.of(self.registry)),
+        for path, render in ((metrics.PATH, self.scraper.render),
                              (metrics.ENGINES_PATH, self.engine_metrics.render)):  # fmt: skip
             app.router.add_get(path, metrics.client_handler(render, self.catalog))
         host, port = split_listen(cfg.listen)
@@ -284,8 +285,9 @@ class Daemon:
         queued, grace = self.router.balancer.queued, self.config.node_grace_s
         passes = lambda: (r.passes, r.pass_s) if (r := self.roles.reconciler) else None  # noqa: E731
         nodes = self.cluster.nodes
-        self.registry.register(ClusterCollector(models, pool, nodes, queued, grace, passes))
-        self.registry.register(GpuCollector(self.cluster.nodes))
+        cluster_state = ClusterCollector(models, pool, nodes, queued, grace, passes)
+        # Read on the loop at each scrape, built and formatted in a thread with the router's.
+        self.scraper = Scraper(self.registry, [cluster_state, GpuCollector(nodes)])
         self.engine_metrics = EngineRelay(models, pool)  # /metrics/engines
 
     async def _serve_local(self, ctx: ApiContext) -> None:
@@ -294,7 +296,7 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # noqa: ASYNC240 (a socket left by a killed llmgwd)
         app = api_app(ctx, peercred_auth(self.config.socket_group))
-        app.router.add_get(metrics.PATH, metrics.socket_handler(metrics.of(self.registry)))
+        app.router.add_get(metrics.PATH, metrics.socket_handler(self.scraper.render))
         app.router.add_get(metrics.ENGINES_PATH, metrics.socket_handler(self.engine_metrics.render))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

@@ -1,15 +1,17 @@
-"""The cluster's state as Prometheus series, built at scrape time: nodes by state, replicas
-wanted, ready and by state per model, engines' restarts."""
+"""The cluster's state as Prometheus series, read at scrape time: nodes by state, replicas
+wanted, ready and by state per model, engines' restarts (read on the loop, built anywhere)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgwd.cluster import NodeInfo
+from llmgwd.metrics.scrape import Fixed
 from llmgwd.pool import Pool
 
 Names = Callable[[], Iterable[str]]  # the catalog's model names
@@ -18,6 +20,16 @@ Queued = Callable[[str], int]  # requests for a model waiting for a slot
 Passes = Callable[[], tuple[int, float] | None]  # the scheduler's passes and their seconds
 NODE_STATES = ("connected", "disconnected", "lost")
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
+NodeReplica = tuple[str, str, int]  # model, state, restarts
+
+
+@dataclass(frozen=True)
+class State:
+    """What the series are built from, copied on the loop (nodes' fields are frozen structs)."""
+
+    models: Sequence[tuple[str, int, int, int]]  # name, replicas wanted, ready, waiting
+    nodes: Sequence[tuple[str, Sequence[NodeReplica]]]  # a node's state, its replicas
+    passes: tuple[int, float]
 
 
 class ClusterCollector(Collector):
@@ -36,60 +48,80 @@ class ClusterCollector(Collector):
         self._models, self._pool, self._nodes = models, pool, nodes
         self._queued, self._grace_s, self._passes = queued, grace_s, passes
 
+    def read(self) -> State:
+        """The state now, from the catalog, the pool and the nodes (on the loop)."""
+        models = [(m, self._pool.wanted(m), len(self._pool.ready(m)), self._queued(m))
+                  for m in self._models()]  # fmt: skip
+        nodes = [(_state(n, self._grace_s), tuple((r.model, r.state, r.restarts)
+                  for r in n.replicas)) for n in self._nodes()]  # fmt: skip
+        return State(models, nodes, self._passes() or (0, 0.0))
+
+    def snapshot(self) -> Fixed[State]:
+        """The state read now, its series built wherever they are collected."""
+        return Fixed(families, self.read())
+
     def collect(self) -> Iterator[Metric]:
         """The families, read from the catalog, the pool and the nodes."""
-        yield from self._by_model()
-        yield from self._by_node()
-        yield from self._scheduler()
+        yield from families(self.read())
 
-    def _scheduler(self) -> Iterator[Metric]:
-        """The scheduler's passes on this control plane (none on a standby)."""
-        passes, seconds = self._passes() or (0, 0.0)
-        yield CounterMetricFamily("llmgw_scheduler_passes", "Scheduler passes run here.",
-                                  value=passes)  # fmt: skip
-        yield CounterMetricFamily("llmgw_scheduler_pass_seconds", "Seconds the scheduler's "
-                                  "passes took here, all together.", value=seconds)  # fmt: skip
 
-    def _by_model(self) -> Iterator[Metric]:
-        labels = ["model"]
-        wanted = GaugeMetricFamily("llmgw_replicas_wanted", "Replicas the scheduler places.",
-                                   labels=labels)  # fmt: skip
-        ready = GaugeMetricFamily("llmgw_replicas_ready", "Replicas ready to serve.",
-                                  labels=labels)  # fmt: skip
-        queued = GaugeMetricFamily("llmgw_requests_waiting", "Requests waiting for a free "
-                                   "slot on this control plane.", labels=labels)  # fmt: skip
-        for name in self._models():
-            wanted.add_metric([name], self._pool.wanted(name))
-            ready.add_metric([name], len(self._pool.ready(name)))
-            queued.add_metric([name], self._queued(name))
-        yield from (wanted, ready, queued)
+def families(state: State) -> Iterator[Metric]:
+    """The cluster's families of state."""
+    yield from _by_model(state)
+    yield from _by_node(state)
+    yield from _scheduler(state)
 
-    def _by_node(self) -> Iterator[Metric]:
-        nodes: Counter[str] = Counter()
-        states: Counter[tuple[str, str]] = Counter()
-        restarts: Counter[str] = Counter()
-        for node in self._nodes():
-            nodes[_state(node, self._grace_s)] += 1
-            for r in node.replicas:
-                states[(r.model, r.state)] += 1
-                restarts[r.model] += r.restarts
-        family = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=["state"])
-        for state in NODE_STATES:
-            family.add_metric([state], nodes[state])
-        yield family
-        family = GaugeMetricFamily("llmgw_replicas", "Replicas the agents report, by state.",
-                                   labels=["model", "state"])  # fmt: skip
-        for (model, state), n in sorted(states.items()):
-            family.add_metric([model, state], n)
-        yield family
-        counter = CounterMetricFamily(
-            "llmgw_engine_restarts",
-            "Engine restarts the agents report (since each replica started).",
-            labels=["model"],
-        )
-        for model, n in sorted(restarts.items()):
-            counter.add_metric([model], n)
-        yield counter
+
+def _scheduler(state: State) -> Iterator[Metric]:
+    """The scheduler's passes on this control plane (none on a standby)."""
+    passes, seconds = state.passes
+    yield CounterMetricFamily("llmgw_scheduler_passes", "Scheduler passes run here.",
+                              value=passes)  # fmt: skip
+    yield CounterMetricFamily("llmgw_scheduler_pass_seconds", "Seconds the scheduler's "
+                              "passes took here, all together.", value=seconds)  # fmt: skip
+
+
+def _by_model(state: State) -> Iterator[Metric]:
+    labels = ["model"]
+    wanted = GaugeMetricFamily("llmgw_replicas_wanted", "Replicas the scheduler places.",
+                               labels=labels)  # fmt: skip
+    ready = GaugeMetricFamily("llmgw_replicas_ready", "Replicas ready to serve.",
+                              labels=labels)  # fmt: skip
+    queued = GaugeMetricFamily("llmgw_requests_waiting", "Requests waiting for a free "
+                               "slot on this control plane.", labels=labels)  # fmt: skip
+    for name, n_wanted, n_ready, n_queued in state.models:
+        wanted.add_metric([name], n_wanted)
+        ready.add_metric([name], n_ready)
+        queued.add_metric([name], n_queued)
+    yield from (wanted, ready, queued)
+
+
+def _by_node(state: State) -> Iterator[Metric]:
+    nodes: Counter[str] = Counter()
+    states: Counter[tuple[str, str]] = Counter()
+    restarts: Counter[str] = Counter()
+    for node_state, replicas in state.nodes:
+        nodes[node_state] += 1
+        for model, replica_state, n in replicas:
+            states[(model, replica_state)] += 1
+            restarts[model] += n
+    family = GaugeMetricFamily("llmgw_nodes", "Nodes by state.", labels=["state"])
+    for node_state in NODE_STATES:
+        family.add_metric([node_state], nodes[node_state])
+    yield family
+    family = GaugeMetricFamily("llmgw_replicas", "Replicas the agents report, by state.",
+                               labels=["model", "state"])  # fmt: skip
+    for (model, replica_state), n in sorted(states.items()):
+        family.add_metric([model, replica_state], n)
+    yield family
+    counter = CounterMetricFamily(
+        "llmgw_engine_restarts",
+        "Engine restarts the agents report (since each replica started).",
+        labels=["model"],
+    )
+    for model, n in sorted(restarts.items()):
+        counter.add_metric([model], n)
+    yield counter
 
 
 def _state(node: NodeInfo, grace_s: float) -> str:

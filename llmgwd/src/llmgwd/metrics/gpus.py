@@ -1,6 +1,7 @@
 """Each node's GPUs as Prometheus series, built at scrape time from the inventories the agents
 sent: a card's memory, busy share and power; each MIG instance as series of its own (an
-instance's memory only: NVML tells no busy share or power per instance)."""
+instance's memory only: NVML tells no busy share or power per instance). The node list is
+read on the loop; its inventories are frozen structs, so the series may be built anywhere."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.wire import Gpu
 from llmgwd.cluster import NodeInfo
+from llmgwd.metrics.scrape import Fixed
 
 Nodes = Callable[[], Iterable[NodeInfo]]
 _CARD = ["node", "gpu"]
@@ -23,31 +25,40 @@ class GpuCollector(Collector):
     def __init__(self, nodes: Nodes) -> None:
         self._nodes = nodes
 
+    def snapshot(self) -> Fixed[list[NodeInfo]]:
+        """The nodes as now, their series built wherever they are collected."""
+        return Fixed(families, list(self._nodes()))
+
     def collect(self) -> Iterator[Metric]:
         """The families, filled from each node's inventory."""
-        info = InfoMetricFamily("llmgw_gpu", "A card: its model, UUID and MIG mode.",
-                                labels=_CARD)  # fmt: skip
-        used = _gauge("llmgw_gpu_memory_used_bytes", "A card's memory in use.", _CARD)
-        total = _gauge("llmgw_gpu_memory_total_bytes", "A card's memory.", _CARD)
-        busy = _gauge("llmgw_gpu_busy_ratio", "Share of the last sample period in which a "
-                      "kernel ran on the card (NVML's utilization).", _CARD)  # fmt: skip
-        draw = _gauge("llmgw_gpu_power_draw_watts", "A card's power draw.", _CARD)
-        limit = _gauge("llmgw_gpu_power_limit_watts", "A card's power limit.", _CARD)
-        mig_used = _gauge("llmgw_mig_memory_used_bytes", "A MIG instance's memory in use.", _MIG)
-        mig_total = _gauge("llmgw_mig_memory_total_bytes", "A MIG instance's memory.", _MIG)
-        for node in self._nodes():
-            for gpu in node.inventory.gpus:
-                card = [node.name, str(gpu.index)]
-                info.add_metric(card, {"name": gpu.name, "uuid": gpu.uuid,
-                                       "mig": "true" if gpu.mig else "false"})  # fmt: skip
-                used.add_metric(card, gpu.memory_total_bytes - gpu.memory_free_bytes)
-                total.add_metric(card, gpu.memory_total_bytes)
-                _optional(gpu, card, busy, draw, limit)
-                for mig in gpu.instances:
-                    labels = [*card, mig.uuid, mig.profile]
-                    mig_used.add_metric(labels, mig.memory_total_bytes - mig.memory_free_bytes)
-                    mig_total.add_metric(labels, mig.memory_total_bytes)
-        yield from (info, used, total, busy, draw, limit, mig_used, mig_total)
+        return families(self._nodes())
+
+
+def families(nodes: Iterable[NodeInfo]) -> Iterator[Metric]:
+    """The GPU families of the nodes' inventories."""
+    info = InfoMetricFamily("llmgw_gpu", "A card: its model, UUID and MIG mode.",
+                            labels=_CARD)  # fmt: skip
+    used = _gauge("llmgw_gpu_memory_used_bytes", "A card's memory in use.", _CARD)
+    total = _gauge("llmgw_gpu_memory_total_bytes", "A card's memory.", _CARD)
+    busy = _gauge("llmgw_gpu_busy_ratio", "Share of the last sample period in which a "
+                  "kernel ran on the card (NVML's utilization).", _CARD)  # fmt: skip
+    draw = _gauge("llmgw_gpu_power_draw_watts", "A card's power draw.", _CARD)
+    limit = _gauge("llmgw_gpu_power_limit_watts", "A card's power limit.", _CARD)
+    mig_used = _gauge("llmgw_mig_memory_used_bytes", "A MIG instance's memory in use.", _MIG)
+    mig_total = _gauge("llmgw_mig_memory_total_bytes", "A MIG instance's memory.", _MIG)
+    for node in nodes:
+        for gpu in node.inventory.gpus:
+            card = [node.name, str(gpu.index)]
+            info.add_metric(card, {"name": gpu.name, "uuid": gpu.uuid,
+                                   "mig": "true" if gpu.mig else "false"})  # fmt: skip
+            used.add_metric(card, gpu.memory_total_bytes - gpu.memory_free_bytes)
+            total.add_metric(card, gpu.memory_total_bytes)
+            _optional(gpu, card, busy, draw, limit)
+            for mig in gpu.instances:
+                labels = [*card, mig.uuid, mig.profile]
+                mig_used.add_metric(labels, mig.memory_total_bytes - mig.memory_free_bytes)
+                mig_total.add_metric(labels, mig.memory_total_bytes)
+    yield from (info, used, total, busy, draw, limit, mig_used, mig_total)
 
 
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
