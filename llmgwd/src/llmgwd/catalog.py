@@ -10,7 +10,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -138,6 +138,22 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
+class Follower(Protocol):
+    """An index of other store keys kept by the catalog's one load and watch (llmgwd.levels)."""
+
+    async def load(self, store: Store) -> int:
+        """Read everything it follows; returns the store's revision."""
+        ...
+
+    def watches(self, key: str) -> bool:
+        """Whether it follows this store key."""
+        ...
+
+    def apply(self, key: str, value: bytes | None) -> None:
+        """A put (value) or delete (None) of a key it follows."""
+        ...
+
+
 class CatalogError(Exception):
     """A catalog change that cannot be made (the message is safe to show the caller)."""
 
@@ -149,8 +165,9 @@ class Catalog:
     path never waits on the store.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, followers: tuple[Follower, ...] = ()) -> None:
         self._store = store
+        self._followers = followers
         self._models: dict[str, Model] = {}
         self._keys_by_hash: dict[str, ApiKey] = {}
         self._keys: dict[str, ApiKey] = {}
@@ -171,7 +188,8 @@ class Catalog:
         kvs, rev3 = await self._store.range(USERS, prefix_end(USERS))
         users = [_user_dec.decode(kv.value) for kv in kvs]
         self._active = {u.id for u in users if u.active}
-        return max(rev, rev2, rev3)
+        revs = [await f.load(self._store) for f in self._followers]
+        return max(rev, rev2, rev3, *revs)
 
     async def follow(self, revision: int) -> None:
         """Apply the store's changes from revision on, for ever (run as a task). A watch that
@@ -193,6 +211,9 @@ class Catalog:
         """Apply each change from revision on, until the watch ends or fails."""
         async for ev in self._store.watch("/", prefix_end("/"), start_revision=revision + 1):
             key = ev.kv.key
+            for f in self._followers:
+                if f.watches(key):
+                    f.apply(key, ev.kv.value if ev.type == "put" else None)
             if key.startswith(MODELS):
                 name = key[len(MODELS) :]
                 if ev.type == "put":

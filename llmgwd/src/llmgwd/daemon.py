@@ -30,6 +30,7 @@ from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.leader import Election, LeaderRecord
+from llmgwd.levels import Levels
 from llmgwd.live import Published, RolePool
 from llmgwd.members import Members
 from llmgwd.metrics import endpoint as metrics
@@ -144,14 +145,15 @@ class Daemon:
         secret = load_secret(state_dir / "secret")
         keys = load_pki(state_dir, url)
         self.store = await open_store(cfg, state_dir)
-        self.catalog = Catalog(self.store)
+        self.levels = Levels()  # limits above keys (llmgwd.levels), kept by the catalog's watch
+        self.catalog = Catalog(self.store, followers=(self.levels,))
         self.members = Members(self.store)
         revision = await self.catalog.load()
         self.usage = Usage(self.store)
         self.shares = Allotments(self.store) if cfg.store.backend == "etcd" else None
         if self.shares is not None:  # several control planes: each spends its share of a limit
             await self.shares.start()
-        self.meter = Meter(self.usage, shares=self.shares)
+        self.meter = Meter(self.usage, shares=self.shares, levels=self.levels)
         await self.meter.load()  # budgets go on from what this month used before a restart
         self.usage.start()
         self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)

@@ -1,5 +1,6 @@
-"""The router's metering: a request is admitted against its key's limits and budgets (all
-checked, then all reserved, in one synchronous step), and settled to what it used."""
+"""The router's metering: a request is admitted against the limits and budgets of its key and
+of every level above it (all checked, then all reserved, in one synchronous step), and settled
+to what it used."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import math
 import time
 from collections.abc import Callable
 
+import msgspec
 from aiohttp import web
 
 from llmgwd import pricing
 from llmgwd.budgets import Budgets, Exhausted
-from llmgwd.catalog import ApiKey, Model
+from llmgwd.catalog import ApiKey, KeyLimits, Model
+from llmgwd.levels import Chain, Levels
 from llmgwd.limits import RateLimits, Refusal, State
 from llmgwd.periods import Today, seconds_left
 from llmgwd.router import errors
@@ -31,14 +34,24 @@ _LABELS = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)
 _NO_RETRY = {"x-should-retry": "false"}  # OpenAI's clients then do not retry on their own
 
 
-class Reservation:
-    """One admitted request: what it reserved, and its tally for the proxy to fill in."""
+Level = tuple[str, KeyLimits]  # a level's id (a key's own: the key's id) and its limits
+_NO_CHAIN = Chain((), None)
 
-    __slots__ = ("_meter", "_settled", "estimate", "headers", "key", "model", "picos", "second",
-                 "tally", "ticket")  # fmt: skip
+
+class Reservation:
+    """One admitted request: what it reserved at each level, and its tally for the proxy."""
+
+    __slots__ = ("_meter", "_settled", "estimate", "headers", "key", "levels", "model", "picos",
+                 "seconds", "tally", "tickets")  # fmt: skip
 
     def __init__(
-        self, meter: Meter, key: ApiKey, model: Model, estimate: Estimate, picos: int
+        self,
+        meter: Meter,
+        key: ApiKey,
+        model: Model,
+        estimate: Estimate,
+        picos: int,
+        levels: tuple[Level, ...],
     ) -> None:
         self._meter = meter
         self._settled = False
@@ -46,10 +59,11 @@ class Reservation:
         self.model = model
         self.estimate = estimate
         self.picos = picos  # the most the request may cost
-        self.second: int | None = None  # when the rate window counted it (None: no limit)
+        self.levels = levels  # the key's own first, then its user, org, team, project
+        self.seconds: list[int | None] = []  # when each level's rate window counted it
         self.headers: dict[str, str] = {}
         self.tally = Tally()
-        self.ticket: object = None  # what the cluster's shares reserved (None: no shares)
+        self.tickets: list[object] = []  # what the cluster's shares reserved, a level each
 
     def used(self) -> tuple[int, int]:
         """(prompt, completion) tokens to count: the engine's usage when it gave one."""
@@ -71,10 +85,11 @@ class Reservation:
 
 
 class Meter:
-    """Rate limits, budgets and the usage counter, as the router applies them.
+    """Rate limits, budgets and the usage counter, as the router applies them, at every level
+    of a key (its own, its user's, organization's, team's and project's: llmgwd.levels).
 
     With shares (several control planes over one store: llmgwd.allotments), a request must
-    also fit this control plane's share of each of its key's limits and budgets.
+    also fit this control plane's share of each level's limits and budgets.
     """
 
     def __init__(
@@ -82,11 +97,13 @@ class Meter:
         usage: Usage | None = None,
         *,
         shares: Shares | None = None,
+        levels: Levels | None = None,
         wall: Clock = time.time,
         monotonic: Clock = time.monotonic,
     ) -> None:
         self.usage = usage if usage is not None else Usage(None)
         self.shares = shares
+        self.levels = levels
         self.limits = RateLimits()
         self.budgets = Budgets()
         self._wall = wall
@@ -96,11 +113,16 @@ class Meter:
         self.on_settled: Callable[[str, int, int, int], None] | None = None
 
     async def load(self) -> None:
-        """Count this month's stored usage against the budgets (at start, before serving)."""
+        """Count this month's stored usage against the budgets of every level (at start,
+        before serving)."""
         month_start = self._today.at(self._wall())[:7] + "-01"
         for r in await self.usage.records(month_start):
             c = r.counts
-            self.budgets.add(r.key_id, r.day, c.prompt_tokens + c.completion_tokens, c.spend_pico)
+            tokens = c.prompt_tokens + c.completion_tokens
+            self.budgets.add(r.key_id, r.day, tokens, c.spend_pico)
+            chain = self.levels.of_key_id(r.key_id) if self.levels is not None else _NO_CHAIN
+            for ident, _ in chain.levels:
+                self.budgets.add(ident, r.day, tokens, c.spend_pico)
 
     def admit(self, key: ApiKey, model: Model, estimate: Estimate) -> Reservation:
         """Reserve the request's most tokens and spend, or raise the 429 of the first limit or
@@ -119,51 +141,105 @@ class Meter:
             await admitted.wait(deadline - loop.time())
         return admitted
 
+    def levels_of(self, key: ApiKey, model: Model) -> tuple[Level, ...]:
+        """The levels a request of key for model is held to, its key's first; a model another
+        level does not allow is a 404 as if it did not exist (nothing shown of it)."""
+        chain = self.levels.chain(key) if self.levels is not None else _NO_CHAIN
+        if chain.models is not None and model.name not in chain.models:
+            raise errors.model_not_found(model.name)
+        levels: tuple[Level, ...] = ((key.id, key.limits), *chain.levels)
+        if model.price_prompt or model.price_completion:
+            return levels
+        # A model with no price costs nothing: no spend budget ever holds it back.
+        return tuple((i, _unpriced(lim)) for i, lim in levels)
+
     def _admit(
         self, key: ApiKey, model: Model, estimate: Estimate, *, wait: bool
     ) -> Reservation | Refill:
         now, ts = self._monotonic(), self._wall()
-        tokens, day = estimate.total, self._today.at(ts)
+        tokens, day, requests = estimate.total, self._today.at(ts), estimate.requests
         picos = pricing.cost(model, estimate.prompt, estimate.completion)
-        exhausted = self.budgets.check(key.id, key.limits, tokens, picos, day)
-        if exhausted is not None:
-            raise _quota_error(key, exhausted, ts)
-        refusal = self.limits.check(key.id, key.limits, tokens, now, estimate.requests)
-        if refusal is not None:
-            raise _rate_error(key, refusal, self.limits.states(key.id, key.limits, now))
-        shares, share = self.shares, (key.id, key.limits, tokens, picos, estimate.requests, day)
-        if shares is not None:
-            short = shares.check(*share, wait=wait)
-            if isinstance(short, Refill):
-                return short
-            if isinstance(short, Exhausted):
-                raise _quota_error(key, short, ts)
+        levels = self.levels_of(key, model)
+        for ident, limits in levels:  # every level checked before any is taken from
+            exhausted = self.budgets.check(ident, limits, tokens, picos, day)
+            if exhausted is not None:
+                raise _quota_error(ident, exhausted, ts)
+            refusal = self.limits.check(ident, limits, tokens, now, requests)
+            if refusal is not None:
+                raise _rate_error(ident, refusal, self.limits.states(ident, limits, now))
+        if self.shares is not None:
+            short = self._short(levels, tokens, picos, requests, day, wait)
             if short is not None:
-                raise _rate_error(key, short, self.limits.states(key.id, key.limits, now))
-        reservation = Reservation(self, key, model, estimate, picos)
-        reservation.second = self.limits.take(key.id, key.limits, tokens, now, estimate.requests)
-        self.budgets.take(key.id, tokens, picos)
-        if shares is not None:
-            reservation.ticket = shares.take(*share)
-        if reservation.second is not None:
+                return short
+        reservation = Reservation(self, key, model, estimate, picos, levels)
+        for ident, limits in levels:
+            reservation.seconds.append(self.limits.take(ident, limits, tokens, now, requests))
+            self.budgets.take(ident, tokens, picos)
+            if self.shares is not None:
+                share = (ident, limits, tokens, picos, requests, day)
+                reservation.tickets.append(self.shares.take(*share))
+        if reservation.seconds[0] is not None:
             reservation.headers = rate_headers(self.limits.states(key.id, key.limits, now))
         return reservation
 
+    def _short(
+        self,
+        levels: tuple[Level, ...],
+        tokens: int,
+        picos: int,
+        requests: int,
+        day: str,
+        wait: bool,
+    ) -> Refill | None:
+        """A Refill to wait for when a level's share is short, or raise its 429; None: fits."""
+        assert self.shares is not None
+        for ident, limits in levels:
+            short = self.shares.check(ident, limits, tokens, picos, requests, day, wait=wait)
+            if isinstance(short, Refill):
+                return short
+            if isinstance(short, Exhausted):
+                raise _quota_error(ident, short, self._wall())
+            if short is not None:
+                now = self._monotonic()
+                raise _rate_error(ident, short, self.limits.states(ident, limits, now))
+        return None
+
     def settle(self, r: Reservation) -> None:
-        """Release r's reservations and count what it used (memory only)."""
+        """Release r's reservations at every level and count what it used (memory only)."""
         prompt, completion = r.used()
         tokens = prompt + completion
         picos = pricing.cost(r.model, prompt, completion)
         day = self._today.at(self._wall())
-        if r.second is not None:
-            self.limits.settle(r.key.id, r.second, r.estimate.total, tokens, self._monotonic())
-        self.budgets.settle(r.key.id, (r.estimate.total, r.picos), tokens, picos, day)
+        now, reserved = self._monotonic(), (r.estimate.total, r.picos)
+        for (ident, _), second in zip(r.levels, r.seconds, strict=True):
+            if second is not None:
+                self.limits.settle(ident, second, r.estimate.total, tokens, now)
+            self.budgets.settle(ident, reserved, tokens, picos, day)
         if self.shares is not None:
-            self.shares.settle(r.ticket, tokens, picos)
+            for ticket in r.tickets:
+                self.shares.settle(ticket, tokens, picos)
         if r.tally.answered:
             self.usage.add((day, r.key.id, r.model.name), prompt, completion, picos)
             if self.on_settled is not None:
                 self.on_settled(r.model.name, prompt, completion, picos)
+
+
+def _unpriced(limits: KeyLimits) -> KeyLimits:
+    """limits without their spend budget (for a model with no price)."""
+    if not limits.budget_spend:
+        return limits
+    return msgspec.structs.replace(limits, budget_spend=0.0)
+
+
+def level_label(ident: str) -> str:
+    """A level's id as the error messages name it: "key ID", "organization acme", ..."""
+    kind, _, rest = ident.partition(":")
+    if not rest:
+        return f"key {ident}"
+    return f"{_KINDS.get(kind, kind)} {rest.replace(':', '/')}"
+
+
+_KINDS = {"org": "organization", "team": "team", "project": "project", "user": "user"}
 
 
 def rate_headers(states: list[State]) -> dict[str, str]:
@@ -198,8 +274,8 @@ def _retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
-def _rate_error(key: ApiKey, refusal: Refusal, states: list[State]) -> errors.ApiError:
-    label = _LABELS[refusal.kind]
+def _rate_error(ident: str, refusal: Refusal, states: list[State]) -> errors.ApiError:
+    label, who = _LABELS[refusal.kind], level_label(ident)
     headers = rate_headers(states)
     if refusal.retry_after_s is None:
         reduce = (
@@ -209,21 +285,21 @@ def _rate_error(key: ApiKey, refusal: Refusal, states: list[State]) -> errors.Ap
             "until the engine reports its tokens)."
         )
         message = (
-            f"Request too large for {label} on key {key.id}: Limit {refusal.limit}, Requested "
+            f"Request too large for {label} on {who}: Limit {refusal.limit}, Requested "
             f"{refusal.requested}. {reduce}"
         )
         return errors.rate_limited(message, refusal.kind, {**headers, **_NO_RETRY})
     wait = refusal.retry_after_s
     message = (
-        f"Rate limit reached for {label} on key {key.id}: Limit {refusal.limit}, Used "
+        f"Rate limit reached for {label} on {who}: Limit {refusal.limit}, Used "
         f"{refusal.used}, Requested {refusal.requested}. Please try again in {duration(wait)}."
     )
     headers["Retry-After"] = _retry_after(wait)
     return errors.rate_limited(message, refusal.kind, headers)
 
 
-def _quota_error(key: ApiKey, exhausted: Exhausted, ts: float) -> errors.ApiError:
-    e = exhausted
+def _quota_error(ident: str, exhausted: Exhausted, ts: float) -> errors.ApiError:
+    e, who = exhausted, level_label(ident)
     if e.what == "tokens":
         spent = f"has used {e.used} of its {e.limit} tokens"
         more = f"may use up to {e.requested} more"
@@ -233,13 +309,13 @@ def _quota_error(key: ApiKey, exhausted: Exhausted, ts: float) -> errors.ApiErro
     if e.retry_after_s is not None:  # e.used: as last reported, maybe long before
         budget = f"{e.limit} tokens" if e.what == "tokens" else _money(e.limit)
         message = (
-            f"The budget of key {key.id} for this {e.period} (UTC), {budget}, is set aside for "
+            f"The budget of {who} for this {e.period} (UTC), {budget}, is set aside for "
             f"requests in flight on this or other control planes, and this request {more}. "
             f"Please try again in {duration(e.retry_after_s)}."
         )
         return errors.quota_exceeded(message, {"Retry-After": _retry_after(e.retry_after_s)})
     message = (
-        f"You exceeded your current quota: key {key.id} {spent} for this {e.period} (UTC), "
+        f"You exceeded your current quota: {who} {spent} for this {e.period} (UTC), "
         f"and this request {more}. The budget renews at the start of the next {e.period}."
     )
     retry = _retry_after(seconds_left(e.period, ts))
