@@ -173,9 +173,13 @@ class Counting(Balancer):
         self.sent: collections.Counter[str] = collections.Counter()
 
     async def acquire(
-        self, model: str, exclude: Collection[str] = (), affinity: Affinity | None = None
+        self,
+        model: str,
+        exclude: Collection[str] = (),
+        affinity: Affinity | None = None,
+        ready: list[Endpoint] | None = None,
     ) -> Endpoint | None:
-        endpoint = await super().acquire(model, exclude, affinity)
+        endpoint = await super().acquire(model, exclude, affinity, ready)
         if endpoint is not None:
             self.sent[endpoint.replica_id] += 1
         return endpoint

@@ -105,16 +105,21 @@ class Balancer:
         return self._waitlist.count(model)
 
     async def acquire(
-        self, model: str, exclude: Collection[str] = (), affinity: Affinity | None = None
+        self,
+        model: str,
+        exclude: Collection[str] = (),
+        affinity: Affinity | None = None,
+        ready: list[Endpoint] | None = None,
     ) -> Endpoint | None:
         """A replica of model with a free slot, that slot already counted (give it back with
         release); waits in line, first come first served, while every replica is full.
+        ready: the pool's ready replicas of model just read by the caller (else read here).
 
         None when no replica outside exclude is ready and in the pool (there is none, or all
         are out for failing); raises waitlist.Busy when the line is full or the wait too long.
         """
         if not self._waitlist.count(model):  # nobody waits before this one
-            endpoint = self._choose(model, exclude, affinity)
+            endpoint = self._choose(model, exclude, affinity, ready)
             if endpoint is not None:
                 self._take(endpoint)
                 self._remember(endpoint, affinity)
@@ -162,10 +167,15 @@ class Balancer:
             self.prefix.remember(endpoint, affinity)
 
     def _choose(
-        self, model: str, exclude: Collection[str], affinity: Affinity | None = None
+        self,
+        model: str,
+        exclude: Collection[str],
+        affinity: Affinity | None = None,
+        ready: list[Endpoint] | None = None,
     ) -> Endpoint | None:
         """pick's choice among the usable replicas that have a free slot; None: all full."""
-        ready = self._pool.ready(model)
+        if ready is None:
+            ready = self._pool.ready(model)
         if self.prefix is not None:
             self.prefix.forget_gone(model, ready)
         closed = {

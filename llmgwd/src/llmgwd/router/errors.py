@@ -12,6 +12,8 @@ from contextlib import suppress
 import msgspec
 from aiohttp import web
 
+from llmgwd.router.overhead import STARTED
+
 log = logging.getLogger("llmgwd.router")
 
 # Keys the handlers fill in on the request so the access line can name them.
@@ -333,16 +335,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer every failure in OpenAI's shape and log one line per request."""
+    """Answer every failure in OpenAI's shape and log one line per request; the outermost /v1
+    middleware, so it also notes when the request's handling began (router/overhead.py)."""
     request[REQUEST_ID] = secrets.token_hex(12)
-    started = time.monotonic()
+    request[STARTED] = started = time.perf_counter()
     error: ApiError | None = None
     unexpected: BaseException | None = None
     try:
         response = await handler(request)
     except asyncio.CancelledError:  # the daemon cancels handlers of clients that left
         request[OUTCOME] = "cancelled"
-        _log_request(request, 499, time.monotonic() - started, None, None)
+        _log_request(request, 499, time.perf_counter() - started, None, None)
         raise
     except ApiError as e:
         error = e
@@ -355,7 +358,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error = internal_error(request[REQUEST_ID])
     if error is not None:
         response = await _answer(request, error)
-    _log_request(request, response.status, time.monotonic() - started, error, unexpected)
+    _log_request(request, response.status, time.perf_counter() - started, error, unexpected)
     return response
 
 
@@ -375,13 +378,6 @@ async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
     return started
 
 
-async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: every answer, streamed ones too, carries its request id."""
-    request_id = request.get(REQUEST_ID)
-    if request_id is not None:
-        response.headers["x-request-id"] = request_id
-
-
 def _log_request(
     request: web.Request,
     status: int,
@@ -393,27 +389,26 @@ def _log_request(
     level = logging.INFO
     if status >= 500:
         level = logging.ERROR if unexpected is not None else logging.WARNING
-    parts = [
-        request.method,
-        request.path,  # never the query string: a key might have been put there
-        f"status={status}",
-        f"ms={duration * 1000:.0f}",
-        f"model={quote(request.get(MODEL, '-'))}",
-        f"key={request.get(KEY_ID, '-')}",
-        f"replica={request.get(REPLICA, '-')}",
-        f"rid={request[REQUEST_ID]}",
-    ]
+    if not log.isEnabledFor(level):
+        return
+    rid, replica = request[REQUEST_ID], request.get(REPLICA)
+    # never the query string: a key might have been put there
+    line = (
+        f"{request.method} {request.path} status={status} ms={duration * 1000:.0f} "
+        f"model={quote(request.get(MODEL, '-'))} key={request.get(KEY_ID, '-')} "
+        f"replica={replica or '-'} rid={rid}"
+    )
     if OUTCOME in request:
-        parts.append(f"outcome={request[OUTCOME]}")
+        line += f" outcome={request[OUTCOME]}"
     if error is not None:
-        parts.append(f"error={error.detail.code or error.detail.type}: {error.detail.message}")
+        line += f" error={error.detail.code or error.detail.type}: {error.detail.message}"
     exc_info = (type(unexpected), unexpected, unexpected.__traceback__) if unexpected else None
     # Journal fields (LLMGW_REQUEST...); the model only once a replica served it, so a
     # client's made-up model name never becomes a field value.
-    fields: dict[str, object] = {"request": request[REQUEST_ID], "key_id": request.get(KEY_ID)}
-    if request.get(REPLICA):
-        fields |= {"model": request.get(MODEL), "replica": request[REPLICA]}
-    log.log(level, _one_line(" ".join(parts)), exc_info=exc_info, extra=fields)
+    fields: dict[str, object] = {"request": rid, "key_id": request.get(KEY_ID)}
+    if replica:
+        fields |= {"model": request.get(MODEL), "replica": replica}
+    log.log(level, _one_line(line), exc_info=exc_info, extra=fields)
 
 
 def _one_line(text: str) -> str:

@@ -12,24 +12,15 @@ take the request, and the answer's rewriting. An answer made without an engine (
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 HEADER = "x-llmgw-overhead-ms"
 
-STARTED = web.RequestKey("llmgw_started", float)  # perf_counter() when handling began
+STARTED = web.RequestKey("llmgw_started", float)  # perf_counter() when handling began (set
+# by the outermost /v1 middleware, router/errors.py)
 ENGINE_SENT = web.RequestKey("llmgw_engine_sent", float)  # when the request went to the engine
 ENGINE_S = web.RequestKey("llmgw_engine_s", float)  # the answering engine's share, seconds
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def stamp(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Note when the request's handling began (the outermost /v1 middleware)."""
-    request[STARTED] = time.perf_counter()
-    return await handler(request)
 
 
 def engine_sent(request: web.Request) -> None:
@@ -43,8 +34,8 @@ def engine_answered(request: web.Request) -> None:
     request[ENGINE_S] = time.perf_counter() - request[ENGINE_SENT]
 
 
-async def add_header(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: the header, in milliseconds with two decimals."""
+def add_header(request: web.Request, response: web.StreamResponse) -> None:
+    """The header, in milliseconds with two decimals (called as the answer's headers go out)."""
     started = request.get(STARTED)
     if started is None:
         return

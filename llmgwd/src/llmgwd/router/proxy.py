@@ -160,10 +160,17 @@ class Upstream:
             self._fresh = None
 
     async def forward(
-        self, request: web.Request, model: str, path: str, body: bytes, stream: bool
+        self,
+        request: web.Request,
+        model: str,
+        path: str,
+        body: bytes,
+        stream: bool,
+        ready: list[Endpoint] | None = None,
     ) -> web.StreamResponse:
-        """Relay body to `{replica}/v1/{path}` and its answer back to the client."""
-        work = self._try_replicas(request, model, path, body, stream)
+        """Relay body to `{replica}/v1/{path}` and its answer back to the client; ready: the
+        model's ready replicas as the caller just read them from the pool, if it did."""
+        work = self._try_replicas(request, model, path, body, stream, ready)
         done = await self._unless_gone(request, work)
         if done is not None:
             return done
@@ -174,26 +181,39 @@ class Upstream:
         raise errors.client_closed()
 
     async def _try_replicas(
-        self, request: web.Request, model: str, path: str, body: bytes, stream: bool
+        self,
+        request: web.Request,
+        model: str,
+        path: str,
+        body: bytes,
+        stream: bool,
+        ready: list[Endpoint] | None,
     ) -> web.StreamResponse:
-        """One replica after another until one takes the request, each on a free slot."""
+        """One replica after another until one takes the request, each on a free slot (the
+        first choice among ready, the pool read again for each later one)."""
         tried: list[str] = []
-        while (endpoint := await self._acquire(model, tried, request.get(AFFINITY))) is not None:
+        affinity = request.get(AFFINITY)
+        while (endpoint := await self._acquire(model, tried, affinity, ready)) is not None:
             answer = await self._attempt(request, endpoint, path, body, stream)
             if answer is not None:
                 return answer
             tried.append(endpoint.replica_id)
+            ready = None
         raise errors.model_unavailable(
             f"No replica of model '{errors.quote(model)}' could take the request; retry later.",
             self._retry_after_s,
         )
 
     async def _acquire(
-        self, model: str, tried: list[str], affinity: Affinity | None
+        self,
+        model: str,
+        tried: list[str],
+        affinity: Affinity | None,
+        ready: list[Endpoint] | None,
     ) -> Endpoint | None:
         """A slot on a replica not tried yet, waited for in line when all are full."""
         try:
-            return await self._balancer.acquire(model, exclude=tried, affinity=affinity)
+            return await self._balancer.acquire(model, tried, affinity, ready)
         except Busy as e:
             why = "its queue is full" if e.why == "full" else "no slot freed while it waited"
             message = f"The model '{errors.quote(model)}' is busy ({why}); retry later."

@@ -30,13 +30,16 @@ from llmgwd.router import (
 )
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
-from llmgwd.router.metering import HEADERS, Meter, add_rate_headers
+from llmgwd.router.metering import HEADERS, Meter
 from llmgwd.router.metrics import RouterMetrics
 from llmgwd.router.proxy import BODY_TYPE, Upstream
 from llmgwd.router.token_bounds import Estimate, estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The ready replicas read for a request's checks are its balancer's choice too, unless the
+# request waited longer than this before being sent (the pool is read once, not twice).
+READY_FRESH_S = 0.05
 
 # Body keys some clients use to pick a server: the upstream only ever comes from the Pool.
 ROUTING_KEYS = frozenset(
@@ -146,11 +149,9 @@ class Router:
         self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda m: bool(models.get(m)))
         self.meter.on_settled = self.metrics.settled
         self.balancer.on_waited = self.metrics.waited
-        middlewares = [overhead.stamp, errors.error_middleware, self.metrics.middleware]
+        middlewares = [errors.error_middleware, self.metrics.middleware]
         self.app = web.Application(middlewares=middlewares)
-        self.app.on_response_prepare.append(errors.add_request_id)
-        self.app.on_response_prepare.append(overhead.add_header)
-        self.app.on_response_prepare.append(add_rate_headers)
+        self.app.on_response_prepare.append(_answer_headers)
         self.app.on_cleanup.append(self._on_cleanup)
         self.app.router.add_get("/models", self._list_models)
         self.app.router.add_get("/models/{model:.+}", self._get_model)
@@ -254,21 +255,24 @@ class Router:
             raise errors.model_not_found(name)
         fields.for_engine(doc, model, path)
         ready = await self._ready(model)
+        read_at = time.monotonic()
         bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
         if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
             doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
         stream = doc.get("stream") is True
-        if self.balancer.prefix is not None:
+        if self.balancer.prefix is not None and len(ready) > 1:  # one replica: nothing to choose
             request[prefix.AFFINITY] = prefix.affinity_of(request, doc)
         reservation = await self.meter.reserve(key, model, bounds)
+        # waited for a refill: the pool is read again
+        fresh = ready if time.monotonic() - read_at <= READY_FRESH_S else None
         try:
             if stream and path in _OPENAI_STREAMS:
                 reservation.tally.pass_usage = ask_for_usage(doc)
             request[TALLY] = reservation.tally
             request[HEADERS] = reservation.headers
             body = msgspec.json.encode(doc)
-            return await self._upstream.forward(request, model.name, path, body, stream)
+            return await self._upstream.forward(request, model.name, path, body, stream, fresh)
         finally:
             reservation.settle()
 
@@ -381,6 +385,17 @@ def _parse_object(body: bytes) -> Document:
             f"The request body must be a JSON object, not {errors.json_type(doc)}."
         )
     return doc
+
+
+async def _answer_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare (one hook for all three): the request id, x-llmgw-overhead-ms
+    and the admitted request's x-ratelimit-* headers, on every answer, streams too."""
+    request_id = request.get(errors.REQUEST_ID)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+    overhead.add_header(request, response)
+    if rate := request.get(HEADERS):
+        response.headers.update(rate)
 
 
 def _card(model: Model) -> ModelCard:
