@@ -141,8 +141,10 @@ def test_lend_and_reclaim_on_real_slurm(slurm: SlurmCluster) -> None:
 
     # Slurm's ports answer the cluster's hosts alone: slurmctld's 6817 on cp and slurmd's
     # 6818 on n1 from n2, not from a host on the same lan outside the cluster.
-    assert probe(slurm.nodes["n2"].ps, ADDRESSES["cp"], 6817) == "open"
-    assert probe(slurm.nodes["n2"].ps, ADDRESSES["n1"], 6818) == "open"
+    for host, port in ((ADDRESSES["cp"], 6817), (ADDRESSES["n1"], 6818)):
+        # (slurmd restarts once more when the last node enters slurm.conf: wait it out)
+        slurm.wait(lambda: probe(slurm.nodes["n2"].ps, host, port) == "open",  # noqa: B023
+                   f"{host}:{port} open to n2", 60)  # fmt: skip
     assert probe(slurm.outside.ps, ADDRESSES["cp"], 6817) == "dropped"
     assert probe(slurm.outside.ps, ADDRESSES["n1"], 6818) == "dropped"
     where = slurm.replica_nodes()
