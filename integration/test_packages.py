@@ -31,6 +31,8 @@ BUMP = "+upgrade1"  # sorts after the version it is added to
 APT = {"DEBIAN_FRONTEND": "noninteractive"}
 # The llama-server copy agent.yaml names: a site's own file, which no package touches.
 LLAMA = "/usr/local/lib/llmgw/llama-server"
+# llmgwd's package installs the Grafana dashboard as the repository keeps it.
+DASHBOARD = ("/usr/share/llmgw/grafana/llmgw.json", REPO / "packaging/grafana/llmgw.json")
 # The daemons' modules import every compiled dependency (numpy by way of gguf, ...).
 COMPILED = (
     "import llmgw.cli.main, llmgwd.main, llmgwd.daemon, llmgw_agentd.main, llmgw_agentd.daemon"
@@ -183,6 +185,7 @@ def test_install_enables_and_starts_nothing(host: PrivateSystemd) -> None:
     for daemon in ("llmgwd", "llmgw-agentd"):
         r = host.run([f"/usr/bin/{daemon}", "--help"])
         assert "--config" in r.stdout
+    assert host.read_file(DASHBOARD[0]) == DASHBOARD[1].read_text()
 
 
 def test_units_verify_and_llmgwd_is_hardened(host: PrivateSystemd) -> None:
@@ -332,6 +335,7 @@ def test_rpm_payload_installs_and_serves(rpms: list[Path], make_systemd: MakeSys
     assert ps.run(["id", "-gn", "llmgw"]).stdout.strip() == "llmgw"
     assert ps.run(["stat", "-c", "%a %U %G", "/etc/llmgw"]).stdout.split() == [
         "750", "root", "llmgw"]  # fmt: skip
+    assert ps.read_file(DASHBOARD[0]) == DASHBOARD[1].read_text()
     units = [f"/usr/lib/systemd/system/{u}" for u in
              ("llmgwd.service", "llmgw-etcd.service", "llmgw-agentd.service",
               "llmgw-engines.slice")]  # fmt: skip
