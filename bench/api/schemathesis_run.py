@@ -34,7 +34,8 @@ def main() -> int:
                 "--max-time", str(args.max_time), "-n", str(args.max_examples),
                 "--checks", args.checks, "--workers", "1", "--no-color",
                 "--request-timeout", "10", "--continue-on-failure",
-            ]
+            ],
+            cwd=state,  # st's cache (.schemathesis/) goes there
         )  # fmt: skip
 
 

@@ -98,3 +98,25 @@ async def test_answers_decode_into_the_shared_types(
     assert resp.status == 404 and err.error.code == "model_not_found"
     assert error_message(answer, 404) == "no model 'nope'"
     assert error_message({"detail": "?"}, 502) == "the daemon answered HTTP 502"
+
+
+async def test_an_undeclared_method_is_a_405_naming_the_allowed_ones(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.request("TRACE", "/api/v1/tokens", headers=auth) as resp:
+        answer = msgspec.convert(await resp.json(), ErrorAnswer)
+        assert resp.status == 405 and answer.error.code == "method_not_allowed"
+        assert resp.headers["Allow"] == "POST"  # RFC 9110 asks for it; schemathesis found it
+
+
+async def test_created_routes_are_documented_as_201_and_empty_bodies_as_optional(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.get("/api/v1/openapi.json", headers=auth) as resp:
+        paths = (await resp.json())["paths"]
+    async with session.post("/api/v1/tokens", headers=auth) as resp:
+        assert resp.status == 201 and "201" in paths["/api/v1/tokens"]["post"]["responses"]
+    assert paths["/api/v1/mirror/sweep"]["post"]["requestBody"]["required"] is False
+    assert paths["/api/v1/keys"]["post"]["requestBody"]["required"] is True

@@ -12,7 +12,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import (
+    negative_data_rejection,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from bench.api.fuzz_app import Served, serving
 from llmgw.api_types import ErrorAnswer
@@ -48,6 +53,15 @@ def one_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
     return None
 
 
+CHECKS = [
+    no_server_error,
+    one_error_shape,
+    status_code_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
 def fuzz(served: Served, mode: GenerationMode, examples: int) -> list[str]:
     """Each operation's generated cases sent once; what failed, one line each."""
     schema = schemathesis.openapi.from_url(
@@ -61,11 +75,11 @@ def fuzz(served: Served, mode: GenerationMode, examples: int) -> list[str]:
         @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
         def check(case: Any) -> None:
             response = case.call(base_url=served.url, headers=served.headers, timeout=10)
-            case.validate_response(response, checks=[no_server_error, one_error_shape])
+            case.validate_response(response, checks=CHECKS)
 
         try:
             check()
-        except Exception as e:  # hypothesis's and schemathesis's failures
+        except (AssertionError, BaseExceptionGroup) as e:  # schemathesis's failures
             failed.append(f"{op.label}: {type(e).__name__}: {str(e)[:600]}")
     return failed
 

@@ -243,7 +243,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         type_ = _HTTP_TYPES.get(e.status, "invalid_request_error")
         code = e.reason.lower().replace(" ", "_")
-        return error_response(ApiError(e.status, e.reason, type_, code))
+        allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None  # a 405's
+        return error_response(ApiError(e.status, e.reason, type_, code, headers=allow))
     except StoreUnavailable as e:
         log.warning("%s %s: the store is unavailable (%s)", request.method, request.path, e)
         return error_response(_store_unavailable())

@@ -53,6 +53,17 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
 for _scope in ("", "/teams/{team}", "/projects/{project}"):
     SHAPES[("PUT", f"/orgs/{{org}}{_scope}/members/{{user}}")] = (people.RoleIn, None)
 
+# The routes that answer 201 Created (the rest answer 200).
+CREATED = {
+    ("POST", p)
+    for p in (
+        "/models", "/tokens", "/keys", "/mirror/import", "/mirror/peers", "/orgs",
+        "/orgs/{org}/teams", "/orgs/{org}/projects", "/users", "/me/keys",
+        "/orgs/{org}/projects/{project}/keys", "/orgs/{org}/projects/{project}/service-keys",
+        "/scim/token",
+    )
+} | {("PUT", "/mirror/uploads/{sha256}")}  # fmt: skip
+
 _REF = "#/components/schemas/{name}"
 _ERRORS = ("400", "401", "403", "404", "409", "503")
 
@@ -70,20 +81,23 @@ def _operation(method: str, path: str, rule: Rule, schemas: dict[Any, Any]) -> d
     """One route's operation: its parameters, body, answers and who may call it."""
     request, answer = SHAPES.get((method, path), (None, None))
     ok = _json(schemas[answer], "done") if answer is not None else {"description": "done"}
+    status = "201" if (method, path) in CREATED else "200"
     op: dict[str, Any] = {
         "operationId": f"{method.lower()} {path}",
         "parameters": [
             {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
             for p in re.findall(r"\{(\w+)\}", path)
         ],
-        "responses": {"200": ok}
+        "responses": {status: ok}
         | {code: {"$ref": "#/components/responses/Error"} for code in _ERRORS},
         "x-staff-roles": sorted(rule.staff),
     }
     if rule.member is not None:
         op["x-member-role"] = rule.member
     if request is not None:
-        op["requestBody"] = {"required": True, **_json(schemas[request], "the request")}
+        # No body reads as {} (api.base.read_body): one is required only if a field is.
+        required = any(f.required for f in msgspec.structs.fields(request))
+        op["requestBody"] = {"required": required, **_json(schemas[request], "the request")}
     return op
 
 
