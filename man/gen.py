@@ -128,6 +128,11 @@ SETTINGS = {
         "its x-session-id header was sent to), unless that replica has 2 more requests in "
         "flight than the least busy one. false: the least busy replica, in turn."
     ),
+    "server.client.request_metrics": (
+        "Count each /v1 request in /metrics (requests, latency, first token, tokens, spend, "
+        "refusals, waits). false: none of those series is kept (the cluster's and the GPUs' "
+        "still are); for measuring what counting costs."
+    ),
     "server.cluster.listen": (
         "HOST:PORT of the cluster port, which agents dial: mutual TLS with the cluster's own CA."
     ),

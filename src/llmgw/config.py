@@ -41,6 +41,7 @@ class ClientPort(Strict):
     uncapped_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     cors_origins: tuple[str, ...] = ()
     prefix_balancing: bool = True  # requests go where their prompt's prefix is (router/prefix.py)
+    request_metrics: bool = True  # /metrics counts each /v1 request (false: to measure its cost)
 
     def __post_init__(self) -> None:
         for net in self.uncapped_addresses:

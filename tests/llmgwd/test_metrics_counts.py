@@ -14,14 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgw.config import ClientPort, ClusterPort, ServerConfig
 from llmgwd.catalog import Model
 from llmgwd.daemon import Daemon
+from llmgwd.router import Router
 from tests.llmgwd.router.test_router_metering import Metered, m  # noqa: F401 (m: a fixture)
 from tests.llmgwd.router.test_router_v1 import (  # noqa: F401 (engine: a fixture)
     CHAT,
     MODEL,
     USER_SECRET,
     FakeEngine,
+    FakeKeys,
+    FakeModels,
     FakePool,
     FakeWaker,
+    endpoint,
     engine,
     on_demand_router,
     serve,
@@ -66,6 +70,18 @@ async def test_wake_ups_are_counted_with_their_wait(
     assert value(found, "llmgw_wakeup_wait_seconds_count", model=MODEL) == 1
     waited = value(found, "llmgw_wakeup_wait_seconds_sum", model=MODEL)
     assert waited >= min(start_s, 0.5) * 0.9
+
+
+async def test_a_router_told_not_to_count_keeps_no_request_series(
+    engine: FakeEngine,  # noqa: F811
+) -> None:
+    pool = FakePool({MODEL: [endpoint(engine.url)]}, {MODEL: 1})
+    router = Router(FakeKeys(), FakeModels(MODEL), pool, count=False)  # request_metrics: false
+    async with serve(router) as url, aiohttp.ClientSession() as http:
+        r = await http.post(f"{url}/v1/chat/completions", json=CHAT, headers=HEADERS)
+        assert r.status == 200
+        r.release()
+    assert samples(router.metrics.registry) == {}
 
 
 async def strangers(gw: Metered, count: int) -> None:

@@ -264,6 +264,7 @@ class Daemon:
             stale_s=self._stale_s,
             prefix_aware=cfg.prefix_balancing,
             registry=self.registry,
+            count=cfg.request_metrics,
         )
         self._register_metrics(pool)
         self.cluster.on_lost = self.router.node_lost

@@ -120,6 +120,7 @@ class Router:
         prefix_aware: bool = True,
         registry: CollectorRegistry | None = None,
         max_audio_bytes: int = transcriptions.MAX_AUDIO_BYTES,
+        count: bool = True,  # client.request_metrics: whether /v1 requests are counted
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -147,9 +148,11 @@ class Router:
             disconnect_poll_s=disconnect_poll_s,
         )
         self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda m: bool(models.get(m)))
-        self.meter.on_settled = self.metrics.settled
-        self.balancer.on_waited = self.metrics.waited
-        middlewares = [errors.error_middleware, self.metrics.middleware]
+        middlewares = [errors.error_middleware]
+        if count:
+            self.meter.on_settled = self.metrics.settled
+            self.balancer.on_waited = self.metrics.waited
+            middlewares.append(self.metrics.middleware)
         self.app = web.Application(middlewares=middlewares)
         self.app.on_response_prepare.append(_answer_headers)
         self.app.on_cleanup.append(self._on_cleanup)
