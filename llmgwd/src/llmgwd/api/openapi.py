@@ -12,7 +12,7 @@ from aiohttp import web
 
 from llmgw.api_types import ErrorAnswer, NodeFlagsView, TokenView
 from llmgw.mirror_api import ImportIn, ImportOut, MirrorStatus, PeerIn, SweepIn, SweepOut
-from llmgwd.api import keys, models, people, plans, servers
+from llmgwd.api import keys, level_limits, models, people, plans, servers
 from llmgwd.api.base import API_PREFIX, NodeInfo, _ctx, json_response
 from llmgwd.auth import Rule
 from llmgwd.meter_views import LimitsIn, PriceIn
@@ -52,6 +52,7 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
 }
 for _scope in ("", "/teams/{team}", "/projects/{project}"):
     SHAPES[("PUT", f"/orgs/{{org}}{_scope}/members/{{user}}")] = (people.RoleIn, None)
+SHAPES.update(level_limits.SHAPES)
 
 # The routes that answer 201 Created (the rest answer 200).
 CREATED = {

@@ -7,6 +7,7 @@ from aiohttp.typedefs import Middleware
 
 from llmgwd.api import (
     keys,
+    level_limits,
     limits,
     mirror,
     models,
@@ -36,6 +37,7 @@ READ, OPERATE, ADMIN = STAFF_READ, STAFF_OPERATE, STAFF_ADMIN
 TABLE: list[Route] = [
     *[(m, path, people.plain(h), rule) for m, path, h, rule in people.TABLE],
     *person_keys.TABLE,
+    *level_limits.TABLE,
     ("GET", "/status", status.get_status, READ),
     ("GET", "/openapi.json", openapi.get_openapi, READ),
     ("GET", "/models", models.list_models, READ),

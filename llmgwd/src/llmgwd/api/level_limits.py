@@ -1,0 +1,138 @@
+"""/api/v1's limits, budgets and model lists of organizations, teams, projects and users
+(llmgwd.levels); each route with its rule in TABLE: an organization's admin sets its own, its
+teams' and its projects', a staff admin every one, and a user's only a staff admin."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from aiohttp import web
+
+from llmgwd import levels, meter_views
+from llmgwd.api.access import RouteHandler
+from llmgwd.api.base import _checked, _ctx, _who, bad_field, json_response, not_found, read_body
+from llmgwd.api.people import _dir
+from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Rule, org_rule
+from llmgwd.catalog import KeyLimits
+from llmgwd.meter_views import LimitsIn
+
+log = logging.getLogger(__name__)
+MAX_MODELS = 1000
+
+
+class LevelIn(LimitsIn, forbid_unknown_fields=True, kw_only=True):
+    """PATCH .../limits: the limits given change (0 removes one); models, when given, replaces
+    the list of models it may use ([]: every model)."""
+
+    models: list[str] | None = None
+
+
+class LevelView(msgspec.Struct, kw_only=True):
+    """One level's limits and models ([]: every model)."""
+
+    level: str  # org:ORG, team:ORG:TEAM, project:ORG:PROJECT, user:ID
+    limits: KeyLimits
+    models: list[str]
+
+
+def _view(level: str, record: levels.LevelLimits) -> LevelView:
+    return LevelView(level=level, limits=record.limits, models=list(record.models))
+
+
+async def get_org_limits(request: web.Request) -> web.Response:
+    """GET /orgs/{org}/limits: the organization's, then each team's and project's."""
+    org = request.match_info["org"]
+    people = _dir(request)
+    if await people.org(org) is None:
+        raise not_found("organization", org)
+    ids = [levels.org_level(org)]
+    ids += [levels.team_level(org, t.name) for t in await people.teams(org)]
+    ids += [levels.project_level(org, p.name) for p in await people.projects(org)]
+    store = _ctx(request).catalog.store
+    return json_response([_view(i, await levels.read(store, i)) for i in ids])
+
+
+async def set_org_limits(request: web.Request) -> web.Response:
+    """PATCH /orgs/{org}/limits"""
+    org = request.match_info["org"]
+    if await _dir(request).org(org) is None:
+        raise not_found("organization", org)
+    return await _change(request, levels.org_level(org))
+
+
+async def set_team_limits(request: web.Request) -> web.Response:
+    """PATCH /orgs/{org}/limits/teams/{name}"""
+    org, name = request.match_info["org"], request.match_info["name"]
+    if name not in {t.name for t in await _dir(request).teams(org)}:
+        raise not_found("team", f"{org}/{name}")
+    return await _change(request, levels.team_level(org, name))
+
+
+async def set_project_limits(request: web.Request) -> web.Response:
+    """PATCH /orgs/{org}/limits/projects/{name}"""
+    org, name = request.match_info["org"], request.match_info["name"]
+    if name not in {p.name for p in await _dir(request).projects(org)}:
+        raise not_found("project", f"{org}/{name}")
+    return await _change(request, levels.project_level(org, name))
+
+
+async def get_user_limits(request: web.Request) -> web.Response:
+    """GET /users/{user}/limits"""
+    level = levels.user_level(await _user_id(request))
+    return json_response(_view(level, await levels.read(_ctx(request).catalog.store, level)))
+
+
+async def set_user_limits(request: web.Request) -> web.Response:
+    """PATCH /users/{user}/limits"""
+    return await _change(request, levels.user_level(await _user_id(request)))
+
+
+async def _user_id(request: web.Request) -> str:
+    ident = request.match_info["user"]
+    user = await _dir(request).user(ident)
+    if user is None:
+        raise not_found("user", ident)
+    return user.id
+
+
+async def _change(request: web.Request, level: str) -> web.Response:
+    """Apply a LevelIn to a level's stored record."""
+    ctx = _ctx(request)
+    body = await read_body(request, LevelIn)
+    store = ctx.catalog.store
+    current = await levels.read(store, level)
+    given = LimitsIn(**{f: getattr(body, f) for f in LimitsIn.__struct_fields__})
+    limits = _checked(meter_views.apply_limits, current.limits, given)
+    models = current.models if body.models is None else _models(request, body.models)
+    record = await levels.change(store, level, levels.LevelLimits(limits=limits, models=models))
+    log.info("%s limits set to %s, models %s, by %s", level, limits, models, _who(request))
+    return json_response(_view(level, record))
+
+
+def _models(request: web.Request, names: list[str]) -> list[str]:
+    """The models of a list, each in the catalog, without repeats."""
+    if len(names) > MAX_MODELS:
+        raise bad_field("models", f"at most {MAX_MODELS} models")
+    catalog = _ctx(request).catalog
+    for name in names:
+        if catalog.get(name) is None:
+            raise bad_field("models", f"no model {name!r} in the catalog")
+    return sorted(set(names))
+
+
+TABLE: list[tuple[str, str, RouteHandler, Rule]] = [
+    ("GET", "/orgs/{org}/limits", get_org_limits, org_rule("member", read=True)),
+    ("PATCH", "/orgs/{org}/limits", set_org_limits, org_rule("admin")),
+    ("PATCH", "/orgs/{org}/limits/teams/{name}", set_team_limits, org_rule("admin")),
+    ("PATCH", "/orgs/{org}/limits/projects/{name}", set_project_limits, org_rule("admin")),
+    ("GET", "/users/{user}/limits", get_user_limits, STAFF_READ),
+    ("PATCH", "/users/{user}/limits", set_user_limits, STAFF_ADMIN),
+]
+
+# Their bodies and answers, for api.openapi.
+SHAPES: dict[tuple[str, str], tuple[object, object]] = {
+    ("GET", "/orgs/{org}/limits"): (None, list[LevelView]),
+    ("GET", "/users/{user}/limits"): (None, LevelView),
+    **{("PATCH", path): (LevelIn, LevelView) for _, path, _, _ in TABLE if "limits" in path},
+}

@@ -1,0 +1,134 @@
+"""Limits, budgets and model lists of organizations, teams, projects and users through /api/v1:
+who may set them (an organization's admin its own, a staff admin all, a user's only staff),
+what they show, and a change reaching the router's Meter through the catalog's watch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from llmgwd.api.access import key_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_subapp
+from llmgwd.catalog import Catalog, KeyOwner, Model
+from llmgwd.levels import Levels
+from llmgwd.people.records import Scope
+from llmgwd.router import errors
+from llmgwd.router.metering import Meter
+from llmgwd.router.token_bounds import Estimate
+from llmgwd.store.sqlite import SqliteStore
+from tests.llmgwd.test_person_keys import NoNodes, Site, _fill
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[tuple[Site, Levels]]:
+    store = await SqliteStore.open(":memory:")
+    levels = Levels()
+    catalog = Catalog(store, followers=(levels,))
+    follow = asyncio.create_task(catalog.follow(await catalog.load()))
+    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="")
+    app = web.Application()
+    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    s = Site(str(server.make_url("/api/v1")), store, catalog)
+    await _fill(s)
+    await s.people.create_team("acme", "ml")
+    await s.people.create_project("acme", "search", team="ml")
+    ada = await s.people.create_user("ada")  # acme's admin
+    catalog.note_user(ada)
+    await s.people.set_member("", ada.id, Scope(org="acme"), "admin")
+    s.ids["ada"] = ada.id
+    s.keys["ada"] = (await catalog.create_key("ada", owner=KeyOwner(user=ada.id)))[1]
+    owner = KeyOwner(user=ada.id, org="acme", project="chat")
+    s.keys["ada-chat"] = (await catalog.create_key("ada-chat", owner=owner))[1]
+    await catalog.add_model(Model(name="small", source="file:/s.gguf"))
+    await catalog.add_model(Model(name="big", source="file:/b.gguf", price_prompt=1.0))
+    yield s, levels
+    follow.cancel()
+    await server.close()
+    await store.close()
+
+
+async def test_an_organizations_admin_sets_its_limits_and_nobody_else(
+    site: tuple[Site, Levels],
+) -> None:
+    s, _ = site
+    body = {"rpm": 100, "budget_spend": 50.0, "budget_spend_per": "month", "models": ["small"]}
+    for who in ("ann", "bob", "sam", "ada-chat"):  # a member, a project manager, a viewer,
+        assert (await s.call(s.keys[who], "PATCH", "/orgs/acme/limits", body))[0] == 403
+    # ... and the admin's own key narrowed to a project: all refused.
+    status, view = await s.call(s.keys["ada"], "PATCH", "/orgs/acme/limits", body)
+    assert status == 200
+    assert view["level"] == "org:acme" and view["models"] == ["small"]
+    assert (view["limits"]["rpm"], view["limits"]["budget_spend"]) == (100, 50.0)
+    status, view = await s.call(s.keys["ada"], "PATCH", "/orgs/acme/limits", {"tpm": 9})
+    assert view["limits"]["rpm"] == 100 and view["limits"]["tpm"] == 9  # the others kept
+    assert view["models"] == ["small"]
+    team = await s.call(s.keys["ada"], "PATCH", "/orgs/acme/limits/teams/ml", {"rpm": 5})
+    project = await s.call(s.keys["ada"], "PATCH", "/orgs/acme/limits/projects/chat", {"tpm": 7})
+    assert (team[0], project[0]) == (200, 200)
+    assert (await s.call(s.keys["ada"], "PATCH", "/orgs/globex/limits", {"rpm": 1}))[0] == 403
+    assert (await s.call(s.keys["admin"], "PATCH", "/orgs/globex/limits", {"rpm": 1}))[0] == 200
+    status, views = await s.call(s.keys["ann"], "GET", "/orgs/acme/limits")
+    assert status == 200  # members read them
+    assert [v["level"] for v in views] == [
+        "org:acme", "team:acme:ml", "project:acme:chat", "project:acme:other",
+        "project:acme:search",
+    ]  # fmt: skip
+    assert views[1]["limits"]["rpm"] == 5 and views[2]["limits"]["tpm"] == 7
+
+
+async def test_a_users_limits_are_a_staff_admins(site: tuple[Site, Levels]) -> None:
+    s, _ = site
+    path = "/users/ann/limits"
+    assert (await s.call(s.keys["ann"], "PATCH", path, {"rpm": 1000}))[0] == 403
+    assert (await s.call(s.keys["ada"], "PATCH", path, {"rpm": 1000}))[0] == 403
+    status, view = await s.call(s.keys["admin"], "PATCH", path, {"budget_tokens": 1000})
+    assert status == 200 and view["level"] == f"user:{s.ids['ann']}"
+    status, view = await s.call(s.keys["sam"], "GET", path)  # a staff viewer reads it
+    assert status == 200 and view["limits"]["budget_tokens"] == 1000
+
+
+async def test_wrong_limits_are_refused_and_named(site: tuple[Site, Levels]) -> None:
+    s, _ = site
+    key = s.keys["ada"]
+    for path, body, status, param in (
+        ("/orgs/acme/limits", {"models": ["nope"]}, 400, "models"),
+        ("/orgs/acme/limits", {"rpm": -1}, 400, "rpm"),
+        ("/orgs/acme/limits", {"colour": 1}, 400, None),
+        ("/orgs/acme/limits/teams/nope", {"rpm": 1}, 404, None),
+        ("/orgs/acme/limits/projects/nope", {"rpm": 1}, 404, None),
+    ):
+        got, answer = await s.call(key, "PATCH", path, body)
+        assert got == status, path
+        assert set(answer) == {"error"}
+        if param:
+            assert answer["error"]["param"] == param
+
+
+async def test_a_limit_set_through_the_api_holds_on_v1(site: tuple[Site, Levels]) -> None:
+    s, levels = site
+    meter = Meter(levels=levels)
+    keys = s.catalog.keys()
+    key = next(k for k in keys if k.name == "ann")  # ann's key in acme/chat
+    big, small = s.catalog.get("big"), s.catalog.get("small")
+    assert big is not None and small is not None
+    meter.admit(key, big, Estimate(prompt=1, completion=1)).settle()
+    body = {"budget_tokens": 100, "models": ["small"]}
+    assert (await s.call(s.keys["ada"], "PATCH", "/orgs/acme/limits/projects/chat", body))[0] == 200
+    for _ in range(100):  # the watch brings it (sqlite: at once, give or take a task switch)
+        if levels.chain(key).models is not None:
+            break
+        await asyncio.sleep(0.01)
+    with pytest.raises(errors.ApiError) as caught:
+        meter.admit(key, big, Estimate(prompt=1, completion=1))
+    assert caught.value.status == 404
+    with pytest.raises(errors.ApiError) as caught:
+        meter.admit(key, small, Estimate(prompt=100, completion=1))
+    assert caught.value.detail.code == "insufficient_quota"
+    meter.admit(key, small, Estimate(prompt=90, completion=8)).settle()
