@@ -7,6 +7,7 @@ import click
 from llmgw import config
 from llmgw.cli import (
     key,
+    level_limits,
     login,
     mirror,
     model,
@@ -65,6 +66,7 @@ main.add_command(node.nodes)
 main.add_command(model.model)
 main.add_command(model.models)
 main.add_command(key.key)
+main.add_command(level_limits.limits)
 main.add_command(org.org)
 main.add_command(user.user)
 main.add_command(login.login)
