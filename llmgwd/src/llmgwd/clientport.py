@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,6 +22,10 @@ from llmgw.config import ClientPort
 from llmgwd.api.base import API_PREFIX, ApiError, error_response
 from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
 from llmgwd.router import errors
+from llmgwd.router.anthropic_errors import shaped
+from llmgwd.scim.base import ScimError
+from llmgwd.scim.base import error_answer as scim_error
+from llmgwd.scim.users import PREFIX as SCIM_PREFIX
 
 log = logging.getLogger("llmgwd.clientport")
 
@@ -36,12 +41,20 @@ class BodyTimeout(HttpProcessingError):
 # Errors answered before any handler runs, in the shape of the route asked for.
 
 
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
 def answer(path: str, error: errors.ApiError) -> web.Response:
-    """error in /api/v1's shape under /api/v1, in OpenAI's shape anywhere else."""
-    if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
-        d = error.detail
-        code = d.code or d.type
-        response = error_response(ApiError(error.status, d.message, d.type, code))
+    """error in the shape of the sub-app path is under: /api/v1's ErrorAnswer, SCIM's error
+    document under /scim/v2, Anthropic's under /v1/messages, OpenAI's anywhere else."""
+    d = error.detail
+    if _under(path, API_PREFIX):
+        response = error_response(ApiError(error.status, d.message, d.type, d.code or d.type))
+    elif _under(path, SCIM_PREFIX):
+        response = scim_error(ScimError(error.status, d.message))
+    elif _under(path, "/v1/messages"):
+        response = shaped(error).response()
     else:
         response = error.response()
     response.headers.update(error.headers)
@@ -78,6 +91,15 @@ def own_error(status: int, exc: BaseException | None, limit: int) -> errors.ApiE
     return parse_error(exc, limit)
 
 
+_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} (/[^ ?\r\n]{0,64})")
+
+
+def _target(data: bytes, last: str) -> str:
+    """The path of the request line data begins with (its first 64 bytes), else last."""
+    m = _REQUEST_LINE.match(data)
+    return m.group(1).decode("latin-1") if m else last
+
+
 def safe_trace(exc: BaseException) -> str:
     """An exception's class and frames, never its text (which may quote the request)."""
     return type(exc).__name__ + "\n" + "".join(traceback.format_tb(exc.__traceback__))
@@ -107,6 +129,7 @@ class ClientProtocol(RequestHandler):
         self._body_start = 0.0  # in client time (_client_time) from here on
         self._body_last = 0.0  # when its last byte came
         self._body_bytes = 0
+        self._target = "/"  # the path of the last request line seen, for handle_error's shape
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._peer = peer_address(transport)
@@ -134,6 +157,8 @@ class ClientProtocol(RequestHandler):
         if self._force_close or self._close:
             return
         heads = self._request_count
+        if self._body is None or self._body.is_eof():
+            self._target = _target(data, self._target)
         super().data_received(data)
         now = self._client_time()
         if self._request_count != heads and self._messages:  # one or more whole heads came
@@ -233,7 +258,10 @@ class ClientProtocol(RequestHandler):
         else:
             kind = type(exc).__name__ if exc is not None else "?"
             log.info("refused a request from %s: %s (%d)", request.remote, kind, error.status)
-        response = answer(request.path, error)
+        # A request aiohttp could not parse comes as its ERROR message (path "/"): the path of
+        # the request line read (kept only to choose the error's shape) picks the shape.
+        path = self._target if request.method == "UNKNOWN" else request.path
+        response = answer(path, error)
         response.force_close()
         return response
 
