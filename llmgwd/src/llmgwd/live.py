@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import msgspec
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 LIVE = "/live/replicas/"
 PERIOD_S = 1.0  # the publisher's pass at the latest; a change pokes it at once
 MAX_OPS = 100  # writes per transaction (etcd refuses more than 128 by default)
+_KEYS_KEPT = 4096  # engine keys remembered (HMACs), all forgotten at once past this
 
 
 class LiveReplica(msgspec.Struct, frozen=True):
@@ -136,6 +137,7 @@ class Published:
         self._store = store
         self._secret = secret
         self._by_key: dict[str, LiveReplica] = {}
+        self._keys: dict[str, str] = {}  # replica id -> its engine key
 
     async def follow(self) -> None:
         """Load, then follow the prefix for ever (reloading after a compaction or a failure)."""
@@ -155,16 +157,27 @@ class Published:
                 log.warning("following the published replicas failed (%s); again", _why(e))
                 await asyncio.sleep(PERIOD_S)
 
-    def ready(self, model: str) -> list[Endpoint]:
-        """The model's published ready replicas."""
-        found = [r for r in self._by_key.values() if r.model == model and r.ready and r.url]
+    def ready(self, model: str, skip: Collection[str] = ()) -> list[Endpoint]:
+        """The model's published ready replicas, those on the nodes in skip left out (read at
+        every /v1 request: nothing is built for a replica left out)."""
+        found = [
+            r
+            for r in self._by_key.values()
+            if r.model == model and r.ready and r.url and r.node not in skip
+        ]
         return [
             Endpoint(r.id, r.model, r.node, r.url, self._key(r.id), r.priority, r.slots, r.context)
             for r in found
         ]
 
     def _key(self, replica_id: str) -> str:
-        return engine_key(self._secret, replica_id)
+        """The replica's engine key, an HMAC made once per replica id."""
+        key = self._keys.get(replica_id)
+        if key is None:
+            if len(self._keys) >= _KEYS_KEPT:
+                self._keys.clear()
+            key = self._keys[replica_id] = engine_key(self._secret, replica_id)
+        return key
 
     def wanted(self, model: str) -> int:
         """How many replicas of model the leader placed."""
@@ -182,8 +195,7 @@ class RolePool:
     def ready(self, model: str) -> list[Endpoint]:
         """Ready replicas of model."""
         own = self._cluster.ready(model)
-        known = set(self._cluster.decided())
-        return own + [ep for ep in self._published.ready(model) if ep.node not in known]
+        return own + self._published.ready(model, skip=set(self._cluster.decided()))
 
     def wanted(self, model: str) -> int:
         """How many replicas of model are wanted."""
