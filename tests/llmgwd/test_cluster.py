@@ -405,3 +405,22 @@ async def test_a_node_not_back_within_its_grace_period_is_reported_lost_once(
             await asyncio.sleep(0.5)
             assert lost == ["a"]  # once, and b (connected again) is not lost
             assert "a" in cluster.changes[changes_before[0] :]  # the reconciler is told at once
+
+
+async def test_the_pool_is_built_once_until_something_changes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """ready() is read at every /v1 request: its answer is kept until a node, its replicas or
+    its desired set change (or a disconnected node's grace ends, above)."""
+    state = cluster.state
+    state.set_desired("a", [SPEC])
+    ready = wire.ReplicaStatus(id="smol-1", model="smol", state="ready", port=20001)
+    async with aiohttp.ClientSession() as s:
+        ctx = link_ssl_context(node_dir(tmp_path, cluster.ca, "a"))
+        async with s.ws_connect(f"{cluster.url}/agent", ssl=ctx) as ws:
+            await ws.send_bytes(register("a", [ready]))
+            await eventually(lambda: len(state.ready("smol")) == 1)
+            first, again = state.ready("smol"), state.ready("smol")
+            assert first == again and first[0] is again[0]  # the same, not built again
+            state.set_desired("a", [])
+            assert state.ready("smol") == []

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -101,6 +102,10 @@ class ClusterState:
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._desired: dict[str, tuple[wire.ReplicaSpec, ...]] = {}
+        # ready()'s answer per model (read at every /v1 request) and the clock's time until
+        # which it holds (a disconnected node's grace ends); emptied at every change of nodes,
+        # their replicas or their desired sets.
+        self._ready: dict[str, tuple[tuple[Endpoint, ...], float]] = {}
         self._slurm: dict[str, wire.SlurmPart] = {}  # each node's part in Slurm (slurm/task.py)
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
         self._removed: set[str] = set()  # removed since start: no connection is attached
@@ -118,6 +123,7 @@ class ClusterState:
         if self._desired.get(node) == desired:
             return  # the reconciler pushes every pass; the agent already has this
         self._desired[node] = desired
+        self._ready.clear()
         entry = self._nodes.get(node)
         if entry is not None and entry.conn is not None:
             self._spawn(self._send_desired(entry.conn))
@@ -139,6 +145,7 @@ class ClusterState:
         forgotten (its replicas are placed elsewhere, its requests in flight moved), and no
         connection of it is attached again until allow(). Whether it was known here."""
         self._removed.add(node)
+        self._ready.clear()
         self._desired.pop(node, None)
         self._slurm.pop(node, None)
         self.holdings.drop(node)
@@ -227,10 +234,21 @@ class ClusterState:
 
     def ready(self, model: str) -> list[Endpoint]:
         """Ready replicas of model on nodes connected now or seen within the grace period."""
+        now = self._clock()
+        cached = self._ready.get(model)
+        if cached is None or now >= cached[1]:
+            cached = self._ready[model] = self._find_ready(model, now)
+        return list(cached[0])
+
+    def _find_ready(self, model: str, now: float) -> tuple[tuple[Endpoint, ...], float]:
+        """ready()'s answer, and until when it holds."""
         found: list[Endpoint] = []
+        until = math.inf
         for name, entry in sorted(self._nodes.items()):
-            if not self._alive(entry):
-                continue
+            if entry.conn is None:
+                if now - entry.seen >= self.grace_s:
+                    continue
+                until = min(until, entry.seen + self.grace_s)
             specs = {s.id: s for s in self._desired.get(name, ()) if s.model == model}
             for status in entry.replicas:
                 spec = specs.get(status.id)
@@ -243,7 +261,7 @@ class ClusterState:
                 context = status.context or spec.context
                 key, priority, slots = spec.api_key, spec.priority, status.slots
                 found.append(Endpoint(status.id, model, name, url, key, priority, slots, context))
-        return found
+        return tuple(found), until
 
     def wanted(self, model: str) -> int:
         """How many replicas of model the desired state places, over all nodes."""
@@ -261,6 +279,7 @@ class ClusterState:
         self._nodes[conn.node] = _Node(
             register, tuple(msg.replicas), msg.inventory, self._clock(), time.time(), conn
         )
+        self._ready.clear()
         if old is not None and old.conn is not None:
             log.info("node %s connected again; closing its older connection", conn.node)
             self._spawn(old.conn.ws.close(message=b"replaced by a newer connection"))
@@ -350,9 +369,6 @@ class ClusterState:
                     "node %s: desired state not sent (%s); sent again on reconnect", conn.node, e
                 )
 
-    def _alive(self, entry: _Node) -> bool:
-        return entry.conn is not None or self._clock() - entry.seen < self.grace_s
-
     def _info(self, name: str, entry: _Node) -> NodeInfo:
         desired = self._desired.get(name)
         return NodeInfo(
@@ -368,6 +384,7 @@ class ClusterState:
         )
 
     def _changed(self, node: str) -> None:
+        self._ready.clear()
         if self.on_change is None:
             return
         try:
