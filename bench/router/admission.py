@@ -1,0 +1,96 @@
+"""bench/router/admission.py: the cost of the /v1 admission check (Meter.admit, then settle)
+with a key's own limits only, against five levels (key, user, organization, team, project),
+each level with rpm, tpm, a token budget and a spend budget. Prints figures only.
+
+    .venv/bin/python bench/router/admission.py [--n 200000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from llmgwd.catalog import ApiKey, KeyLimits, Model
+from llmgwd.levels import (
+    LEVELS,
+    LevelLimits,
+    Levels,
+    org_level,
+    project_level,
+    team_level,
+    user_level,
+)
+from llmgwd.people.directory import PROJECTS
+from llmgwd.people.records import Project
+from llmgwd.router.metering import Meter
+from llmgwd.router.token_bounds import Estimate
+
+BIG = KeyLimits(
+    rpm=10**11, tpm=10**12, budget_tokens=10**12, budget_spend=10**6, budget_spend_per="month"
+)
+MODEL = Model(name="m", source="file:/m.gguf", price_prompt=1.0, price_completion=2.0)
+ASK = Estimate(prompt=200, completion=100)
+
+
+def levels_of_five() -> Levels:
+    levels = Levels()
+    project = Project(org="acme", name="chat", team="ml")
+    levels.apply(f"{PROJECTS}acme/chat", msgspec.json.encode(project))
+    for level in (user_level("u"), org_level("acme"), team_level("acme", "ml"),
+                  project_level("acme", "chat")):  # fmt: skip
+        levels.apply(LEVELS + level, msgspec.json.encode(LevelLimits(limits=BIG)))
+    return levels
+
+
+def per_request_us(meter: Meter, key: ApiKey, n: int) -> float:
+    """Microseconds per admit + settle (the engine answered with its usage)."""
+    start = time.perf_counter()
+    for _ in range(n):
+        r = meter.admit(key, MODEL, ASK)
+        r.tally.answered, r.tally.usage = True, (150, 50)
+        r.settle()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    cases = {
+        "key only (no levels)": (
+            Meter(),
+            ApiKey(id="k1", name="k", hash="", prefix="", limits=BIG),
+        ),
+        "five levels": (
+            Meter(levels=levels_of_five()),
+            ApiKey(
+                id="k5",
+                name="k",
+                hash="",
+                prefix="",
+                limits=BIG,
+                user="u",
+                org="acme",
+                project="chat",
+            ),
+        ),
+    }
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.rounds):  # interleaved, so the machine's load hits both alike
+        for name, (meter, key) in cases.items():
+            results[name].append(per_request_us(meter, key, args.n))
+    for name, times in results.items():
+        print(f"{name:24} median {statistics.median(times):6.2f} us/request "
+              f"(min {min(times):.2f}, {args.rounds} rounds of {args.n})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
