@@ -79,3 +79,13 @@ def test_usage_by_key_model_and_day(daemon: Daemon) -> None:  # noqa: F811
     assert "No usage since 2025-04-01." in daemon.cli("usage", "--since", "2025-04-01").stdout
     r = daemon.cli("usage", "--since", "yesterday")
     assert r.exit_code == 1 and "YYYY-MM-DD" in r.stderr
+
+
+def test_usage_by_organization_names_keys_of_none_with_a_dash(daemon: Daemon) -> None:  # noqa: F811
+    secret = daemon.cli("key", "create", "bare").stdout.strip()
+    key = daemon.catalog.authenticate(secret)
+    assert key is not None and daemon.usage is not None
+    daemon.usage.add(("2025-03-01", key.id, "smol"), 100, 50, 0)
+    for by in ("org", "team", "project", "user"):
+        table = rows(daemon.cli("usage", "--by", by, "--since", "2025-03-01").stdout)
+        assert table[0][0] == by.upper() and table[1][:2] == ["-", "1"], by

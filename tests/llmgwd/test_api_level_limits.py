@@ -21,21 +21,28 @@ from llmgwd.router import errors
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.store.sqlite import SqliteStore
+from llmgwd.usage import Usage
 from tests.llmgwd.test_person_keys import NoNodes, Site, _fill
 
 
+class UsageSite(Site):
+    usage: Usage
+
+
 @pytest.fixture
-async def site() -> AsyncIterator[tuple[Site, Levels]]:
+async def site() -> AsyncIterator[tuple[UsageSite, Levels]]:
     store = await SqliteStore.open(":memory:")
     levels = Levels()
     catalog = Catalog(store, followers=(levels,))
     follow = asyncio.create_task(catalog.follow(await catalog.load()))
-    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="")
+    ctx = ApiContext(
+        catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="", usage=Usage(store)
+    )
     app = web.Application()
     app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    s = Site(str(server.make_url("/api/v1")), store, catalog)
+    s = UsageSite(str(server.make_url("/api/v1")), store, catalog)
     await _fill(s)
     await s.people.create_team("acme", "ml")
     await s.people.create_project("acme", "search", team="ml")
@@ -48,6 +55,8 @@ async def site() -> AsyncIterator[tuple[Site, Levels]]:
     s.keys["ada-chat"] = (await catalog.create_key("ada-chat", owner=owner))[1]
     await catalog.add_model(Model(name="small", source="file:/s.gguf"))
     await catalog.add_model(Model(name="big", source="file:/b.gguf", price_prompt=1.0))
+    assert ctx.usage is not None
+    s.usage = ctx.usage
     yield s, levels
     follow.cancel()
     await server.close()
@@ -55,7 +64,7 @@ async def site() -> AsyncIterator[tuple[Site, Levels]]:
 
 
 async def test_an_organizations_admin_sets_its_limits_and_nobody_else(
-    site: tuple[Site, Levels],
+    site: tuple[UsageSite, Levels],
 ) -> None:
     s, _ = site
     body = {"rpm": 100, "budget_spend": 50.0, "budget_spend_per": "month", "models": ["small"]}
@@ -83,7 +92,7 @@ async def test_an_organizations_admin_sets_its_limits_and_nobody_else(
     assert views[1]["limits"]["rpm"] == 5 and views[2]["limits"]["tpm"] == 7
 
 
-async def test_a_users_limits_are_a_staff_admins(site: tuple[Site, Levels]) -> None:
+async def test_a_users_limits_are_a_staff_admins(site: tuple[UsageSite, Levels]) -> None:
     s, _ = site
     path = "/users/ann/limits"
     assert (await s.call(s.keys["ann"], "PATCH", path, {"rpm": 1000}))[0] == 403
@@ -94,7 +103,7 @@ async def test_a_users_limits_are_a_staff_admins(site: tuple[Site, Levels]) -> N
     assert status == 200 and view["limits"]["budget_tokens"] == 1000
 
 
-async def test_wrong_limits_are_refused_and_named(site: tuple[Site, Levels]) -> None:
+async def test_wrong_limits_are_refused_and_named(site: tuple[UsageSite, Levels]) -> None:
     s, _ = site
     key = s.keys["ada"]
     for path, body, status, param in (
@@ -111,7 +120,7 @@ async def test_wrong_limits_are_refused_and_named(site: tuple[Site, Levels]) -> 
             assert answer["error"]["param"] == param
 
 
-async def test_a_limit_set_through_the_api_holds_on_v1(site: tuple[Site, Levels]) -> None:
+async def test_a_limit_set_through_the_api_holds_on_v1(site: tuple[UsageSite, Levels]) -> None:
     s, levels = site
     meter = Meter(levels=levels)
     keys = s.catalog.keys()
@@ -132,3 +141,28 @@ async def test_a_limit_set_through_the_api_holds_on_v1(site: tuple[Site, Levels]
         meter.admit(key, small, Estimate(prompt=100, completion=1))
     assert caught.value.detail.code == "insufficient_quota"
     meter.admit(key, small, Estimate(prompt=90, completion=8)).settle()
+
+
+async def test_usage_is_summed_by_organization_team_project_and_user(
+    site: tuple[UsageSite, Levels],
+) -> None:
+    s, _ = site
+    owner = KeyOwner(user=s.ids["ann"], org="acme", project="search")  # in team ml
+    ann_search, _ = await s.catalog.create_key("ann-search", owner=owner)
+    ids = {k.name: k.id for k in s.catalog.keys()}  # noqa: SIM118 (a Catalog, no dict)
+    usage = s.usage
+    for name, tokens in (("ann", 10), ("bob", 20), ("ann-search", 40), ("ops", 80)):
+        usage.add(("2030-01-02", ids[name], "small"), tokens, 0, 0)
+    admin = s.keys["admin"]
+    sums = {}
+    for by in ("org", "team", "project", "user"):
+        status, answer = await s.call(admin, "GET", f"/usage?by={by}&since=2030-01-01")
+        assert status == 200 and answer["by"] == by
+        sums[by] = {row[by]: row["prompt_tokens"] for row in answer["rows"]}
+        assert answer["total"]["prompt_tokens"] == 150
+    assert sums["org"] == {"acme": 70, "": 80}  # "": keys of no organization
+    assert sums["team"] == {"acme/ml": 40, "": 110}
+    assert sums["project"] == {"acme/chat": 30, "acme/search": 40, "": 80}
+    assert sums["user"] == {s.ids["ann"]: 50, s.ids["bob"]: 20, "": 80}
+    assert ann_search.id in ids.values()
+    assert (await s.call(s.keys["ann"], "GET", "/usage?by=org"))[0] == 403  # staff's

@@ -143,7 +143,7 @@ async def test_usage_is_summed_by_key_model_and_day(
     assert [(r["day"], r["requests"]) for r in by_day["rows"]] == [("2025-03-02", 2)]
 
 
-@pytest.mark.parametrize(("query", "param"), [("by=user", "by"), ("since=March", "since"),
+@pytest.mark.parametrize(("query", "param"), [("by=person", "by"), ("since=March", "since"),
                                               ("since=2025-02-30", "since")])  # fmt: skip
 async def test_bad_usage_query_is_400(
     client: aiohttp.ClientSession, query: str, param: str

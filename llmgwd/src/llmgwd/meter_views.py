@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from datetime import date
-from typing import Literal
+from typing import Literal, cast
 
 import msgspec
 
@@ -17,8 +17,9 @@ from llmgwd.usage import Counts, Record
 
 MAX_COUNT = 10**12  # requests, tokens: far above any real limit, below any overflow
 MAX_MONEY = 1e9  # a price per million tokens, or a budget
-GROUPS = ("key", "model", "day")
-Group = Literal["key", "model", "day"]
+GROUPS = ("key", "model", "day", "org", "team", "project", "user")
+Group = Literal["key", "model", "day", "org", "team", "project", "user"]
+LEVEL_GROUPS = ("org", "team", "project", "user")  # from the key's owner (Owner)
 
 
 class Invalid(Exception):
@@ -88,23 +89,26 @@ def parse_day(param: str, text: str | None) -> str:
 
 
 def parse_group(param: str, text: str | None) -> Group:
-    """key, model or day; key when none is given."""
-    if not text or text == "key":
+    """One of GROUPS; key when none is given."""
+    if not text:
         return "key"
-    if text == "model":
-        return "model"
-    if text == "day":
-        return "day"
+    if text in GROUPS:
+        return cast(Group, text)
     raise Invalid(param, f"must be one of {', '.join(GROUPS)}")
 
 
 class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Usage summed over one key, model or day (only the grouping field is shown)."""
+    """Usage summed over one key, model, day, organization, team, project or user (only the
+    grouping field is shown; "" for keys of no organization, team, project or user)."""
 
     key: str | None = None
     name: str | None = None  # the key's name ("" for a key no longer known), grouped by key
     model: str | None = None
     day: str | None = None
+    org: str | None = None
+    team: str | None = None  # ORG/TEAM
+    project: str | None = None  # ORG/PROJECT
+    user: str | None = None  # the user's id
     requests: int
     prompt_tokens: int
     completion_tokens: int
@@ -121,27 +125,51 @@ class UsageReport(msgspec.Struct, kw_only=True):
     total: UsageRow
 
 
+class Owner(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose a key's usage is: the level values a report groups by ("" none)."""
+
+    org: str = ""
+    team: str = ""  # ORG/TEAM
+    project: str = ""  # ORG/PROJECT
+    user: str = ""
+
+
+NO_OWNER = Owner()
+
+
 def report(
-    records: Iterable[Record], by: Group, since: str, key_names: Mapping[str, str]
+    records: Iterable[Record],
+    by: Group,
+    since: str,
+    key_names: Mapping[str, str],
+    owners: Mapping[str, Owner] | None = None,
 ) -> UsageReport:
-    """Records summed by key, model or day, in that order of the group's value."""
+    """Records summed by key, model, day or a level of the key's owner (owners, by key id),
+    in that order of the group's value."""
     sums: dict[str, Counts] = {}
     total = Counts()
     for r in records:
-        group = r.key_id if by == "key" else r.model if by == "model" else r.day
+        group = _group(r, by, owners or {})
         sums[group] = sums.get(group, Counts()).merge(r.counts)
         total = total.merge(r.counts)
     rows = []
     for group in sorted(sums):
         row = _row(sums[group])
+        setattr(row, by, group)
         if by == "key":
-            row.key, row.name = group, key_names.get(group, "")
-        elif by == "model":
-            row.model = group
-        else:
-            row.day = group
+            row.name = key_names.get(group, "")
         rows.append(row)
     return UsageReport(by=by, since=since, rows=rows, total=_row(total))
+
+
+def _group(r: Record, by: Group, owners: Mapping[str, Owner]) -> str:
+    if by == "key":
+        return r.key_id
+    if by == "model":
+        return r.model
+    if by == "day":
+        return r.day
+    return str(getattr(owners.get(r.key_id, NO_OWNER), by))
 
 
 def _row(c: Counts) -> UsageRow:

@@ -1,4 +1,5 @@
-"""llmgw usage: tokens, requests and spend by key, model or day."""
+"""llmgw usage: tokens, requests and spend by key, model, day, organization, team, project or
+user."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from llmgw.cli.output import echo_json, echo_table, json_option
 @click.command()
 @click.option(
     "--by",
-    type=click.Choice(["key", "model", "day"]),
+    type=click.Choice(["key", "model", "day", "org", "team", "project", "user"]),
     default="key",
     show_default=True,
     help="What each line sums over.",
@@ -27,13 +28,14 @@ from llmgw.cli.output import echo_json, echo_table, json_option
 @pass_settings
 def usage(settings: Settings, by: str, since: str | None, as_json: bool) -> None:
     """Show the usage of /v1: requests, prompt and completion tokens, and spend at the models'
-    prices, summed by key, model or day; counts not yet written to the store are included."""
+    prices, summed by key, model, day, organization, team, project or user (a key's maker;
+    "-": keys of none); counts not yet written to the store are included."""
     query = {"by": by, **({"since": since} if since else {})}
     answer = call(settings, "GET", f"{API}/usage?{urlencode(query)}")
     if as_json:
         echo_json(answer)
         return
-    first = {"key": ["KEY", "NAME"], "model": ["MODEL"], "day": ["DAY"]}[by]
+    first = ["KEY", "NAME"] if by == "key" else [by.upper()]
     headers = [*first, "REQUESTS", "PROMPT", "COMPLETION", "TOTAL", "SPEND"]
     lines = [[*_group(row, by), *_counts(row)] for row in answer["rows"]]
     if lines:
@@ -42,7 +44,7 @@ def usage(settings: Settings, by: str, since: str | None, as_json: bool) -> None
 
 
 def _group(row: dict[str, str], by: str) -> list[str]:
-    return [row["key"], row["name"] or "-"] if by == "key" else [row[by]]
+    return [row["key"], row["name"] or "-"] if by == "key" else [row.get(by) or "-"]
 
 
 def _counts(row: dict[str, int | float]) -> list[object]:

@@ -1,4 +1,5 @@
-"""/api/v1's usage: tokens, requests and spend summed by key, model or day."""
+"""/api/v1's usage: tokens, requests and spend summed by key, model, day, organization, team,
+project or user."""
 
 from __future__ import annotations
 
@@ -6,14 +7,38 @@ from aiohttp import web
 
 from llmgwd import meter_views
 from llmgwd.api.base import _checked, _ctx, json_response
+from llmgwd.catalog import ApiKey
+from llmgwd.meter_views import Owner
+from llmgwd.people.directory import Directory
 
 
 async def get_usage(request: web.Request) -> web.Response:
-    """GET /usage?by=key|model|day&since=YYYY-MM-DD: usage summed, counts not flushed too."""
+    """GET /usage?by=key|model|day|org|team|project|user&since=YYYY-MM-DD: usage summed,
+    counts not flushed too."""
     ctx = _ctx(request)
     by = _checked(meter_views.parse_group, "by", request.query.get("by"))
     since = _checked(meter_views.parse_day, "since", request.query.get("since"))
     keys = ctx.catalog.keys()
     names = {k.id: k.name for k in keys}
+    owners = await _owners(Directory(ctx.catalog.store), keys) if by == "team" else None
+    if owners is None and by in meter_views.LEVEL_GROUPS:
+        owners = {k.id: _owner(k, "") for k in keys}
     records = await ctx.usage.records(since)
-    return json_response(meter_views.report(records, by, since, names))
+    return json_response(meter_views.report(records, by, since, names, owners))
+
+
+async def _owners(people: Directory, keys: list[ApiKey]) -> dict[str, Owner]:
+    """Each key's owner, with its project's team (read from the directory)."""
+    teams: dict[tuple[str, str], str] = {}
+    for org in {k.org for k in keys if k.project}:
+        teams.update({(org, p.name): p.team for p in await people.projects(org)})
+    return {k.id: _owner(k, teams.get((k.org, k.project), "")) for k in keys}
+
+
+def _owner(key: ApiKey, team: str) -> Owner:
+    return Owner(
+        org=key.org,
+        team=f"{key.org}/{team}" if team else "",
+        project=f"{key.org}/{key.project}" if key.project else "",
+        user=key.user,
+    )
