@@ -156,3 +156,14 @@ async def test_a_model_outside_the_organizations_list_is_openais_404(lv: Levelle
     )
     assert status == 200
     assert not [s for s in lv.gw.engine.seen if s.body["model"] == MODEL]
+
+
+async def test_v1_models_lists_only_what_the_organization_allows(lv: Levelled) -> None:
+    lv.put(org_level("acme"), models=[FREE])
+    async with lv.gw.openai(key="sk-llmgw-0") as client:
+        assert [m.id async for m in client.models.list()] == [FREE]
+    async with lv.gw.http.get(
+        f"{lv.gw.url}/v1/models/{MODEL}", headers={"Authorization": "Bearer sk-llmgw-0"}
+    ) as resp:
+        assert resp.status == 404
+        assert_error_shape(await resp.json(), "model_not_found", "model")

@@ -141,6 +141,11 @@ class Meter:
             await admitted.wait(deadline - loop.time())
         return admitted
 
+    def allows(self, key: ApiKey, model: str) -> bool:
+        """Whether every level above key lets it use model (/v1/models lists no other)."""
+        chain = self.levels.chain(key) if self.levels is not None else _NO_CHAIN
+        return chain.models is None or model in chain.models
+
     def levels_of(self, key: ApiKey, model: Model) -> tuple[Level, ...]:
         """The levels a request of key for model is held to, its key's first; a model another
         level does not allow is a 404 as if it did not exist (nothing shown of it)."""

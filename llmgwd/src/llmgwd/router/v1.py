@@ -181,14 +181,15 @@ class Router:
         await self.close()
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
-        return _json(ModelList(data=[_card(m) for m in self._models.all()]))
+        key = self._authenticate(request)
+        listed = [m for m in self._models.all() if self.meter.allows(key, m.name)]
+        return _json(ModelList(data=[_card(m) for m in listed]))
 
     async def _get_model(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
+        key = self._authenticate(request)
         name = request.match_info["model"]
         model = self._models.get(name)
-        if model is None:
+        if model is None or not self.meter.allows(key, name):
             raise errors.model_not_found(name)
         return _json(_card(model))
 
