@@ -350,6 +350,9 @@ async def quiet(pid: int | None, limit_s: float = 5.0, others_max_pct: float = 2
 # Targets and the load against them
 
 
+METRICS_OFF = "metrics off"  # the second llmgwd's column with --metrics-off-too
+
+
 @dataclass
 class Target:
     name: str
@@ -667,10 +670,11 @@ async def make_llmgw_keys(sock: Path, notes: list[str]) -> tuple[str, str | None
 
 @contextlib.asynccontextmanager
 async def llmgwd(
-    cores: Cores, tmp: Path, mock_port: int, prefix_balancing: str = ""
+    cores: Cores, tmp: Path, mock_port: int, prefix_balancing: str = "", counting: str = ""
 ) -> AsyncIterator[Target]:
-    """The real daemon, a key, the model, and a fake node that reports the mock ready."""
-    d = tmp / "llmgwd"
+    """The real daemon, a key, the model, and a fake node that reports the mock ready;
+    counting: client.request_metrics ('false': a second daemon beside the first's dir)."""
+    d = tmp / ("llmgwd" if counting != "false" else "llmgwd-uncounted")
     d.mkdir()
     client, cluster = free_port(), free_port()
     sock = d / "llmgwd.sock"
@@ -679,6 +683,7 @@ async def llmgwd(
         f"name: bench\nstate_dir: {d / 'state'}\nsocket: {sock}\nlog_level: info\n"
         f"client:\n  listen: 127.0.0.1:{client}\n"
         + (f"  prefix_balancing: {prefix_balancing}\n" if prefix_balancing else "")
+        + (f"  request_metrics: {counting}\n" if counting else "")
         + f"cluster:\n  listen: 127.0.0.1:{cluster}\n  advertise: https://127.0.0.1:{cluster}\n"
     )
     env = {
@@ -1259,6 +1264,8 @@ async def run(args: argparse.Namespace) -> None:
                 targets.append(gw)
                 if not args.no_profile:
                     await profile(cores, gw, plan, tmp)
+            if args.metrics_off_too:
+                targets.append(await uncounted(cores, tmp, mock_port, prefix, direct, plan))
             if not args.skip_litellm:
                 async with litellm(cores, tmp, mock_port) as lt:
                     out(f"  (LiteLLM took {lt.results['start_s']:.0f} s to start)")
@@ -1268,6 +1275,7 @@ async def run(args: argparse.Namespace) -> None:
                 for line in t.results.get("usage_cli", []):
                     out(f"  {t.name} usage: {line}")
             report(direct, targets)
+            metrics_cost(targets)
             out(
                 f"\n{time.monotonic() - t_start:.0f} s; load average "
                 f"{' '.join(map(str, os.getloadavg()))} at the end (other work on the machine "
@@ -1283,6 +1291,48 @@ async def run(args: argparse.Namespace) -> None:
             raise
         finally:
             procs.stop_all()
+
+
+async def uncounted(
+    cores: Cores, tmp: Path, mock_port: int, prefix: str, direct: Target, plan: Plan
+) -> Target:
+    """llmgwd measured again in the same run with client.request_metrics false."""
+    out("  llmgwd again with client.request_metrics false (no /v1 request counted)")
+    async with llmgwd(cores, tmp, mock_port, prefix, counting="false") as off:
+        off.name = METRICS_OFF
+        await measure(cores, off, plan, None, direct)
+    return off
+
+
+def metrics_cost(targets: list[Target]) -> None:
+    """llmgwd counting each request beside llmgwd counting none (issue 14: within 5%)."""
+    on = next((t for t in targets if t.name == "llmgwd"), None)
+    off = next((t for t in targets if t.name == METRICS_OFF), None)
+    if on is None or off is None:
+        return
+    out("\n== metrics on vs off (client.request_metrics) ==")
+    for label, path in (
+        (f"req/s at p99 < {P99_BOUND_MS:g} ms", ("search", "target_rps")),
+        ("req/s max (wrk)", ("wrk", "rps")),
+    ):
+        a, b = (t.results.get(path[0], {}).get(path[1]) for t in (on, off))
+        change = f"{100 * (a / b - 1):+.1f}%" if a and b else "-"
+        out(f"  {label}: on {count(a)}, off {count(b)} ({change} with metrics on)")
+    for step in ("rate100", "rate500"):
+        a, b = (added(t, step, "p99") for t in (on, off))
+        out(f"  added p99 at {step[4:]}/s: on {ms(a)}{flag(on, step)}, off {ms(b)}"
+            f"{flag(off, step)} ms")  # fmt: skip
+        cpu = [per_request_us(t.results.get(step, {})) for t in (on, off)]
+        if all(cpu):
+            out(f"  CPU a request at {step[4:]}/s: on {cpu[0]:.0f} us, off {cpu[1]:.0f} us")
+
+
+def per_request_us(res: dict[str, Any]) -> float | None:
+    """llmgwd's CPU for each request of a rate step, in microseconds."""
+    usage = res.get("usage")
+    if usage is None or not usage.rss_peak_kb or not res.get("achieved_rps"):
+        return None
+    return float(10_000 * usage.cpu_pct / res["achieved_rps"])
 
 
 def ensure_wrk() -> None:
@@ -1313,6 +1363,11 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=HERE / "last-run.txt")
     parser.add_argument(
         "--prefix-balancing", choices=("on", "off"), help="llmgwd's setting (else its default)"
+    )
+    parser.add_argument(
+        "--metrics-off-too",
+        action="store_true",
+        help="measure llmgwd a second time with client.request_metrics false, in the same run",
     )
     args = parser.parse_args()
     out = Out(args.output)
