@@ -46,7 +46,7 @@ from llmgwd.periods import Today, month_of, period_id
 from llmgwd.pricing import to_pico
 from llmgwd.shares import Refill
 from llmgwd.store import Compare, Delete, Put, Store, prefix_end
-from llmgwd.usage import USAGE, Counts
+from llmgwd.usage import USAGE, Counts, parse_key
 
 log = logging.getLogger("llmgwd.allotments")
 
@@ -106,8 +106,10 @@ class Allotments:
         wait_s: float = 2.0,
         tick_s: float = 0.2,
         wall: Callable[[], float] = time.time,
+        keys_in: Callable[[str], set[str]] | None = None,
     ) -> None:
         self.wait_s = wait_s
+        self._keys_in = keys_in  # the keys under a level (llmgwd.levels), for its stored usage
         self._store = store
         self._ttl_s, self._lead_s, self._idle_s, self._dry_s = ttl_s, lead_s, idle_s, dry_s
         self._tick_s = tick_s
@@ -309,17 +311,22 @@ class Allotments:
         return await self._store.get(ledgers.live_key(holder)) is None
 
     async def _before(self, pot: Pot) -> int:
-        """What a new budget pot starts from: the stored usage of its key in its period."""
+        """What a new budget pot starts from: the stored usage of its key, or of every key
+        under its level, in its period."""
         if pot.period is None:
             return 0
-        key_id = pot.key[len(ledgers.BUDGET) :].split("/")[1]
+        owner = pot.key[len(ledgers.BUDGET) :].split("/")[1]
+        level = ":" in owner  # a level's id (org:ORG, ...); a key's has no colon
+        keys = self._keys_in(owner) if level and self._keys_in is not None else {owner}
         period = pot.pid
         days = [period] if len(period) == 10 else [f"{period}-{d:02d}" for d in range(1, 32)]
         total = 0
         for day in days:
-            prefix = f"{USAGE}{day}/{key_id}/"
+            prefix = f"{USAGE}{day}/" if level else f"{USAGE}{day}/{owner}/"
             kvs, _ = await self._store.range(prefix, prefix_end(prefix))
             for kv in kvs:
+                if level and parse_key(kv.key)[1] not in keys:
+                    continue
                 c = msgspec.json.decode(kv.value, type=Counts)
                 total += c.prompt_tokens + c.completion_tokens if pot.what == "tokens" else 0
                 total += c.spend_pico if pot.what == "spend" else 0

@@ -150,7 +150,8 @@ class Daemon:
         self.members = Members(self.store)
         revision = await self.catalog.load()
         self.usage = Usage(self.store)
-        self.shares = Allotments(self.store) if cfg.store.backend == "etcd" else None
+        etcd = cfg.store.backend == "etcd"
+        self.shares = Allotments(self.store, keys_in=self.levels.keys_in) if etcd else None
         if self.shares is not None:  # several control planes: each spends its share of a limit
             await self.shares.start()
         self.meter = Meter(self.usage, shares=self.shares, levels=self.levels)

@@ -135,6 +135,10 @@ class Levels:
         """The chain of a key by its id (no levels for a key not known)."""
         return self.chain(self._keys.get(key_id, KeyLike()))
 
+    def keys_in(self, level: str) -> set[str]:
+        """The ids of the keys a level holds (for the usage its budgets start from)."""
+        return {i for i, k in self._keys.items() if level in (x for x, _ in self.chain(k).levels)}
+
     def record(self, level: str) -> LevelLimits:
         """A level's record (no limits and every model when none is stored)."""
         return self._records.get(level, NONE)
