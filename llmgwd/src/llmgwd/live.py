@@ -138,6 +138,7 @@ class Published:
         self._secret = secret
         self._by_key: dict[str, LiveReplica] = {}
         self._keys: dict[str, str] = {}  # replica id -> its engine key
+        self._ready: dict[str, list[tuple[str, LiveReplica]]] = {}  # model -> (node, replica)
 
     async def follow(self) -> None:
         """Load, then follow the prefix for ever (reloading after a compaction or a failure)."""
@@ -145,9 +146,11 @@ class Published:
             try:
                 kvs, revision = await self._store.range(LIVE, prefix_end(LIVE))
                 self._by_key = {kv.key: _dec.decode(kv.value) for kv in kvs}
+                self._ready.clear()
                 async for ev in self._store.watch(
                     LIVE, prefix_end(LIVE), start_revision=revision + 1
                 ):
+                    self._ready.clear()
                     if ev.type == "put":
                         self._by_key[ev.kv.key] = _dec.decode(ev.kv.value)
                     else:
@@ -159,16 +162,16 @@ class Published:
 
     def ready(self, model: str, skip: Collection[str] = ()) -> list[Endpoint]:
         """The model's published ready replicas, those on the nodes in skip left out (read at
-        every /v1 request: nothing is built for a replica left out)."""
-        found = [
-            r
-            for r in self._by_key.values()
-            if r.model == model and r.ready and r.url and r.node not in skip
-        ]
-        return [
-            Endpoint(r.id, r.model, r.node, r.url, self._key(r.id), r.priority, r.slots, r.context)
-            for r in found
-        ]
+        every /v1 request: kept per model until the published replicas change)."""
+        by_model = self._ready.get(model)
+        if by_model is None:
+            found = [r for r in self._by_key.values() if r.model == model and r.ready and r.url]
+            by_model = self._ready[model] = [(r.node, r) for r in found]
+        return [self._endpoint(r) for node, r in by_model if node not in skip]
+
+    def _endpoint(self, r: LiveReplica) -> Endpoint:
+        key = self._key(r.id)
+        return Endpoint(r.id, r.model, r.node, r.url, key, r.priority, r.slots, r.context)
 
     def _key(self, replica_id: str) -> str:
         """The replica's engine key, an HMAC made once per replica id."""
