@@ -89,3 +89,14 @@ def test_usage_by_organization_names_keys_of_none_with_a_dash(daemon: Daemon) ->
     for by in ("org", "team", "project", "user"):
         table = rows(daemon.cli("usage", "--by", by, "--since", "2025-03-01").stdout)
         assert table[0][0] == by.upper() and table[1][:2] == ["-", "1"], by
+
+
+def test_usage_of_one_organization(daemon: Daemon) -> None:  # noqa: F811
+    assert daemon.cli("org", "create", "acme").exit_code == 0
+    secret = daemon.cli("key", "create", "bare").stdout.strip()  # of no organization
+    key = daemon.catalog.authenticate(secret)
+    assert key is not None and daemon.usage is not None
+    daemon.usage.add(("2025-03-01", key.id, "smol"), 100, 50, 0)
+    out = daemon.cli("usage", "--org", "acme", "--since", "2025-03-01").stdout
+    assert "No usage since 2025-03-01." in out
+    assert daemon.cli("usage", "--org", "nope").exit_code != 0

@@ -166,3 +166,21 @@ async def test_usage_is_summed_by_organization_team_project_and_user(
     assert sums["user"] == {s.ids["ann"]: 50, s.ids["bob"]: 20, "": 80}
     assert ann_search.id in ids.values()
     assert (await s.call(s.keys["ann"], "GET", "/usage?by=org"))[0] == 403  # staff's
+
+
+async def test_an_organizations_admin_reads_its_usage_and_no_other(
+    site: tuple[UsageSite, Levels],
+) -> None:
+    s, _ = site
+    ids = {k.name: k.id for k in s.catalog.keys()}  # noqa: SIM118 (a Catalog, no dict)
+    for name, tokens in (("ann", 10), ("bob", 20), ("ops", 80)):
+        s.usage.add(("2030-01-02", ids[name], "small"), tokens, 0, 0)
+    status, answer = await s.call(s.keys["ada"], "GET", "/orgs/acme/usage?by=key&since=2030-01-01")
+    assert status == 200
+    assert {r["name"]: r["prompt_tokens"] for r in answer["rows"]} == {"ann": 10, "bob": 20}
+    assert answer["total"]["prompt_tokens"] == 30  # the admin key's 80 is no part of acme's
+    for who in ("ann", "bob"):  # a member, a project's manager
+        assert (await s.call(s.keys[who], "GET", "/orgs/acme/usage"))[0] == 403
+    assert (await s.call(s.keys["ada"], "GET", "/orgs/globex/usage"))[0] == 403
+    assert (await s.call(s.keys["sam"], "GET", "/orgs/globex/usage"))[0] == 200  # staff reads
+    assert (await s.call(s.keys["admin"], "GET", "/orgs/nope/usage"))[0] == 404

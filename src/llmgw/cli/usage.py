@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import click
 
-from llmgw.cli.common import API, Settings, call, pass_settings
+from llmgw.cli.common import API, Settings, api_path, call, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
 
@@ -24,14 +24,16 @@ from llmgw.cli.output import echo_json, echo_table, json_option
     metavar="YYYY-MM-DD",
     help="The first day counted (UTC; default: the first day of this month).",
 )
+@click.option("--org", metavar="ORG", help="Only the keys of this organization (its admins').")
 @json_option
 @pass_settings
-def usage(settings: Settings, by: str, since: str | None, as_json: bool) -> None:
+def usage(settings: Settings, by: str, since: str | None, org: str | None, as_json: bool) -> None:
     """Show the usage of /v1: requests, prompt and completion tokens, and spend at the models'
     prices, summed by key, model, day, organization, team, project or user (a key's maker;
     "-": keys of none); counts not yet written to the store are included."""
     query = {"by": by, **({"since": since} if since else {})}
-    answer = call(settings, "GET", f"{API}/usage?{urlencode(query)}")
+    path = api_path("orgs", org, "usage") if org else f"{API}/usage"
+    answer = call(settings, "GET", f"{path}?{urlencode(query)}")
     if as_json:
         echo_json(answer)
         return

@@ -25,7 +25,7 @@ from llmgwd.api import (
 )
 from llmgwd.api.access import RouteHandler, guarded
 from llmgwd.api.base import API_PREFIX, CTX, MAX_BODY_BYTES, ApiContext, errors_middleware
-from llmgwd.auth import STAFF_ADMIN, STAFF_OPERATE, STAFF_READ, Rule
+from llmgwd.auth import STAFF_ADMIN, STAFF_OPERATE, STAFF_READ, Rule, org_rule
 
 Route = tuple[str, str, RouteHandler, Rule]  # method, path under API_PREFIX, handler, rule
 
@@ -59,6 +59,7 @@ TABLE: list[Route] = [
     ("DELETE", "/keys/{key}", keys.revoke_key, ADMIN),
     ("PATCH", "/keys/{key}/limits", limits.set_key_limits, ADMIN),
     ("GET", "/usage", usage.get_usage, READ),
+    ("GET", "/orgs/{org}/usage", usage.get_org_usage, org_rule("admin", read=True)),
     ("GET", "/mirror", mirror.get_mirror, READ),
     ("PUT", "/mirror/uploads/{sha256}", mirror.put_upload, OPERATE),
     ("POST", "/mirror/import", mirror.post_import, OPERATE),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgwd import meter_views
-from llmgwd.api.base import _checked, _ctx, json_response
+from llmgwd.api.base import _checked, _ctx, json_response, not_found
 from llmgwd.catalog import ApiKey
 from llmgwd.meter_views import Owner
 from llmgwd.people.directory import Directory
@@ -15,15 +15,31 @@ from llmgwd.people.directory import Directory
 async def get_usage(request: web.Request) -> web.Response:
     """GET /usage?by=key|model|day|org|team|project|user&since=YYYY-MM-DD: usage summed,
     counts not flushed too."""
+    return await _report(request, "")
+
+
+async def get_org_usage(request: web.Request) -> web.Response:
+    """GET /orgs/{org}/usage?by=...&since=...: the usage of the organization's keys only."""
+    org = request.match_info["org"]
+    if await Directory(_ctx(request).catalog.store).org(org) is None:
+        raise not_found("organization", org)
+    return await _report(request, org)
+
+
+async def _report(request: web.Request, org: str) -> web.Response:
+    """The usage report the query asks for, of every key or of one organization's keys."""
     ctx = _ctx(request)
     by = _checked(meter_views.parse_group, "by", request.query.get("by"))
     since = _checked(meter_views.parse_day, "since", request.query.get("since"))
-    keys = ctx.catalog.keys()
+    every = ctx.catalog.keys()
+    keys = [k for k in every if not org or k.org == org]
     names = {k.id: k.name for k in keys}
     owners = await _owners(Directory(ctx.catalog.store), keys) if by == "team" else None
     if owners is None and by in meter_views.LEVEL_GROUPS:
         owners = {k.id: _owner(k, "") for k in keys}
     records = await ctx.usage.records(since)
+    if org:
+        records = [r for r in records if r.key_id in names]
     return json_response(meter_views.report(records, by, since, names, owners))
 
 
