@@ -120,3 +120,18 @@ async def test_created_routes_are_documented_as_201_and_empty_bodies_as_optional
         assert resp.status == 201 and "201" in paths["/api/v1/tokens"]["post"]["responses"]
     assert paths["/api/v1/mirror/sweep"]["post"]["requestBody"]["required"] is False
     assert paths["/api/v1/keys"]["post"]["requestBody"]["required"] is True
+
+
+@pytest.mark.parametrize("literal", ["tokens", "leave"])
+async def test_delete_servers_name_is_not_servers_tokens_or_leave(
+    api: tuple[aiohttp.ClientSession, dict[str, str]], literal: str
+) -> None:
+    # /servers/tokens and /servers/leave are POST only: DELETE there is a 405 that says so,
+    # not a removal of a control plane named "tokens" (no control plane may be so named).
+    session, auth = api
+    async with session.delete(f"/api/v1/servers/{literal}", headers=auth) as resp:
+        assert resp.status == 405
+        assert resp.headers["Allow"] == "POST"
+        msgspec.json.decode(await resp.read(), type=ErrorAnswer)
+    async with session.delete("/api/v1/servers/cp-2", headers=auth) as resp:
+        assert resp.status == 503  # the route is there (this llmgwd keeps no control planes)

@@ -47,6 +47,8 @@ class Joining:
         try:
             req = msgspec.json.decode(await request.read(), type=wire.ServerJoinRequest)
             pki.check_node_name(req.name)
+            if req.name in ("tokens", "leave"):  # /api/v1/servers/{name} could not reach it
+                raise ValueError(f"a control plane cannot be named {req.name!r}")
             if not _URL.fullmatch(req.peer_url) or urlsplit(req.peer_url).port is None:
                 raise ValueError("peer_url must be https://ADDRESS:PORT")
         except web.HTTPRequestEntityTooLarge:

@@ -72,7 +72,8 @@ TABLE: list[Route] = [
     ("GET", "/servers", servers.list_servers, READ),
     ("POST", "/servers/tokens", servers.create_server_token, ADMIN),
     ("POST", "/servers/leave", servers.leave, ADMIN),
-    ("DELETE", "/servers/{name}", servers.remove_server, ADMIN),
+    # Not tokens or leave, the literal routes above (a name that would be refused at join).
+    ("DELETE", "/servers/{name:(?!(?:tokens|leave)$)[^/]+}", servers.remove_server, ADMIN),
     ("POST", "/scim/token", scim_token.create_scim_token, ADMIN),
 ]
 
