@@ -3,7 +3,20 @@ the llmgw command (the rest are still llmgwd's own, in llmgwd/api/)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+# The checks a handler makes on a request's fields, said in the types so that the OpenAPI
+# document states them (and msgspec refuses a body that breaks them, naming the field).
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+Name = Annotated[
+    str, msgspec.Meta(pattern=NAME_PATTERN, description="1-64 of a-z 0-9 . _ -, not . _ - first")
+]
+Email = Annotated[
+    str, msgspec.Meta(pattern=r"^(|[^@\s]{1,64}@[^@\s]{1,255})$", description="name@domain")
+]
+Title = Annotated[str, msgspec.Meta(max_length=200)]
 
 
 class ErrorBody(msgspec.Struct, omit_defaults=True):

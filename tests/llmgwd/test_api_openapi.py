@@ -135,3 +135,30 @@ async def test_delete_servers_name_is_not_servers_tokens_or_leave(
         msgspec.json.decode(await resp.read(), type=ErrorAnswer)
     async with session.delete("/api/v1/servers/cp-2", headers=auth) as resp:
         assert resp.status == 503  # the route is there (this llmgwd keeps no control planes)
+
+
+async def test_the_request_schemas_say_what_the_handlers_check(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.get("/api/v1/openapi.json", headers=auth) as resp:
+        schemas = (await resp.json())["components"]["schemas"]
+    name = schemas["ModelIn"]["properties"]["name"]
+    assert name["pattern"] == "^[a-z0-9][a-z0-9._-]{0,63}$"
+    assert schemas["ModelIn"]["properties"]["engine"]["enum"] == ["llama.cpp", "vllm"]
+    assert schemas["ServeIn"]["properties"]["replicas"] == {
+        "type": "integer", "minimum": 0, "maximum": 1024
+    }  # fmt: skip
+    assert schemas["UserIn"]["properties"]["name"]["pattern"] == name["pattern"]
+    assert "pattern" in schemas["UserIn"]["properties"]["email"]
+    assert schemas["NamedIn"]["properties"]["title"]["maxLength"] == 200
+    # A body that breaks one is refused as before: a 400 naming the field.
+    for path, body, field in [
+        ("/api/v1/models", {"name": "Bad Name", "source": "/m.gguf", "engine": "vllm"}, "name"),
+        ("/api/v1/users", {"name": "u", "email": "not an email"}, "email"),
+        ("/api/v1/orgs", {"name": "-org"}, "name"),
+    ]:
+        async with session.post(path, json=body, headers=auth) as resp:
+            assert resp.status == 400
+            error = msgspec.json.decode(await resp.read(), type=ErrorAnswer).error
+            assert error.param == field

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 from aiohttp import web
 
 from llmgw import engine_args, sources
+from llmgw.api_types import Name
 from llmgw.mirror_api import SetStatus
 from llmgwd.catalog import CatalogError, Model, profiles_of
 from llmgwd.profiles import Profile, problems
@@ -39,38 +40,43 @@ NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 ENGINES = ("llama.cpp", "vllm")
 
 
+Replicas = Annotated[int, msgspec.Meta(ge=0, le=MAX_REPLICAS)]
+Context = Annotated[int, msgspec.Meta(ge=0, le=MAX_CONTEXT)]
+
+
 class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /api/v1/models"""
 
-    name: str
+    name: Name
     source: str
-    engine: str
+    engine: Literal["llama.cpp", "vllm"]
     args: list[str] = []
-    context: int = 0
-    max_tokens: int = 0
+    context: Context = 0
+    max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
     on_demand: bool = False  # started by the first request, parked after idle_s without one
-    idle_s: int = 300
+    idle_s: Annotated[int, msgspec.Meta(ge=1, le=604800)] = 300
 
 
 class ServeIn(msgspec.Struct, forbid_unknown_fields=True):
     """POST /api/v1/models/{name}/serve"""
 
-    replicas: int
+    replicas: Replicas
 
 
 class ProfileReplicasIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /api/v1/models/{name}/replicas: a profile's count (a new profile is made)."""
 
-    profile: str
-    replicas: int
-    kind: str = ""  # for a new profile: cpu or gpu ("": gpu if its name starts so, else cpu)
+    profile: Name
+    replicas: Replicas
+    # for a new profile: cpu or gpu ("": gpu if its name starts so, else cpu)
+    kind: Literal["", "cpu", "gpu"] = ""
     priority: int | None = None
 
 
 class ContextIn(msgspec.Struct, forbid_unknown_fields=True):
     """PUT /api/v1/models/{name}/context"""
 
-    context: int
+    context: Context
 
 
 def _check_source(source: str) -> None:

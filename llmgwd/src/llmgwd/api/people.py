@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Annotated
 
 import msgspec
 from aiohttp import web
 
+from llmgw.api_types import NAME_PATTERN, Email, Name, Title
 from llmgwd import auth
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
@@ -17,6 +19,7 @@ from llmgwd.people.records import MemberRole, Scope, StaffRole, User
 from llmgwd.people.rules import PeopleError, rank
 
 log = logging.getLogger(__name__)
+OPTIONAL_NAME = f"^(|{NAME_PATTERN[1:-1]})$"  # "" or a name
 
 Handler = Callable[[web.Request, Principal], Awaitable[web.Response]]
 _STATUS = {"not_found": (404, "not_found_error"), "conflict": (409, "conflict_error"),
@@ -26,29 +29,29 @@ _STATUS = {"not_found": (404, "not_found_error"), "conflict": (409, "conflict_er
 class NamedIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /orgs, POST /orgs/{org}/teams"""
 
-    name: str
-    title: str = ""
+    name: Name
+    title: Title = ""
 
 
 class ProjectIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /orgs/{org}/projects"""
 
-    name: str
-    team: str = ""
-    title: str = ""
+    name: Name
+    team: Annotated[str, msgspec.Meta(pattern=OPTIONAL_NAME)] = ""
+    title: Title = ""
 
 
 class UserIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /users: a user made by staff."""
 
-    name: str
-    email: str = ""
+    name: Name
+    email: Email = ""
 
 
 class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """PATCH /users/{user}: the fields given change."""
 
-    email: str | None = None
+    email: Email | None = None
     active: bool | None = None
 
 
