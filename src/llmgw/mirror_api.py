@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from llmgw.sources import REPO_RE, REV_RE, SHA256_RE
+
+# What the handlers check, said in the types (and so in /api/v1/openapi.json).
+Repo = Annotated[str, msgspec.Meta(pattern=rf"^(?!.*(?:--|\.\.))(?:{REPO_RE.pattern})$")]
+Revision = Annotated[str, msgspec.Meta(pattern=f"^(?:{REV_RE.pattern})$")]
+Sha256 = Annotated[str, msgspec.Meta(pattern=f"^{SHA256_RE.pattern}$")]
+PeerUrl = Annotated[str, msgspec.Meta(pattern=r"^https?://[^/?#@\s]+(?:/[^?#\s]*)?$")]
 
 SetState = Literal["fetching", "done", "failed"]
 
@@ -59,17 +67,17 @@ class ImportFile(msgspec.Struct, frozen=True):
     """One file of a directory being imported, uploaded before the import is recorded."""
 
     path: str
-    size: int
-    sha256: str
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    sha256: Sha256
     git_oid: str = ""  # given for files that would not be in LFS on the hub (small, text)
 
 
 class ImportIn(msgspec.Struct, frozen=True):
     """POST /mirror/import: a directory's files (each uploaded already) as ORG/REPO@main."""
 
-    repo: str
+    repo: Repo
     files: list[ImportFile]
-    revision: str = "main"
+    revision: Revision = "main"
 
 
 class ImportOut(msgspec.Struct, frozen=True):
@@ -111,5 +119,5 @@ class SweepOut(msgspec.Struct, kw_only=True):
 class PeerIn(msgspec.Struct, frozen=True):
     """POST /mirror/peers."""
 
-    url: str
+    url: PeerUrl
     token_file: str = ""

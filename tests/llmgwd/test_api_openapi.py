@@ -162,3 +162,18 @@ async def test_the_request_schemas_say_what_the_handlers_check(
             assert resp.status == 400
             error = msgspec.json.decode(await resp.read(), type=ErrorAnswer).error
             assert error.param == field
+
+
+def test_the_mirror_requests_say_their_repository_file_and_peer_checks() -> None:
+    from llmgw.mirror_api import ImportFile, ImportIn, PeerIn
+
+    for bad in (b'{"repo": "a--b/c", "files": []}', b'{"repo": "", "files": []}'):
+        with pytest.raises(msgspec.ValidationError, match="repo"):
+            msgspec.json.decode(bad, type=ImportIn)
+    msgspec.json.decode(b'{"repo": "org/model-7b", "files": []}', type=ImportIn)
+    with pytest.raises(msgspec.ValidationError, match="sha256"):
+        msgspec.convert({"path": "a", "size": 1, "sha256": "0"}, ImportFile)
+    with pytest.raises(msgspec.ValidationError, match="url"):
+        msgspec.convert({"url": "ftp://x/hf"}, PeerIn)
+    (_,), components = openapi.msgspec_schemas([ImportIn])
+    assert "pattern" in components["ImportIn"]["properties"]["repo"]
