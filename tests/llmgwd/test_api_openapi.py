@@ -177,3 +177,19 @@ def test_the_mirror_requests_say_their_repository_file_and_peer_checks() -> None
         msgspec.convert({"url": "ftp://x/hf"}, PeerIn)
     (_,), components = openapi.msgspec_schemas([ImportIn])
     assert "pattern" in components["ImportIn"]["properties"]["repo"]
+
+
+async def test_a_model_answer_is_the_shared_type(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    from llmgw.api_types import ModelView
+    from llmgwd.api import models
+
+    assert models.ModelView is ModelView  # one definition, in llmgw.api_types
+    session, auth = api
+    body = {"name": "m", "source": "file:/srv/m.gguf", "engine": "llama.cpp"}
+    async with session.post("/api/v1/models", json=body, headers=auth) as resp:
+        assert resp.status == 201
+        added = msgspec.json.decode(await resp.read(), type=ModelView)
+    async with session.get("/api/v1/models", headers=auth) as resp:
+        assert msgspec.json.decode(await resp.read(), type=list[ModelView]) == [added]

@@ -12,10 +12,11 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.api_types import CacheType as CacheType  # a model's KV cache type (Profile.cache_type)
+
 MIB = 1 << 20
 GIB = 1 << 30
 
-CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl", "fp8"]
 
 # Bytes per cached value: ggml's block sizes (q8_0 keeps 32 values in 34 bytes: 32 int8 and
 # an f16 scale; q4_0 32 in 18) for llama.cpp's --cache-type-k/-v, and vLLM's fp8.

@@ -2,37 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+# Defined with the API's answers (GET /models shows them), for llmgwd and the llmgw command.
+from llmgw.api_types import Engine as Engine
+from llmgw.api_types import Kind as Kind
+from llmgw.api_types import Profile as Profile
 
-import msgspec
-
-from llmgwd.estimate import CacheType
-
-Engine = Literal["llama.cpp", "vllm"]
-Kind = Literal["gpu", "cpu"]
 DEFAULT = "default"  # the name of the one profile of a model without profiles
-
-
-class Profile(msgspec.Struct, frozen=True, kw_only=True):
-    """One way to run a model and how many replicas of it are wanted that way.
-
-    A model's replicas are the sum of its profiles' replicas; the router fills the profile
-    with the highest priority first.
-    """
-
-    name: str  # "gpu", "cpu", or a site's own ("gpu-long")
-    kind: Kind  # on cards (or MIG instances), or on CPU cores and RAM
-    engine: Engine = "llama.cpp"
-    engine_version: str = ""  # what the agent installs for it; "": the agent's default
-    args: list[str] = []  # passed to the engine after the ones llmgw sets
-    replicas: int = 0
-    priority: int = 0  # higher first
-    context: int = 0  # tokens; 0: the model's (Model.context, else as trained)
-    min_context: int = 2048  # a place holding less than this is no place for it
-    cache_type: CacheType | None = None  # KV cache type; None: the engine's default (f16)
-    gpus: int = 1  # kind gpu: cards per replica, the model split across them (whole cards)
-    cores: int = 0  # kind cpu: cores per replica; 0: all the node's cores
-    min_compute_capability: str = ""  # "8.0": cards below it are no place (an engine build's)
 
 
 def problems(profiles: list[Profile]) -> list[str]:

@@ -11,8 +11,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw import engine_args, sources
-from llmgw.api_types import Name
-from llmgw.mirror_api import SetStatus
+from llmgw.api_types import ModelView, Name, ReplicaView
 from llmgwd.catalog import CatalogError, Model, profiles_of
 from llmgwd.profiles import Profile, problems
 from llmgwd.shapes import read_shape
@@ -128,44 +127,6 @@ def validate_model(body: ModelIn) -> Model:
         idle_s=body.idle_s,
         replicas=1 if body.on_demand else 0,  # an on-demand model wakes to one replica
     )
-
-
-class ReplicaView(msgspec.Struct, kw_only=True):
-    """One replica of a model, as its node reports it."""
-
-    id: str
-    node: str
-    state: str  # wire.ReplicaState, or "unknown" while its node is not connected
-    message: str = ""
-    restarts: int = 0  # how often its agent started it again after it died
-    slots: int = 0  # requests its engine serves at once, the router's cap (0: not known)
-    reason: str = ""  # why it last ended unasked: "oom" (over its memory limit), "exit"
-    oom_kills: int = 0  # how often the kernel ended it over its memory limit
-
-
-class ModelView(msgspec.Struct, kw_only=True):
-    """A model of the catalog with what runs of it."""
-
-    name: str
-    source: str
-    engine: str
-    args: list[str]
-    context: int
-    max_tokens: int
-    price_prompt: float  # per million tokens
-    price_completion: float
-    replicas: int  # wanted (an on-demand model: while awake)
-    ready: int
-    created_at: float
-    replica_status: list[ReplicaView]
-    profiles: list[Profile] = []  # the model's, or the one default profile
-    on_demand: bool = False
-    idle_s: int = 0
-    parked: bool = False  # an on-demand model with no request for idle_s: no replica wanted
-    shape_note: str = ""  # why estimates are missing ("": the file's shape is known)
-    files: int = 0  # an hf: source's set: how many files, and their bytes
-    bytes: int = 0
-    mirror: SetStatus | None = None  # the mirror's fetch of the set, while it runs (or failed)
 
 
 def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
