@@ -11,7 +11,9 @@ import msgspec
 from aiohttp import web
 
 from llmgw import engine_args, sources
-from llmgw.api_types import ModelView, Name, ReplicaView
+from llmgw.api_types import ModelView as ModelView  # re-exported: the answers' types
+from llmgw.api_types import Name
+from llmgw.api_types import ReplicaView as ReplicaView
 from llmgwd.catalog import CatalogError, Model, profiles_of
 from llmgwd.profiles import Profile, problems
 from llmgwd.shapes import read_shape
