@@ -40,15 +40,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "llmgwd" / "src"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from llmgwd.allotments import Allotments  # noqa: E402
+from llmgwd.accounting.allotments import Allotments  # noqa: E402
+from llmgwd.accounting.shares import Refill  # noqa: E402
+from llmgwd.accounting.usage import Usage  # noqa: E402
 from llmgwd.catalog import ApiKey, KeyLimits, Model  # noqa: E402
 from llmgwd.router import ApiError  # noqa: E402
 from llmgwd.router.metering import Meter  # noqa: E402
 from llmgwd.router.token_bounds import Estimate  # noqa: E402
-from llmgwd.shares import Refill  # noqa: E402
 from llmgwd.store import KV, Compare, Delete, Get, Put, Store, TxnResult  # noqa: E402
 from llmgwd.store.sqlite import SqliteStore  # noqa: E402
-from llmgwd.usage import Usage  # noqa: E402
 
 MODEL = Model(name="smol", source="file:/m.gguf", price_prompt=1.0, price_completion=2.0)
 ASK = Estimate(prompt=50, completion=100)

@@ -17,8 +17,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.levels import (
+from llmgwd.accounting.levels import (
     LEVELS,
     LevelLimits,
     Levels,
@@ -27,6 +26,7 @@ from llmgwd.levels import (
     team_level,
     user_level,
 )
+from llmgwd.catalog import ApiKey, KeyLimits, Model
 from llmgwd.people.directory import PROJECTS
 from llmgwd.people.records import Project
 from llmgwd.router.metering import Meter

@@ -982,12 +982,9 @@ AREAS = [
         "llmgwd router",
         (
             "llmgwd/router/",
-            "llmgwd/limits",
-            "llmgwd/pricing",
-            "llmgwd/periods",
+            "llmgwd/accounting/",
             "llmgwd/catalog",
             "llmgwd/cluster",
-            "llmgwd/usage",
         ),
     ),
     (

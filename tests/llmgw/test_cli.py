@@ -18,12 +18,12 @@ from click.testing import CliRunner, Result
 from llmgw import config, wire
 from llmgw.cli import server
 from llmgw.cli.main import main
+from llmgwd.accounting.usage import Usage
 from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import Usage
 
 T = TypeVar("T")
 JOIN_URL = "https://cp.example:7710"
@@ -419,21 +419,21 @@ def test_every_command_has_help() -> None:
 
 
 def test_an_engine_killed_over_its_memory_is_said_so() -> None:
+    import msgspec
+
+    from llmgw.api_types import ModelView, ReplicaView
     from llmgw.cli.model import status_of
 
-    m = {
-        "replicas": 1,
-        "ready": 0,
-        "replica_status": [
-            {
-                "state": "failed",
-                "message": "killed over its memory limit",
-                "reason": "oom",
-                "oom_kills": 2,
-            }
-        ],
-    }
+    failed = ReplicaView(
+        id="r1", node="n1", state="failed", message="killed over its memory limit",
+        reason="oom", oom_kills=2,
+    )  # fmt: skip
+    m = ModelView(
+        name="m", source="file:/m.gguf", engine="llama.cpp", args=[], context=0, max_tokens=0,
+        price_prompt=0, price_completion=0, replicas=1, ready=0, created_at=0,
+        replica_status=[failed],
+    )  # fmt: skip
     assert status_of(m) == "out of memory: killed over its memory limit (2 OOM kills)"
-    m["replica_status"][0].update(state="ready", reason="")  # type: ignore[index]
-    m["ready"] = 1
+    ready = msgspec.structs.replace(failed, state="ready", reason="")
+    m = msgspec.structs.replace(m, ready=1, replica_status=[ready])
     assert status_of(m) == "ready (2 OOM kills)"

@@ -17,17 +17,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from llmgwd import allotment_ledger as ledgers
-from llmgwd.allotments import Allotments
+from llmgwd.accounting import allotment_ledger as ledgers
+from llmgwd.accounting.allotments import Allotments
+from llmgwd.accounting.periods import day_id
+from llmgwd.accounting.shares import Refill
+from llmgwd.accounting.usage import USAGE, Counts, Usage
 from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.periods import day_id
 from llmgwd.router import ApiError
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
-from llmgwd.shares import Refill
 from llmgwd.store import Put, prefix_end
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import USAGE, Counts, Usage
 
 NOW = calendar.timegm((2025, 3, 4, 12, 0, 0))  # noon UTC: the budgets' day does not move
 DAY = day_id(NOW)
@@ -56,7 +56,7 @@ class Plane:
     codes: set[str | None] = field(default_factory=set)  # the refusals' error codes
 
 
-async def plane(store: SqliteStore, **kw: float) -> Plane:
+async def plane(store: SqliteStore, **kw: Any) -> Plane:
     shares = Allotments(store, wall=lambda: NOW, tick_s=0.01, dry_s=0.05, wait_s=5.0, **kw)
     await shares.start()
     return Plane(Meter(Usage(store), shares=shares, wall=lambda: NOW), shares)

@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from llmgwd.allotments import Allotments
+from llmgwd.accounting.allotments import Allotments
+from llmgwd.accounting.levels import LEVELS, LevelLimits, Levels, org_level
+from llmgwd.accounting.periods import day_id
+from llmgwd.accounting.usage import Counts, Usage, usage_key
 from llmgwd.catalog import KEYS, ApiKey, KeyLimits, Model
-from llmgwd.levels import LEVELS, LevelLimits, Levels, org_level
-from llmgwd.periods import day_id
 from llmgwd.router import errors
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import Counts, Usage, usage_key
 
 NOW = calendar.timegm((2025, 3, 4, 12, 0, 0))
 DAY = day_id(NOW)

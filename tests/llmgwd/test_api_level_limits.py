@@ -11,17 +11,17 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from llmgwd.accounting.levels import Levels
+from llmgwd.accounting.usage import Usage
 from llmgwd.api.access import key_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog, KeyOwner, Model
-from llmgwd.levels import Levels
 from llmgwd.people.records import Scope
 from llmgwd.router import errors
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import Usage
 from tests.llmgwd.test_person_keys import NoNodes, Site, _fill
 
 

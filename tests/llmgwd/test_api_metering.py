@@ -10,12 +10,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgwd.accounting.usage import Usage
 from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import Usage
 from tests.llmgwd.test_api import JOIN_URL, MODEL, FakeNodes, Tokens, call, serve
 
 

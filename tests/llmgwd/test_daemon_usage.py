@@ -13,14 +13,14 @@ import pytest
 
 from llmgw.config import ClientPort, ClusterPort, ServerConfig
 from llmgwd import daemon as daemon_module
+from llmgwd.accounting.periods import day_id
+from llmgwd.accounting.usage import USAGE
 from llmgwd.catalog import KeyLimits, Model
 from llmgwd.daemon import Daemon
-from llmgwd.periods import day_id
 from llmgwd.router import ApiError
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import USAGE
 
 NOW = calendar.timegm((2025, 3, 4, 12, 0, 0))  # noon UTC, mid-month
 MODEL = Model(name="smol", source="file:/m.gguf", price_prompt=1.0, price_completion=2.0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from llmgwd.budgets import Budgets
+from llmgwd.accounting.budgets import Budgets
+from llmgwd.accounting.pricing import to_pico
+from llmgwd.accounting.rates import RateLimits, Window
 from llmgwd.catalog import KeyLimits
-from llmgwd.limits import RateLimits, Window
-from llmgwd.pricing import to_pico
 
 T0 = 1000.25  # any monotonic time, not on a second's boundary
 

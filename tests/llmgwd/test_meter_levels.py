@@ -1,4 +1,4 @@
-"""The Meter's levels (a key's user, organization, team and project, llmgwd.levels): each one
+"""The Meter's levels (a key's user, organization, team and project, accounting.levels): each one
 enforced, the strictest winning, and LiteLLM's three budget bugs absent: a zero-price model
 blocked by a spent budget, a budget compared with > rather than >=, and team or project keys
 skipping their user's budget."""
@@ -8,8 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.levels import (
+from llmgwd.accounting.levels import (
     LEVELS,
     LevelLimits,
     Levels,
@@ -18,9 +17,10 @@ from llmgwd.levels import (
     team_level,
     user_level,
 )
+from llmgwd.accounting.pricing import PICO
+from llmgwd.catalog import ApiKey, KeyLimits, Model
 from llmgwd.people.directory import PROJECTS
 from llmgwd.people.records import Project
-from llmgwd.pricing import PICO
 from llmgwd.router import errors
 from llmgwd.router.metering import Meter, Reservation
 from llmgwd.router.token_bounds import Estimate

@@ -10,9 +10,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgwd.accounting.usage import USAGE, Counts, Usage
 from llmgwd.store import Compare, Delete, Get, Put, TxnResult, prefix_end
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.usage import USAGE, Counts, Usage
 
 DAY = "2025-03-04"
 

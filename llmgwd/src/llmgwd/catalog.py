@@ -139,7 +139,7 @@ def _why(e: Exception) -> str:
 
 
 class Follower(Protocol):
-    """An index of other store keys kept by the catalog's one load and watch (llmgwd.levels)."""
+    """An index of other store keys kept by the catalog's one load and watch (accounting.levels)."""
 
     async def load(self, store: Store) -> int:
         """Read everything it follows; returns the store's revision."""

@@ -23,14 +23,15 @@ from prometheus_client import CollectorRegistry
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
 from llmgwd import clientport, cluster, servers, servers_setup
-from llmgwd.allotments import Allotments
+from llmgwd.accounting.allotments import Allotments
+from llmgwd.accounting.levels import Levels
+from llmgwd.accounting.usage import Usage
 from llmgwd.api import login
 from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.leader import Election, LeaderRecord
-from llmgwd.levels import Levels
 from llmgwd.live import Published, RolePool
 from llmgwd.members import Members
 from llmgwd.metrics import endpoint as metrics
@@ -47,7 +48,6 @@ from llmgwd.scim.base import ScimContext
 from llmgwd.session import Session
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.open import open_store
-from llmgwd.usage import Usage
 from llmgwd.wakeups import Waker
 
 log = logging.getLogger("llmgwd")
@@ -145,7 +145,7 @@ class Daemon:
         secret = load_secret(state_dir / "secret")
         keys = load_pki(state_dir, url)
         self.store = await open_store(cfg, state_dir)
-        self.levels = Levels()  # limits above keys (llmgwd.levels), kept by the catalog's watch
+        self.levels = Levels()  # limits above keys (accounting.levels), kept by the catalog's watch
         self.catalog = Catalog(self.store, followers=(self.levels,))
         self.members = Members(self.store)
         revision = await self.catalog.load()

@@ -7,7 +7,7 @@ from typing import Any
 import openai
 import pytest
 
-from llmgwd.usage import Counts
+from llmgwd.accounting.usage import Counts
 from tests.llmgwd.router import test_router_metering as metering
 from tests.llmgwd.router import test_router_v1 as v1
 from tests.llmgwd.router.test_router_v1 import (

@@ -15,13 +15,20 @@ import aiohttp
 import msgspec
 import pytest
 
+from llmgwd.accounting.levels import (
+    LEVELS,
+    LevelLimits,
+    Levels,
+    org_level,
+    project_level,
+    team_level,
+)
+from llmgwd.accounting.levels import user_level as user_lv
+from llmgwd.accounting.periods import day_id
+from llmgwd.accounting.pricing import cost
 from llmgwd.catalog import ApiKey, KeyLimits
-from llmgwd.levels import LEVELS, LevelLimits, Levels, org_level, project_level, team_level
-from llmgwd.levels import user_level as user_lv
 from llmgwd.people.directory import PROJECTS
 from llmgwd.people.records import Project
-from llmgwd.periods import day_id
-from llmgwd.pricing import cost
 from llmgwd.router import Balancer, Router
 from llmgwd.router.metering import Meter
 from tests.llmgwd.router.test_router_metering import FREE, PricedModels, reserved

@@ -18,12 +18,12 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from llmgwd.accounting.pricing import cost, from_pico
+from llmgwd.accounting.usage import Counts
 from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.pricing import cost, from_pico
 from llmgwd.router import Balancer, Router
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
-from llmgwd.usage import Counts
 from tests.llmgwd.router.test_router_v1 import (  # noqa: F401 (engine: a fixture)
     CHAT,
     MODEL,

@@ -3,8 +3,8 @@ compare-and-set and spent in memory: a request never waits on the store unless i
 short.
 
 Each pot (a key's token or spend budget in its period, its requests or tokens per minute) is
-one ledger in the store (llmgwd.allotment_ledger). A control plane takes a share of what the
-pot has left, admits requests against it alone, and steps the ledger again in the background
+one ledger in the store (accounting.allotment_ledger). A control plane takes a share of what
+the pot has left, admits requests against it alone, and steps the ledger again in the background
 when the share falls under its low-water mark (half of the share it aims at: lead_s of its
 recent use, at least four of its largest request and a 64th of the limit; never more than
 half of what is free), reporting what it used and taking more. It gives back what it holds
@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from llmgwd import allotment_ledger as ledgers
-from llmgwd.budgets import Exhausted
+from llmgwd.accounting import allotment_ledger as ledgers
+from llmgwd.accounting.budgets import Exhausted
+from llmgwd.accounting.periods import Today, month_of, period_id
+from llmgwd.accounting.pricing import to_pico
+from llmgwd.accounting.rates import Refusal
+from llmgwd.accounting.shares import Refill
+from llmgwd.accounting.usage import USAGE, Counts, parse_key
 from llmgwd.catalog import KeyLimits, Period
-from llmgwd.limits import Refusal
-from llmgwd.periods import Today, month_of, period_id
-from llmgwd.pricing import to_pico
-from llmgwd.shares import Refill
 from llmgwd.store import Compare, Delete, Put, Store, prefix_end
-from llmgwd.usage import USAGE, Counts, parse_key
 
 log = logging.getLogger("llmgwd.allotments")
 
@@ -109,7 +109,7 @@ class Allotments:
         keys_in: Callable[[str], set[str]] | None = None,
     ) -> None:
         self.wait_s = wait_s
-        self._keys_in = keys_in  # the keys under a level (llmgwd.levels), for its stored usage
+        self._keys_in = keys_in  # the keys under a level (accounting.levels), for its stored usage
         self._store = store
         self._ttl_s, self._lead_s, self._idle_s, self._dry_s = ttl_s, lead_s, idle_s, dry_s
         self._tick_s = tick_s

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmgwd.accounting.periods import month_of, period_id
+from llmgwd.accounting.pricing import to_pico
 from llmgwd.catalog import KeyLimits, Period
-from llmgwd.periods import month_of, period_id
-from llmgwd.pricing import to_pico
 
 TOKENS, PICOS = 0, 1  # the two counts of each entry
 

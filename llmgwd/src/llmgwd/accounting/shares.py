@@ -1,5 +1,5 @@
 """The port between the router's Meter and the cluster's shares of each key's limits and
-budgets (llmgwd.allotments implements it; the router never sees the store)."""
+budgets (llmgwd.accounting.allotments implements it; the router never sees the store)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
-from llmgwd.budgets import Exhausted
+from llmgwd.accounting.budgets import Exhausted
+from llmgwd.accounting.rates import Refusal
 from llmgwd.catalog import KeyLimits
-from llmgwd.limits import Refusal
 
 
 class Refill:

@@ -10,10 +10,10 @@ from typing import Literal, cast
 
 import msgspec
 
+from llmgwd.accounting.periods import day_id
+from llmgwd.accounting.pricing import from_pico
+from llmgwd.accounting.usage import Counts, Record
 from llmgwd.catalog import KeyLimits, Period
-from llmgwd.periods import day_id
-from llmgwd.pricing import from_pico
-from llmgwd.usage import Counts, Record
 
 MAX_COUNT = 10**12  # requests, tokens: far above any real limit, below any overflow
 MAX_MONEY = 1e9  # a price per million tokens, or a budget

@@ -18,13 +18,13 @@ from aiohttp.typedefs import Handler
 from llmgw import wire
 from llmgw.api_types import ErrorAnswer, ErrorBody
 from llmgwd import auth, engine_support
+from llmgwd.accounting.usage import Usage
+from llmgwd.accounting.views import Invalid
 from llmgwd.catalog import ApiKey, Catalog, Model
-from llmgwd.meter_views import Invalid
 from llmgwd.profiles import Profile
 from llmgwd.reconciler import Failure, NodeFlags
 from llmgwd.scheduler import Placement, Verdict
 from llmgwd.store import StoreUnavailable
-from llmgwd.usage import Usage
 
 if TYPE_CHECKING:
     from llmgwd.control_planes import ControlPlanes

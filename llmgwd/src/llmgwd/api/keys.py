@@ -7,7 +7,8 @@ import logging
 import msgspec
 from aiohttp import web
 
-from llmgwd import meter_views
+from llmgwd.accounting import views
+from llmgwd.accounting.views import LimitsIn
 from llmgwd.api.base import (
     ApiContext,
     ApiError,
@@ -20,7 +21,6 @@ from llmgwd.api.base import (
     read_body,
 )
 from llmgwd.catalog import ApiKey, CatalogError, KeyLimits, Role, looks_like_key_id
-from llmgwd.meter_views import LimitsIn
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ async def create_key(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     body = await read_body(request, KeyIn)
     role = _check_key_in(ctx, body)
-    limits = _checked(meter_views.apply_limits, KeyLimits(), body.limits or LimitsIn())
+    limits = _checked(views.apply_limits, KeyLimits(), body.limits or LimitsIn())
     key, secret = await ctx.catalog.create_key(body.name.strip(), role, limits)
     log.info("key %s (%s, %s) created by %s", key.id, key.name, key.role, _who(request))
     new = NewKey(

@@ -1,6 +1,6 @@
 """/api/v1's limits, budgets and model lists of organizations, teams, projects and users
-(llmgwd.levels); each route with its rule in TABLE: an organization's admin sets its own, its
-teams' and its projects', a staff admin every one, and a user's only a staff admin."""
+(llmgwd.accounting.levels); each route with its rule in TABLE: an organization's admin sets
+its own, its teams' and its projects', a staff admin every one, and a user's only a staff admin."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import logging
 import msgspec
 from aiohttp import web
 
-from llmgwd import levels, meter_views
+from llmgwd.accounting import levels, views
+from llmgwd.accounting.views import LimitsIn
 from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import _checked, _ctx, _who, bad_field, json_response, not_found, read_body
 from llmgwd.api.people import _dir
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Rule, org_rule
 from llmgwd.catalog import KeyLimits
-from llmgwd.meter_views import LimitsIn
 
 log = logging.getLogger(__name__)
 MAX_MODELS = 1000
@@ -103,7 +103,7 @@ async def _change(request: web.Request, level: str) -> web.Response:
     store = ctx.catalog.store
     current = await levels.read(store, level)
     given = LimitsIn(**{f: getattr(body, f) for f in LimitsIn.__struct_fields__})
-    limits = _checked(meter_views.apply_limits, current.limits, given)
+    limits = _checked(views.apply_limits, current.limits, given)
     models = current.models if body.models is None else _models(request, body.models)
     record = await levels.change(store, level, levels.LevelLimits(limits=limits, models=models))
     log.info("%s limits set to %s, models %s, by %s", level, limits, models, _who(request))

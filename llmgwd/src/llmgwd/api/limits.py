@@ -6,12 +6,12 @@ import logging
 
 from aiohttp import web
 
-from llmgwd import meter_views
+from llmgwd.accounting import views
+from llmgwd.accounting.views import LimitsIn, PriceIn
 from llmgwd.api.base import _checked, _ctx, _who, json_response, not_found, read_body
 from llmgwd.api.keys import _find_key, key_view
 from llmgwd.api.models import _model_or_404, _view
 from llmgwd.catalog import CatalogError
-from llmgwd.meter_views import LimitsIn, PriceIn
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ async def set_key_limits(request: web.Request) -> web.Response:
     """PATCH /keys/{key}/limits: change the limits given, keep the others (0 removes one)."""
     ctx = _ctx(request)
     key = _find_key(ctx, request.match_info["key"])
-    limits = _checked(meter_views.apply_limits, key.limits, await read_body(request, LimitsIn))
+    limits = _checked(views.apply_limits, key.limits, await read_body(request, LimitsIn))
     try:
         key = await ctx.catalog.set_key_limits(key.id, limits)
     except CatalogError:
@@ -35,7 +35,7 @@ async def set_price(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     _model_or_404(ctx, name)
     body = await read_body(request, PriceIn)
-    _checked(meter_views.check_price, body)
+    _checked(views.check_price, body)
     try:
         model = await ctx.catalog.update_model(
             name, price_prompt=body.prompt, price_completion=body.completion

@@ -12,10 +12,10 @@ from aiohttp import web
 
 from llmgw.api_types import ErrorAnswer, NodeFlagsView, TokenView
 from llmgw.mirror_api import ImportIn, ImportOut, MirrorStatus, PeerIn, SweepIn, SweepOut
+from llmgwd.accounting.views import LimitsIn, PriceIn
 from llmgwd.api import keys, level_limits, models, people, plans, servers
 from llmgwd.api.base import API_PREFIX, NodeInfo, _ctx, json_response
 from llmgwd.auth import Rule
-from llmgwd.meter_views import LimitsIn, PriceIn
 from llmgwd.people.records import User
 
 # (method, path): (request body type or None, answer type or None: JSON not described yet)

@@ -9,8 +9,8 @@ import logging
 import msgspec
 from aiohttp import web
 
+from llmgwd.accounting.views import Invalid
 from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
-from llmgwd.meter_views import Invalid
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import Busy, SettingsStore, SlurmSettings, SlurmSettingsIn
 

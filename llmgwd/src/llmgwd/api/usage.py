@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgwd import meter_views
+from llmgwd.accounting import views
+from llmgwd.accounting.views import Owner
 from llmgwd.api.base import _checked, _ctx, json_response, not_found
 from llmgwd.catalog import ApiKey
-from llmgwd.meter_views import Owner
 from llmgwd.people.directory import Directory
 
 
@@ -29,18 +29,18 @@ async def get_org_usage(request: web.Request) -> web.Response:
 async def _report(request: web.Request, org: str) -> web.Response:
     """The usage report the query asks for, of every key or of one organization's keys."""
     ctx = _ctx(request)
-    by = _checked(meter_views.parse_group, "by", request.query.get("by"))
-    since = _checked(meter_views.parse_day, "since", request.query.get("since"))
+    by = _checked(views.parse_group, "by", request.query.get("by"))
+    since = _checked(views.parse_day, "since", request.query.get("since"))
     every = ctx.catalog.keys()
     keys = [k for k in every if not org or k.org == org]
     names = {k.id: k.name for k in keys}
     owners = await _owners(Directory(ctx.catalog.store), keys) if by == "team" else None
-    if owners is None and by in meter_views.LEVEL_GROUPS:
+    if owners is None and by in views.LEVEL_GROUPS:
         owners = {k.id: _owner(k, "") for k in keys}
     records = await ctx.usage.records(since)
     if org:
         records = [r for r in records if r.key_id in names]
-    return json_response(meter_views.report(records, by, since, names, owners))
+    return json_response(views.report(records, by, since, names, owners))
 
 
 async def _owners(people: Directory, keys: list[ApiKey]) -> dict[str, Owner]:

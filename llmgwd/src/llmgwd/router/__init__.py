@@ -26,9 +26,9 @@ default; `client.prefix_balancing`), a request goes to the replica holding its p
 or pinned by its x-session-id, unless much busier (`router/prefix.py`). Every answer carries
 x-llmgw-overhead-ms, the gateway's own time (`router/overhead.py`).
 
-`meter` (llmgwd.router.metering.Meter over the daemon's llmgwd.usage.Usage) applies each key's
-rate limits and budgets before a request reaches an engine and counts what the answer used;
-without one the router makes its own, whose usage stays in memory.
+`meter` (llmgwd.router.metering.Meter over the daemon's llmgwd.accounting.usage.Usage) applies
+each key's rate limits and budgets before a request reaches an engine and counts what the
+answer used; without one the router makes its own, whose usage stays in memory.
 """
 
 from llmgwd.router.balancer import Balancer

@@ -12,17 +12,17 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
-from llmgwd import pricing
-from llmgwd.budgets import Budgets, Exhausted
+from llmgwd.accounting import pricing
+from llmgwd.accounting.budgets import Budgets, Exhausted
+from llmgwd.accounting.levels import Chain, Levels
+from llmgwd.accounting.periods import Today, seconds_left
+from llmgwd.accounting.rates import RateLimits, Refusal, State
+from llmgwd.accounting.shares import Refill, Shares
+from llmgwd.accounting.usage import Usage
 from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.levels import Chain, Levels
-from llmgwd.limits import RateLimits, Refusal, State
-from llmgwd.periods import Today, seconds_left
 from llmgwd.router import errors
 from llmgwd.router.token_bounds import Estimate
 from llmgwd.router.usage_events import Tally
-from llmgwd.shares import Refill, Shares
-from llmgwd.usage import Usage
 
 Clock = Callable[[], float]
 HEADERS = web.RequestKey("llmgw_ratelimit_headers", dict[str, str])  # for the answer, success too
@@ -86,9 +86,9 @@ class Reservation:
 
 class Meter:
     """Rate limits, budgets and the usage counter, as the router applies them, at every level
-    of a key (its own, its user's, organization's, team's and project's: llmgwd.levels).
+    of a key (its own, its user's, organization's, team's and project's: llmgwd.accounting.levels).
 
-    With shares (several control planes over one store: llmgwd.allotments), a request must
+    With shares (several control planes over one store: accounting.allotments), a request must
     also fit this control plane's share of each level's limits and budgets.
     """
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import msgspec
 
 from llmgw import pki
+from llmgwd.accounting.views import Invalid
 from llmgwd.members import Members
-from llmgwd.meter_views import Invalid
 from llmgwd.store import Compare, Put, Store
 
 SETTINGS = "/slurm/settings"

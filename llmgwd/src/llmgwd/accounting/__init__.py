@@ -1,0 +1,1 @@
+"""Accounting: limits, budgets, periods, prices and usage of keys and levels, and their shares."""
