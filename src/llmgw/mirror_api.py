@@ -76,7 +76,7 @@ class ImportIn(msgspec.Struct, frozen=True):
     """POST /mirror/import: a directory's files (each uploaded already) as ORG/REPO@main."""
 
     repo: Repo
-    files: list[ImportFile]
+    files: Annotated[list[ImportFile], msgspec.Meta(min_length=1)]
     revision: Revision = "main"
 
 

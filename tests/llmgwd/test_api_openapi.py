@@ -4,6 +4,7 @@ described, and answers that decode into the shared types (llmgw.api_types) the C
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -152,6 +153,9 @@ async def test_the_request_schemas_say_what_the_handlers_check(
     assert schemas["UserIn"]["properties"]["name"]["pattern"] == name["pattern"]
     assert "pattern" in schemas["UserIn"]["properties"]["email"]
     assert schemas["NamedIn"]["properties"]["title"]["maxLength"] == 200
+    source = schemas["ModelIn"]["properties"]["source"]["pattern"]
+    assert re.search(source, "file:/srv/m.gguf") and re.search(source, "hf:org/m")
+    assert not re.search(source, "file:m.gguf") and not re.search(source, "/m.gguf")
     # A body that breaks one is refused as before: a 400 naming the field.
     for path, body, field in [
         ("/api/v1/models", {"name": "Bad Name", "source": "/m.gguf", "engine": "vllm"}, "name"),
@@ -170,7 +174,10 @@ def test_the_mirror_requests_say_their_repository_file_and_peer_checks() -> None
     for bad in (b'{"repo": "a--b/c", "files": []}', b'{"repo": "", "files": []}'):
         with pytest.raises(msgspec.ValidationError, match="repo"):
             msgspec.json.decode(bad, type=ImportIn)
-    msgspec.json.decode(b'{"repo": "org/model-7b", "files": []}', type=ImportIn)
+    with pytest.raises(msgspec.ValidationError, match="files"):
+        msgspec.json.decode(b'{"repo": "org/model-7b", "files": []}', type=ImportIn)
+    one = {"path": "m.gguf", "size": 1, "sha256": "0" * 64}
+    msgspec.convert({"repo": "org/model-7b", "files": [one]}, ImportIn)
     with pytest.raises(msgspec.ValidationError, match="sha256"):
         msgspec.convert({"path": "a", "size": 1, "sha256": "0"}, ImportFile)
     with pytest.raises(msgspec.ValidationError, match="url"):

@@ -49,7 +49,8 @@ class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /api/v1/models"""
 
     name: Name
-    source: str
+    # hf:ORG/REPO[@REV][:PATTERN], or file: and an absolute path (no control character)
+    source: Annotated[str, msgspec.Meta(pattern=r"^(?:hf:\S+|file:/(?!/)[^\x00-\x1f]*)$")]
     engine: Literal["llama.cpp", "vllm"]
     args: list[str] = []
     context: Context = 0
