@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import click
@@ -13,6 +13,7 @@ from llmgw import ipc
 from llmgw.api_types import ErrorAnswer
 
 API = "/api/v1"
+T = TypeVar("T")
 
 # Exit codes a script can tell apart (2 is click's usage error).
 EXIT_REFUSED = 1
@@ -61,6 +62,14 @@ def error_message(answer: Any, status: int) -> str:
         return msgspec.convert(answer, ErrorAnswer).error.message
     except msgspec.ValidationError:
         return f"the daemon answered HTTP {status}"
+
+
+def decoded(answer: Any, kind: type[T]) -> T:
+    """An /api/v1 answer as its type (llmgw.api_types), or a refusal naming what is off."""
+    try:
+        return msgspec.convert(answer, kind)
+    except msgspec.ValidationError as e:
+        raise Refused(f"the daemon's answer is not what this llmgw reads: {e}") from None
 
 
 def call(

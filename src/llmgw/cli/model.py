@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
+from llmgw.api_types import ModelView
 from llmgw.cli import progress
-from llmgw.cli.common import API, Refused, Settings, api_path, call, pass_settings
+from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, size
 
 
@@ -98,27 +99,29 @@ def add(
         "on_demand": on_demand,
         "idle_s": idle_s,
     }
-    answer = call(settings, "POST", f"{API}/models", body)
-    if answer.get("mirror") and not no_wait:
+    raw = call(settings, "POST", f"{API}/models", body)
+    if decoded(raw, ModelView).mirror is not None and not no_wait:
         last = progress.follow(lambda: call(settings, "GET", api_path("models", name))["mirror"])
         if last is not None and last["state"] == "failed":
-            raise Refused(f"the mirror could not fetch {answer['source']}: {last['error']}")
-        answer = call(settings, "GET", api_path("models", name))
+            raise Refused(f"the mirror could not fetch {raw['source']}: {last['error']}")
+        raw = call(settings, "GET", api_path("models", name))
     if as_json:
-        echo_json(answer)
+        echo_json(raw)
         return
-    if answer["source"].startswith("hf:"):
-        click.echo(f"Pinned {answer['source']}: {answer['files']} files, {size(answer['bytes'])}.")
+    answer = decoded(raw, ModelView)
+    if answer.source.startswith("hf:"):
+        click.echo(f"Pinned {answer.source}: {answer.files} files, {size(answer.bytes)}.")
     if on_demand:
         click.echo(f"Added model {name}, on demand: its first request starts it.")
     else:
         click.echo(f"Added model {name}. Serve it with: llmgw model serve {name} --replicas 1")
-    if answer.get("shape_note"):
-        click.echo(f"Note: {answer['shape_note']}.")
+    if answer.shape_note:
+        click.echo(f"Note: {answer.shape_note}.")
 
 
-def _summary(m: dict[str, Any]) -> str:
-    return f"model {m['name']}: {m['replicas']} replicas wanted, {m['ready']} ready"
+def _summary(answer: Any) -> str:
+    m = decoded(answer, ModelView)
+    return f"model {m.name}: {m.replicas} replicas wanted, {m.ready} ready"
 
 
 @model.command()
@@ -170,9 +173,10 @@ def price(settings: Settings, name: str, prompt: float, completion: float, as_js
     if as_json:
         echo_json(answer)
     else:
+        m = decoded(answer, ModelView)
         click.echo(
-            f"Model {name}: {answer['price_prompt']:g} per million prompt tokens, "
-            f"{answer['price_completion']:g} per million completion tokens."
+            f"Model {name}: {m.price_prompt:g} per million prompt tokens, "
+            f"{m.price_completion:g} per million completion tokens."
         )
 
 
@@ -288,20 +292,20 @@ def plan(settings: Settings, name: str, as_json: bool) -> None:
         echo_table(headers, [_verdict_row(v) for v in p["verdicts"]], "  No nodes.")
 
 
-def status_of(m: dict[str, Any]) -> str:
+def status_of(m: ModelView) -> str:
     """One word (and the first failure's reason) for how a model is doing."""
-    reps = m.get("replica_status", [])
-    ooms = sum(r.get("oom_kills", 0) for r in reps)
+    reps = m.replica_status
+    ooms = sum(r.oom_kills for r in reps)
     also = f" ({ooms} OOM kill{'s' if ooms != 1 else ''})" if ooms else ""
-    failed = [r for r in reps if r["state"] == "failed"]
+    failed = [r for r in reps if r.state == "failed"]
     if failed:
-        word = "out of memory" if failed[0].get("reason") == "oom" else "failed"
-        return (f"{word}: {failed[0]['message']}" if failed[0]["message"] else word) + also
-    if m.get("parked"):
+        word = "out of memory" if failed[0].reason == "oom" else "failed"
+        return (f"{word}: {failed[0].message}" if failed[0].message else word) + also
+    if m.parked:
         return "stopping (parking)" if reps else "parked"
-    if m["replicas"] == 0:
+    if m.replicas == 0:
         return ("stopping" if reps else "stopped") + also
-    return ("ready" if m["ready"] >= m["replicas"] else "starting") + also
+    return ("ready" if m.ready >= m.replicas else "starting") + also
 
 
 @click.command()
@@ -320,14 +324,14 @@ def models(settings: Settings, as_json: bool) -> None:
         return
     rows = [
         [
-            m["name"],
-            m["engine"],
-            f"{m['ready']}/{m['replicas']}",
-            m["context"] or "default",
+            m.name,
+            m.engine,
+            f"{m.ready}/{m.replicas}",
+            m.context or "default",
             status_of(m),
-            m["source"],
+            m.source,
         ]
-        for m in answer
+        for m in decoded(answer, list[ModelView])
     ]
     headers = ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "SOURCE"]
     echo_table(headers, rows, "No models yet: add one with `llmgw model add`.")
