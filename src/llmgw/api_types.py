@@ -12,11 +12,13 @@ from llmgw.mirror_api import SetStatus
 # The checks a handler makes on a request's fields, said in the types so that the OpenAPI
 # document states them (and msgspec refuses a body that breaks them, naming the field).
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
-Name = Annotated[
-    str, msgspec.Meta(pattern=NAME_PATTERN, description="1-64 of a-z 0-9 . _ -, not . _ - first")
-]
+NAME_RULE = "must be 1-64 of a-z 0-9 . _ - and start with a letter or digit"
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, description=NAME_RULE)]
 Email = Annotated[
-    str, msgspec.Meta(pattern=r"^(|[^@\s]{1,64}@[^@\s]{1,255})$", description="name@domain")
+    str,
+    msgspec.Meta(
+        pattern=r"^(|[^@\s]{1,64}@[^@\s]{1,255})$", description="must look like name@domain"
+    ),
 ]
 Title = Annotated[str, msgspec.Meta(max_length=200)]
 

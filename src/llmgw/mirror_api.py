@@ -9,10 +9,27 @@ import msgspec
 from llmgw.sources import REPO_RE, REV_RE, SHA256_RE
 
 # What the handlers check, said in the types (and so in /api/v1/openapi.json).
-Repo = Annotated[str, msgspec.Meta(pattern=rf"^(?!.*(?:--|\.\.))(?:{REPO_RE.pattern})$")]
-Revision = Annotated[str, msgspec.Meta(pattern=f"^(?:{REV_RE.pattern})$")]
-Sha256 = Annotated[str, msgspec.Meta(pattern=f"^{SHA256_RE.pattern}$")]
-PeerUrl = Annotated[str, msgspec.Meta(pattern=r"^https?://[^/?#@\s]+(?:/[^?#\s]*)?$")]
+Repo = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=rf"^(?!.*(?:--|\.\.))(?:{REPO_RE.pattern})$",
+        description="must be a repository name, ORG/REPO",
+    ),
+]
+Revision = Annotated[
+    str, msgspec.Meta(pattern=f"^(?:{REV_RE.pattern})$", description="must be a branch or tag")
+]
+Sha256 = Annotated[
+    str,
+    msgspec.Meta(pattern=f"^{SHA256_RE.pattern}$", description="must be 64 lowercase hex digits"),
+]
+PeerUrl = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^https?://[^/?#@\s]+(?:/[^?#\s]*)?$",
+        description="must be an http(s):// URL of a mirror's /hf",
+    ),
+]
 
 SetState = Literal["fetching", "done", "failed"]
 

@@ -166,6 +166,7 @@ async def test_the_request_schemas_say_what_the_handlers_check(
             assert resp.status == 400
             error = msgspec.json.decode(await resp.read(), type=ErrorAnswer).error
             assert error.param == field
+            assert "must" in error.message and "regex" not in error.message  # said plainly
 
 
 def test_the_mirror_requests_say_their_repository_file_and_peer_checks() -> None:

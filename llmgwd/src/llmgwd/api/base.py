@@ -277,8 +277,23 @@ _MISSING = re.compile(r"Object missing required field `(?P<f>[^`]+)`")
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<f>[^`]+)`")
 
 
-def _validation_error(message: str) -> ApiError:
-    """msgspec's '... - at `$.field`' as a 400 that names the field."""
+def _field_rule(schema: type, param: str) -> str | None:
+    """What a field's type says it must be (its msgspec.Meta description), if it says."""
+    info = msgspec.inspect.type_info(schema)
+    fields = info.fields if isinstance(info, msgspec.inspect.StructType) else ()
+    for f in fields:
+        if f.encode_name != param:
+            continue
+        kinds = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)
+        for t in kinds:
+            if isinstance(t, msgspec.inspect.Metadata) and t.extra_json_schema:
+                return t.extra_json_schema.get("description")
+    return None
+
+
+def _validation_error(message: str, schema: type) -> ApiError:
+    """msgspec's '... - at `$.field`' as a 400 that names the field (a pattern broken: what
+    the field's type says it must be, rather than the pattern)."""
     for pattern, why in ((_MISSING, "is required"), (_UNKNOWN, "is not a known field")):
         m = pattern.match(message)
         if m:
@@ -287,7 +302,8 @@ def _validation_error(message: str) -> ApiError:
     if at is None:
         return ApiError(400, f"body: {message}", "invalid_request_error", "invalid_body", "body")
     param = re.sub(r"\[\d+\]$", "", at.group("path")) or "body"
-    return bad_field(param, message[: at.start()])
+    rule = _field_rule(schema, param) if "matching regex" in message else None
+    return bad_field(param, rule or message[: at.start()])
 
 
 async def read_body(request: web.Request, schema: type[T], limit: int = MAX_BODY_BYTES) -> T:
@@ -296,7 +312,7 @@ async def read_body(request: web.Request, schema: type[T], limit: int = MAX_BODY
     try:
         return msgspec.json.decode(raw or b"{}", type=schema)
     except msgspec.ValidationError as e:
-        raise _validation_error(str(e)) from None
+        raise _validation_error(str(e), schema) from None
     except msgspec.DecodeError:
         raise ApiError(
             400, "body: not valid JSON", "invalid_request_error", "invalid_json", "body"

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 MAX_REPLICAS = 1024
 MAX_CONTEXT = 1 << 24
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+SOURCE_PATTERN = r"^(?:hf:\S+|file:/(?!/)[^\x00-\x1f]*)$"
+SOURCE_RULE = "must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path (on the nodes)"
 ENGINES = ("llama.cpp", "vllm")
 
 
@@ -50,7 +52,7 @@ class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: Name
     # hf:ORG/REPO[@REV][:PATTERN], or file: and an absolute path (no control character)
-    source: Annotated[str, msgspec.Meta(pattern=r"^(?:hf:\S+|file:/(?!/)[^\x00-\x1f]*)$")]
+    source: Annotated[str, msgspec.Meta(pattern=SOURCE_PATTERN, description=SOURCE_RULE)]
     engine: Literal["llama.cpp", "vllm"]
     args: list[str] = []
     context: Context = 0
@@ -90,9 +92,7 @@ def _check_source(source: str) -> None:
         return
     path = source.removeprefix("file:")
     if not source.startswith("file:") or not path.startswith("/") or path.startswith("//"):
-        raise bad_field(
-            "source", "must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path (on the nodes)"
-        )
+        raise bad_field("source", SOURCE_RULE)
     if "\0" in path or "\n" in path:
         raise bad_field("source", "the path holds a control character")
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from llmgw.api_types import NAME_PATTERN, Email, Name, Title
+from llmgw.api_types import NAME_PATTERN, NAME_RULE, Email, Name, Title
 from llmgwd import auth
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
@@ -37,7 +37,7 @@ class ProjectIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /orgs/{org}/projects"""
 
     name: Name
-    team: Annotated[str, msgspec.Meta(pattern=OPTIONAL_NAME)] = ""
+    team: Annotated[str, msgspec.Meta(pattern=OPTIONAL_NAME, description=NAME_RULE)] = ""
     title: Title = ""
 
 
