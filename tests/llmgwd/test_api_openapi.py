@@ -201,3 +201,24 @@ async def test_a_model_answer_is_the_shared_type(
         added = msgspec.json.decode(await resp.read(), type=ModelView)
     async with session.get("/api/v1/models", headers=auth) as resp:
         assert msgspec.json.decode(await resp.read(), type=list[ModelView]) == [added]
+
+
+async def test_keys_and_path_parameters_say_what_the_handlers_check(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.get("/api/v1/openapi.json", headers=auth) as resp:
+        doc = await resp.json()
+    key_in = doc["components"]["schemas"]["KeyIn"]["properties"]
+    assert sorted(key_in["role"]["enum"]) == ["admin", "user"] and "pattern" in key_in["name"]
+    (node,) = doc["paths"]["/api/v1/nodes/{name}"]["delete"]["parameters"]
+    assert node["schema"]["pattern"].startswith("^[A-Za-z0-9]")
+    flags = doc["paths"]["/api/v1/nodes/{name}/{action}"]["post"]["parameters"]
+    assert flags[1]["schema"]["enum"] == ["cordon", "drain", "uncordon"]
+    (sha,) = doc["paths"]["/api/v1/mirror/uploads/{sha256}"]["put"]["parameters"]
+    assert sha["schema"]["pattern"] == "^[0-9a-f]{64}$"
+    for name in ("0123456789ab", "a\u0001b", " "):
+        async with session.post("/api/v1/keys", json={"name": name}, headers=auth) as resp:
+            assert resp.status == 400
+            error = msgspec.json.decode(await resp.read(), type=ErrorAnswer).error
+            assert error.param == "name"

@@ -65,6 +65,16 @@ CREATED = {
     )
 } | {("PUT", "/mirror/uploads/{sha256}")}  # fmt: skip
 
+# Path parameters the handlers check (the rest: any string; a {p:a|b} route: those words).
+_NODE = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"}
+PARAMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/nodes/{name}", "name"): _NODE,
+    ("/nodes/{name}/{action}", "name"): _NODE,
+    ("/slurm/nodes/{name}/{action}", "name"): _NODE,
+    ("/servers/{name}", "name"): _NODE | {"not": {"enum": ["tokens", "leave"]}},
+    ("/mirror/uploads/{sha256}", "sha256"): {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+}
+
 _REF = "#/components/schemas/{name}"
 _ERRORS = ("400", "401", "403", "404", "409", "503")
 
@@ -74,21 +84,30 @@ def plain_path(path: str) -> str:
     return re.sub(r"\{(\w+):[^}]*\}", r"{\1}", path)
 
 
+def parameters(raw: str) -> list[dict[str, Any]]:
+    """A route's path parameters (raw: its path as the table has it), each with its schema."""
+    out = []
+    for name, pattern in re.findall(r"\{(\w+)(?::([^}]*))?\}", raw):
+        schema = PARAMS.get((plain_path(raw), name), {"type": "string"})
+        if re.fullmatch(r"\w+(\|\w+)*", pattern):
+            schema = {"type": "string", "enum": pattern.split("|")}
+        out.append({"name": name, "in": "path", "required": True, "schema": schema})
+    return out
+
+
 def _json(schema: dict[str, Any], what: str) -> dict[str, Any]:
     return {"description": what, "content": {"application/json": {"schema": schema}}}
 
 
-def _operation(method: str, path: str, rule: Rule, schemas: dict[Any, Any]) -> dict[str, Any]:
+def _operation(method: str, raw: str, rule: Rule, schemas: dict[Any, Any]) -> dict[str, Any]:
     """One route's operation: its parameters, body, answers and who may call it."""
+    path = plain_path(raw)
     request, answer = SHAPES.get((method, path), (None, None))
     ok = _json(schemas[answer], "done") if answer is not None else {"description": "done"}
     status = "201" if (method, path) in CREATED else "200"
     op: dict[str, Any] = {
         "operationId": f"{method.lower()} {path}",
-        "parameters": [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-            for p in re.findall(r"\{(\w+)\}", path)
-        ],
+        "parameters": parameters(raw),
         "responses": {status: ok}
         | {code: {"$ref": "#/components/responses/Error"} for code in _ERRORS},
         "x-staff-roles": sorted(rule.staff),
@@ -111,7 +130,7 @@ def document(table: Sequence[tuple[str, str, object, Rule]], version: str) -> di
     for method, raw, _handler, rule in table:
         path = plain_path(raw)
         paths.setdefault(API_PREFIX + path, {})[method.lower()] = _operation(
-            method, path, rule, schemas
+            method, raw, rule, schemas
         )
     error = _json(schemas[ErrorAnswer], "an error, in /api/v1's one error body")
     return {
