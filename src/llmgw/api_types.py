@@ -148,3 +148,42 @@ class ModelView(msgspec.Struct, kw_only=True):
     files: int = 0  # an hf: source's set: how many files, and their bytes
     bytes: int = 0
     mirror: SetStatus | None = None  # the mirror's fetch of the set, while it runs (or failed)
+
+
+# GET /keys, POST /keys: keys and their limits.
+Period = Literal["day", "month"]  # budgets' periods, in UTC
+
+
+class KeyLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """What one key may use; 0 means no limit."""
+
+    rpm: int = 0  # requests per minute
+    tpm: int = 0  # tokens (prompt + completion) per minute
+    budget_tokens: int = 0  # tokens per budget_tokens_per
+    budget_tokens_per: Period = "day"
+    budget_spend: float = 0.0  # money per budget_spend_per, in the prices' currency
+    budget_spend_per: Period = "day"
+
+
+class KeyView(msgspec.Struct, kw_only=True):
+    """A key without its secret or hash."""
+
+    id: str
+    name: str
+    prefix: str
+    role: str
+    created_at: float
+    revoked: bool
+    limits: KeyLimits
+
+
+class NewKey(msgspec.Struct, kw_only=True):
+    """A key just made: the only answer that holds the key itself."""
+
+    id: str
+    name: str
+    role: str
+    prefix: str
+    created_at: float
+    limits: KeyLimits
+    key: str

@@ -222,3 +222,20 @@ async def test_keys_and_path_parameters_say_what_the_handlers_check(
             assert resp.status == 400
             error = msgspec.json.decode(await resp.read(), type=ErrorAnswer).error
             assert error.param == "name"
+
+
+async def test_a_key_answer_is_the_shared_type(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    from llmgw.api_types import KeyView, NewKey
+    from llmgwd import catalog
+    from llmgwd.api import keys
+
+    assert (keys.KeyView, keys.NewKey) == (KeyView, NewKey)  # one definition, in llmgw.api_types
+    assert catalog.KeyLimits is msgspec.structs.fields(KeyView)[-1].type
+    session, auth = api
+    async with session.post("/api/v1/keys", json={"name": "ci"}, headers=auth) as resp:
+        new = msgspec.json.decode(await resp.read(), type=NewKey)
+    async with session.get("/api/v1/keys", headers=auth) as resp:
+        listed = msgspec.json.decode(await resp.read(), type=list[KeyView])
+    assert new.id in {k.id for k in listed}

@@ -14,6 +14,9 @@ from typing import Literal, Protocol
 
 import msgspec
 
+# KeyLimits and Period are defined with the API's answers (GET /keys shows a key's limits).
+from llmgw.api_types import KeyLimits as KeyLimits
+from llmgw.api_types import Period as Period
 from llmgw.wire import Engine, ModelFile
 from llmgwd import profiles as profiles_
 from llmgwd.estimate import ModelShape
@@ -25,7 +28,6 @@ from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 log = logging.getLogger(__name__)
 
 Role = Literal["user", "admin"]
-Period = Literal["day", "month"]  # budgets' periods, in UTC
 KEY_PREFIX = "sk-llmgw-"
 # A key's id: 12 hex digits. No key's name may look like one, so an id never names two keys.
 KEY_ID = re.compile(r"[0-9a-fA-F]{12}")
@@ -63,17 +65,6 @@ def profiles_of(model: Model) -> list[Profile]:
     if model.profiles:
         return list(model.profiles)
     return profiles_.single(model.engine, list(model.args), model.replicas, model.context)
-
-
-class KeyLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """What one key may use; 0 means no limit."""
-
-    rpm: int = 0  # requests per minute
-    tpm: int = 0  # tokens (prompt + completion) per minute
-    budget_tokens: int = 0  # tokens per budget_tokens_per
-    budget_tokens_per: Period = "day"
-    budget_spend: float = 0.0  # money per budget_spend_per, in the prices' currency
-    budget_spend_per: Period = "day"
 
 
 class ApiKey(msgspec.Struct, kw_only=True):

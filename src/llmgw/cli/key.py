@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import click
+import msgspec
 
-from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.api_types import KeyLimits, KeyView, NewKey
+from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
 from llmgw.cli.output import echo_json, echo_table, json_option, when
 
@@ -44,12 +46,16 @@ def create(
     if as_json:
         echo_json(answer)
         return
+    new = decoded(answer, NewKey)
     click.echo(
-        f"Created {answer['role']} key {answer['id']} ({answer['name']}). "
-        "Store it now: it is not shown again.",
+        f"Created {new.role} key {new.id} ({new.name}). Store it now: it is not shown again.",
         err=True,
     )
-    click.echo(answer["key"])
+    click.echo(new.key)
+
+
+def _limits(limits: KeyLimits) -> str:
+    return describe(msgspec.structs.asdict(limits))
 
 
 @key.command("list")
@@ -64,15 +70,15 @@ def list_(settings: Settings, as_json: bool) -> None:
         return
     rows = [
         [
-            k["id"],
-            k["name"],
-            k["role"],
-            k["prefix"] + "...",
-            when(k["created_at"]),
-            "revoked" if k["revoked"] else "active",
-            describe(k["limits"]),
+            k.id,
+            k.name,
+            k.role,
+            k.prefix + "...",
+            when(k.created_at),
+            "revoked" if k.revoked else "active",
+            _limits(k.limits),
         ]
-        for k in answer
+        for k in decoded(answer, list[KeyView])
     ]
     headers = ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE", "LIMITS"]
     echo_table(headers, rows, "No keys yet: make one with `llmgw key create NAME`.")
@@ -88,7 +94,8 @@ def revoke(settings: Settings, ident: str, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
     else:
-        click.echo(f"Revoked key {answer['id']} ({answer['name']}).")
+        gone = decoded(answer, KeyView)
+        click.echo(f"Revoked key {gone.id} ({gone.name}).")
 
 
 @key.command()
@@ -112,4 +119,5 @@ def limits(
     if as_json:
         echo_json(answer)
     else:
-        click.echo(f"Key {answer['id']} ({answer['name']}): limits {describe(answer['limits'])}.")
+        k = decoded(answer, KeyView)
+        click.echo(f"Key {k.id} ({k.name}): limits {_limits(k.limits)}.")

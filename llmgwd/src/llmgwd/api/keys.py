@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 import msgspec
 from aiohttp import web
 
+from llmgw.api_types import KeyView as KeyView  # re-exported: the answers' types
+from llmgw.api_types import NewKey as NewKey
 from llmgwd.accounting import views
 from llmgwd.accounting.views import LimitsIn
 from llmgwd.api.base import (
@@ -38,30 +40,6 @@ class KeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: Annotated[str, msgspec.Meta(pattern=KEY_NAME, description=KEY_NAME_RULE)]
     role: Literal["user", "admin"] = "user"
     limits: LimitsIn | None = None
-
-
-class KeyView(msgspec.Struct, kw_only=True):
-    """A key without its secret or hash."""
-
-    id: str
-    name: str
-    prefix: str
-    role: str
-    created_at: float
-    revoked: bool
-    limits: KeyLimits
-
-
-class NewKey(msgspec.Struct, kw_only=True):
-    """A key just made: the only answer that holds the key itself."""
-
-    id: str
-    name: str
-    role: str
-    prefix: str
-    created_at: float
-    limits: KeyLimits
-    key: str
 
 
 def key_view(key: ApiKey) -> KeyView:
