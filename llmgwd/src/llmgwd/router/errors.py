@@ -339,6 +339,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     middleware, so it also notes when the request's handling began (router/overhead.py)."""
     request[REQUEST_ID] = secrets.token_hex(12)
     request[STARTED] = started = time.perf_counter()
+    request[OUTCOME] = ""  # set from the start: a key missed costs a KeyError on each look
     error: ApiError | None = None
     unexpected: BaseException | None = None
     try:
@@ -398,8 +399,8 @@ def _log_request(
         f"model={quote(request.get(MODEL, '-'))} key={request.get(KEY_ID, '-')} "
         f"replica={replica or '-'} rid={rid}"
     )
-    if OUTCOME in request:
-        line += f" outcome={request[OUTCOME]}"
+    if outcome := request[OUTCOME]:
+        line += f" outcome={outcome}"
     if error is not None:
         line += f" error={error.detail.code or error.detail.type}: {error.detail.message}"
     exc_info = (type(unexpected), unexpected, unexpected.__traceback__) if unexpected else None

@@ -31,9 +31,6 @@ class Affinity(msgspec.Struct, frozen=True):
     chain: tuple[int, ...]
 
 
-AFFINITY = web.RequestKey("llmgw_affinity", Affinity)  # set by the /v1 handler for the proxy
-
-
 def chain(text: str) -> tuple[int, ...]:
     """The hash of each leading block of text chained with the ones before it: two prompts
     share their first n hashes exactly when they share their first n blocks."""

@@ -22,7 +22,7 @@ from llmgwd.pool import Endpoint
 from llmgwd.router import answers, errors, overhead
 from llmgwd.router.anthropic_errors import for_route
 from llmgwd.router.balancer import Balancer
-from llmgwd.router.prefix import AFFINITY, Affinity
+from llmgwd.router.prefix import Affinity
 from llmgwd.router.usage_events import Tally, tally_of
 from llmgwd.router.waitlist import Busy
 
@@ -167,10 +167,12 @@ class Upstream:
         body: bytes,
         stream: bool,
         ready: list[Endpoint] | None = None,
+        affinity: Affinity | None = None,
     ) -> web.StreamResponse:
         """Relay body to `{replica}/v1/{path}` and its answer back to the client; ready: the
-        model's ready replicas as the caller just read them from the pool, if it did."""
-        work = self._try_replicas(request, model, path, body, stream, ready)
+        model's ready replicas as the caller just read them from the pool, if it did;
+        affinity: what ties the request to a replica (router/prefix.py), if anything."""
+        work = self._try_replicas(request, model, path, body, stream, ready, affinity)
         done = await self._unless_gone(request, work)
         if done is not None:
             return done
@@ -188,11 +190,11 @@ class Upstream:
         body: bytes,
         stream: bool,
         ready: list[Endpoint] | None,
+        affinity: Affinity | None,
     ) -> web.StreamResponse:
         """One replica after another until one takes the request, each on a free slot (the
         first choice among ready, the pool read again for each later one)."""
         tried: list[str] = []
-        affinity = request.get(AFFINITY)
         while (endpoint := await self._acquire(model, tried, affinity, ready)) is not None:
             answer = await self._attempt(request, endpoint, path, body, stream)
             if answer is not None:

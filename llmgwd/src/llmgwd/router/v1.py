@@ -265,8 +265,9 @@ class Router:
         if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
             doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
         stream = doc.get("stream") is True
+        affinity = None
         if self.balancer.prefix is not None and len(ready) > 1:  # one replica: nothing to choose
-            request[prefix.AFFINITY] = prefix.affinity_of(request, doc)
+            affinity = prefix.affinity_of(request, doc)
         reservation = await self.meter.reserve(key, model, bounds)
         # waited for a refill: the pool is read again
         fresh = ready if time.monotonic() - read_at <= READY_FRESH_S else None
@@ -275,8 +276,10 @@ class Router:
                 reservation.tally.pass_usage = ask_for_usage(doc)
             request[TALLY] = reservation.tally
             request[HEADERS] = reservation.headers
+            request[BODY_TYPE] = "application/json"  # set: a key missed costs a KeyError
             body = msgspec.json.encode(doc)
-            return await self._upstream.forward(request, model.name, path, body, stream, fresh)
+            forward = self._upstream.forward
+            return await forward(request, model.name, path, body, stream, fresh, affinity)
         finally:
             reservation.settle()
 
