@@ -153,6 +153,8 @@ async def test_the_request_schemas_say_what_the_handlers_check(
     assert schemas["UserIn"]["properties"]["name"]["pattern"] == name["pattern"]
     assert "pattern" in schemas["UserIn"]["properties"]["email"]
     assert schemas["NamedIn"]["properties"]["title"]["maxLength"] == 200
+    prompt = schemas["PriceIn"]["properties"]["prompt"]
+    assert (prompt["minimum"], prompt["maximum"]) == (0, 1e9)
     source = schemas["ModelIn"]["properties"]["source"]["pattern"]
     assert re.search(source, "file:/srv/m.gguf") and re.search(source, "hf:org/m")
     assert not re.search(source, "file:m.gguf") and not re.search(source, "/m.gguf")

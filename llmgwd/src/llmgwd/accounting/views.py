@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from datetime import date
-from typing import Literal, cast
+from typing import Annotated, Literal, cast
 
 import msgspec
 
@@ -17,6 +17,10 @@ from llmgwd.catalog import KeyLimits, Period
 
 MAX_COUNT = 10**12  # requests, tokens: far above any real limit, below any overflow
 MAX_MONEY = 1e9  # a price per million tokens, or a budget
+Money = Annotated[  # what _check_money checks
+    float,
+    msgspec.Meta(ge=0, le=MAX_MONEY, description=f"must be a number between 0 and {MAX_MONEY:.0f}"),
+]
 GROUPS = ("key", "model", "day", "org", "team", "project", "user")
 Group = Literal["key", "model", "day", "org", "team", "project", "user"]
 LEVEL_GROUPS = ("org", "team", "project", "user")  # from the key's owner (Owner)
@@ -44,8 +48,8 @@ class LimitsIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class PriceIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """PUT /models/{name}/price: per million tokens, in the site's currency."""
 
-    prompt: float
-    completion: float
+    prompt: Money
+    completion: Money
 
 
 def apply_limits(current: KeyLimits, body: LimitsIn) -> KeyLimits:

@@ -292,8 +292,8 @@ def _field_rule(schema: type, param: str) -> str | None:
 
 
 def _validation_error(message: str, schema: type) -> ApiError:
-    """msgspec's '... - at `$.field`' as a 400 that names the field (a pattern broken: what
-    the field's type says it must be, rather than the pattern)."""
+    """msgspec's '... - at `$.field`' as a 400 that names the field, and says what the field's
+    type says it must be where it says (rather than a pattern or bound)."""
     for pattern, why in ((_MISSING, "is required"), (_UNKNOWN, "is not a known field")):
         m = pattern.match(message)
         if m:
@@ -302,7 +302,7 @@ def _validation_error(message: str, schema: type) -> ApiError:
     if at is None:
         return ApiError(400, f"body: {message}", "invalid_request_error", "invalid_body", "body")
     param = re.sub(r"\[\d+\]$", "", at.group("path")) or "body"
-    rule = _field_rule(schema, param) if "matching regex" in message else None
+    rule = _field_rule(schema, param)
     return bad_field(param, rule or message[: at.start()])
 
 
