@@ -148,24 +148,29 @@ class Router:
             disconnect_poll_s=disconnect_poll_s,
         )
         self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda m: bool(models.get(m)))
+        self.app = self._application(count)
+
+    def _application(self, count: bool) -> web.Application:
+        """The /v1 sub-application: its middlewares (counting where count) and its routes."""
         middlewares = [errors.error_middleware]
         if count:
             self.meter.on_settled = self.metrics.settled
             self.balancer.on_waited = self.metrics.waited
             middlewares.append(self.metrics.middleware)
-        self.app = web.Application(middlewares=middlewares)
-        self.app.on_response_prepare.append(_answer_headers)
-        self.app.on_cleanup.append(self._on_cleanup)
-        self.app.router.add_get("/models", self._list_models)
-        self.app.router.add_get("/models/{model:.+}", self._get_model)
-        self.app.router.add_post("/chat/completions", self._chat)
-        self.app.router.add_post("/completions", self._completions)
-        self.app.router.add_post("/embeddings", self._embeddings)
-        self.app.router.add_post("/responses", self._responses)
-        self.app.router.add_post("/messages", self._messages)
-        self.app.router.add_post("/messages/count_tokens", self._count_tokens)
-        self.app.router.add_post("/rerank", self._rerank)
-        self.app.router.add_post("/audio/transcriptions", self._transcriptions)
+        app = web.Application(middlewares=middlewares)
+        app.on_response_prepare.append(_answer_headers)
+        app.on_cleanup.append(self._on_cleanup)
+        app.router.add_get("/models", self._list_models)
+        app.router.add_get("/models/{model:.+}", self._get_model)
+        app.router.add_post("/chat/completions", self._chat)
+        app.router.add_post("/completions", self._completions)
+        app.router.add_post("/embeddings", self._embeddings)
+        app.router.add_post("/responses", self._responses)
+        app.router.add_post("/messages", self._messages)
+        app.router.add_post("/messages/count_tokens", self._count_tokens)
+        app.router.add_post("/rerank", self._rerank)
+        app.router.add_post("/audio/transcriptions", self._transcriptions)
+        return app
 
     def node_lost(self, node: str) -> None:
         """A node was declared lost: its requests in flight are sent to other replicas."""
