@@ -241,3 +241,12 @@ async def test_a_key_answer_is_the_shared_type(
     async with session.get("/api/v1/keys", headers=auth) as resp:
         listed = msgspec.json.decode(await resp.read(), type=list[KeyView])
     assert new.id in {k.id for k in listed}
+
+
+@pytest.mark.parametrize("url", ["http://\u0011]/hf", "http://[::1/hf", "http://h:99999/hf"])
+def test_a_peer_url_that_urlsplit_cannot_read_is_refused(url: str) -> None:
+    # Was a 500 (urlsplit's ValueError), found by schemathesis once PeerIn stated its pattern.
+    from llmgwd.mirror import peers
+
+    with pytest.raises(peers.PeerError, match="is not an http"):
+        peers.check_url(url)

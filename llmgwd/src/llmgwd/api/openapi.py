@@ -77,6 +77,8 @@ PARAMS: dict[tuple[str, str], dict[str, Any]] = {
 
 _REF = "#/components/schemas/{name}"
 _ERRORS = ("400", "401", "403", "404", "409", "503")
+# DELETE /servers/tokens and /servers/leave: the literal routes' 405 (their name is refused).
+_MORE_ERRORS = {("DELETE", "/servers/{name}"): ("405",)}
 
 
 def plain_path(path: str) -> str:
@@ -109,7 +111,10 @@ def _operation(method: str, raw: str, rule: Rule, schemas: dict[Any, Any]) -> di
         "operationId": f"{method.lower()} {path}",
         "parameters": parameters(raw),
         "responses": {status: ok}
-        | {code: {"$ref": "#/components/responses/Error"} for code in _ERRORS},
+        | {
+            code: {"$ref": "#/components/responses/Error"}
+            for code in _ERRORS + _MORE_ERRORS.get((method, path), ())
+        },
         "x-staff-roles": sorted(rule.staff),
     }
     if rule.member is not None:

@@ -73,8 +73,12 @@ def listing_handler(mirror: Mirror) -> Handler:
 
 def check_url(url: str) -> str:
     """A peer's /hf URL: http(s), a host, no query, no credentials in it."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # a bad port or bracket raises ValueError
+    except ValueError:
+        host = None
+    if not host or parts.scheme not in ("http", "https"):
         raise PeerError(f"{url!r} is not an http(s):// URL of a mirror's /hf")
     if parts.query or parts.fragment or parts.username or parts.password:
         raise PeerError("a peer's URL has no query, fragment or credentials (use --token-file)")
