@@ -3,50 +3,29 @@ is a staff admin)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from llmgw.cli.main import main
-from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext
-from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
-from tests.llmgw.test_cli import JOIN_URL, FakeNodes, _start_site
+from tests.llmgw.served_api import served_api
+from tests.llmgw.test_cli import JOIN_URL, FakeNodes
 
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    socket = str(tmp_path / "d.sock")
-
-    async def start() -> tuple[SqliteStore, web.AppRunner]:
-        store = await SqliteStore.open(":memory:")
-        ctx = ApiContext(
+    async def context(store: SqliteStore) -> ApiContext:
+        return ApiContext(
             catalog=Catalog(store), nodes=FakeNodes(), mint_token=lambda: "t", join_url=JOIN_URL
         )
-        return store, await _start_site(api_app(ctx, peercred_auth("llmgw")), socket)
 
-    store, runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-
-    def run(*args: str) -> Result:
-        return CliRunner().invoke(main, ["--socket", socket, *args])
-
-    yield run
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    asyncio.run_coroutine_threadsafe(store.close(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
+    with served_api(str(tmp_path / "d.sock"), context) as run:
+        yield run
 
 
 def _ok(r: Result) -> str:

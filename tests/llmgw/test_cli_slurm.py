@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from click.testing import CliRunner, Result
 
 from llmgw.cli import server
 from llmgw.cli.main import main
-from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext
-from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.members import Members
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.sqlite import SqliteStore
-from tests.llmgw.test_cli import JOIN_URL, FakeNodes, _start_site
+from tests.llmgw.served_api import served_api
+from tests.llmgw.test_cli import JOIN_URL, FakeNodes
 
 STATUS = [
     NodeStatus(name="n1", status="reclaiming: 1 jobs running", held=True, state="draining",
@@ -34,16 +30,10 @@ STATUS = [
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    socket = str(tmp_path / "d.sock")
-
-    async def start() -> tuple[SqliteStore, web.AppRunner]:
-        store = await SqliteStore.open(":memory:")
+    async def context(store: SqliteStore) -> ApiContext:
         for name in ("n1", "n2"):
             await Members(store).admit(name, "s-" + name)
-        ctx = ApiContext(
+        return ApiContext(
             catalog=Catalog(store),
             nodes=FakeNodes(),
             mint_token=lambda: "tok-1",
@@ -51,19 +41,9 @@ def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
             slurm=SettingsStore(store),
             slurm_status=lambda: STATUS,
         )
-        return store, await _start_site(api_app(ctx, peercred_auth("llmgw")), socket)
 
-    store, runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-
-    def run(*args: str) -> Result:
-        return CliRunner().invoke(main, ["--socket", socket, *args])
-
-    yield run
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    asyncio.run_coroutine_threadsafe(store.close(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
+    with served_api(str(tmp_path / "d.sock"), context) as run:
+        yield run
 
 
 def test_setup_lend_reclaim_and_off(cli: Callable[..., Result]) -> None:
