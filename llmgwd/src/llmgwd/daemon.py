@@ -169,7 +169,23 @@ class Daemon:
             self._spawn(work)
         self._spawn(self.catalog.follow(revision))
         self._spawn(sdnotify.watchdog())
-        ctx = ApiContext(
+        ctx = self._api_context(keys, url)
+        await self._serve_cluster(keys)
+        await self._serve_client(ctx)
+        await self._serve_local(ctx)
+        sdnotify.ready(f"serving /v1 on {cfg.client.listen}, agents on {cfg.cluster.listen}")
+        log.info(
+            "llmgwd serving: client port %s, cluster port %s (%s), socket %s",
+            cfg.client.listen,
+            cfg.cluster.listen,
+            url,
+            cfg.socket,
+        )
+
+    def _api_context(self, keys: Pki, url: str) -> ApiContext:
+        """What /api/v1's handlers reach: the catalog, the nodes, the usage, the roles."""
+        cfg = self.config
+        return ApiContext(
             catalog=self.catalog,
             nodes=ClusterNodes(self.cluster.nodes),
             mint_token=lambda: pki.new_join_token(keys.ca.cert_pem),
@@ -184,17 +200,6 @@ class Daemon:
             control_planes=self.planes.planes,
             slurm=SettingsStore(self.store),
             slurm_status=self.roles.slurm_status,
-        )
-        await self._serve_cluster(keys)
-        await self._serve_client(ctx)
-        await self._serve_local(ctx)
-        sdnotify.ready(f"serving /v1 on {cfg.client.listen}, agents on {cfg.cluster.listen}")
-        log.info(
-            "llmgwd serving: client port %s, cluster port %s (%s), socket %s",
-            cfg.client.listen,
-            cfg.cluster.listen,
-            url,
-            cfg.socket,
         )
 
     def _start_roles(self, url: str, secret: bytes) -> None:
