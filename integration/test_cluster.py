@@ -103,7 +103,7 @@ def cluster(make_systemd: MakeSystemd, make_lan: MakeLan) -> Iterator[Cluster]:
 
 
 def test_replicas_spread_fail_over_and_wake_on_demand(cluster: Cluster) -> None:
-    cp, nodes = cluster.cp, cluster.nodes
+    cp = cluster.cp
     cp.llmgw("model", "add", MODEL, "--from", f"file:{gguf()}")
     cp.llmgw("model", "serve", MODEL, "--replicas", "2")
     cp.wait(lambda: len(cluster.where()) == 2, "two replicas ready", 180)
@@ -112,6 +112,15 @@ def test_replicas_spread_fail_over_and_wake_on_demand(cluster: Cluster) -> None:
     assert first == ["n1", "n2"]  # two different nodes (n3: the names' order, and least load)
     print(cp.llmgw("model", "plan", MODEL).stdout)
 
+    _wake_on_demand_past_a_failing_node(cluster)
+    _parked_then_twenty_start_one(cluster)
+    _fail_over_when_a_node_is_cut_off(cluster)
+    _cut_off_node_stops_its_old_engine(cluster)
+
+
+def _wake_on_demand_past_a_failing_node(cluster: Cluster) -> None:
+    """The first request wakes an on-demand model; its replica fails on n3 and moves."""
+    cp, nodes = cluster.cp, cluster.nodes
     # On demand, with n3 unable to start engines: the first request wakes it, the replica
     # fails on n3 (the least loaded node), moves to another, and the request is answered.
     cp.llmgw("model", "add", ON_DEMAND, "--from", f"file:{gguf()}", "--on-demand",
@@ -126,6 +135,10 @@ def test_replicas_spread_fail_over_and_wake_on_demand(cluster: Cluster) -> None:
     assert plan["failed_on"] == ["n3"]
     cp.wait(lambda: not nodes["n3"].engine_units(), "n3's failed engine stopped", 60)
 
+
+def _parked_then_twenty_start_one(cluster: Cluster) -> None:
+    """Parked after the idle time; twenty requests together start one replica."""
+    cp = cluster.cp
     # Parked after the idle time; then twenty requests together start one replica.
     cp.wait(lambda: cp.model(ON_DEMAND)["parked"] and not cluster.where(ON_DEMAND),
             "parked after idle", IDLE_S + 60)  # fmt: skip
@@ -138,6 +151,10 @@ def test_replicas_spread_fail_over_and_wake_on_demand(cluster: Cluster) -> None:
     cp.wait(lambda: cp.model(ON_DEMAND)["parked"] and not cluster.where(ON_DEMAND),
             "parked again", IDLE_S + 60)  # fmt: skip
 
+
+def _fail_over_when_a_node_is_cut_off(cluster: Cluster) -> None:
+    """n3 mended, n1 cut off: its replica starts elsewhere while /v1 keeps answering."""
+    cp, nodes = cluster.cp, cluster.nodes
     # n3 mended; n1 cut off: its replica is started elsewhere while /v1 keeps answering.
     nodes["n3"].agent_config(NODES["n3"])
     nodes["n3"].ps.systemctl("restart", "llmgw-agentd.service")
@@ -162,6 +179,10 @@ def test_replicas_spread_fail_over_and_wake_on_demand(cluster: Cluster) -> None:
     lost = [line for line in cp.ps.journal("llmgwd.service", 400).splitlines() if " lost" in line]
     print("llmgwd on the loss:", *lost, sep="\n  ")
 
+
+def _cut_off_node_stops_its_old_engine(cluster: Cluster) -> None:
+    """n1 comes back: told it no longer runs the replica, its agent stops the engine."""
+    cp, nodes = cluster.cp, cluster.nodes
     # n1 comes back: told it no longer runs the replica, its agent stops the engine.
     assert nodes["n1"].engine_units()  # still running, cut off
     nodes["n1"].ps.run(["ip", "link", "set", "dev", "eth0", "up"])
