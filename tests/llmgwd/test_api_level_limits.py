@@ -184,3 +184,32 @@ async def test_an_organizations_admin_reads_its_usage_and_no_other(
     assert (await s.call(s.keys["ada"], "GET", "/orgs/globex/usage"))[0] == 403
     assert (await s.call(s.keys["sam"], "GET", "/orgs/globex/usage"))[0] == 200  # staff reads
     assert (await s.call(s.keys["admin"], "GET", "/orgs/nope/usage"))[0] == 404
+
+
+async def test_a_level_deleted_and_made_again_starts_without_its_old_limits(
+    site: tuple[UsageSite, Levels],
+) -> None:
+    s, levels = site
+    admin, body = s.keys["admin"], {"rpm": 7, "budget_tokens": 70, "models": ["small"]}
+    paths = ("", "/teams/ml", "/projects/search", "/projects/chat")
+    for path in paths:
+        assert (await s.call(admin, "PATCH", "/orgs/acme/limits" + path, body))[0] == 200
+    assert (await s.call(admin, "DELETE", "/orgs/acme/projects/chat"))[0] == 200
+    assert (await s.call(admin, "POST", "/orgs/acme/projects", {"name": "chat"}))[0] == 201
+    status, views = await s.call(admin, "GET", "/orgs/acme/limits")
+    kept = {v["level"]: v["limits"]["rpm"] for v in views}
+    assert kept == {"org:acme": 7, "team:acme:ml": 7, "project:acme:search": 7,
+                    "project:acme:chat": 0, "project:acme:other": 0}  # fmt: skip
+    assert (await s.call(admin, "DELETE", "/orgs/acme"))[0] == 200
+    for post, name in (("", "acme"), ("/acme/teams", "ml"), ("/acme/projects", "search")):
+        assert (await s.call(admin, "POST", "/orgs" + post, {"name": name}))[0] == 201
+    status, views = await s.call(admin, "GET", "/orgs/acme/limits")
+    assert status == 200 and len(views) == 3
+    for view in views:  # the new acme, its team and project: no old limits, every model
+        assert view["models"] == [] and view["limits"]["rpm"] == 0, view
+        assert view["limits"]["budget_tokens"] == 0, view
+    for _ in range(100):  # the Meter's index drops them too (the watch's deletes)
+        if levels.record("org:acme").limits.rpm == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert levels.record("project:acme:search").models == []

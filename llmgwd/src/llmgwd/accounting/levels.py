@@ -8,12 +8,15 @@ from typing import Protocol
 
 import msgspec
 
+from llmgwd.accounting.level_keys import LEVELS as LEVELS  # re-exported: their home before
+from llmgwd.accounting.level_keys import org_level as org_level
+from llmgwd.accounting.level_keys import project_level as project_level
+from llmgwd.accounting.level_keys import team_level as team_level
+from llmgwd.accounting.level_keys import user_level as user_level
 from llmgwd.catalog import KEYS, KeyLimits
 from llmgwd.people.directory import PROJECTS
 from llmgwd.people.records import Project
 from llmgwd.store import Compare, Put, Store, prefix_end
-
-LEVELS = "/limits/"  # + a level's id: org:ORG, team:ORG:TEAM, project:ORG:PROJECT, user:ID
 
 
 class LevelLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,26 +30,6 @@ NONE = LevelLimits()
 _dec = msgspec.json.Decoder(LevelLimits)
 _project_dec = msgspec.json.Decoder(Project)
 _enc = msgspec.json.Encoder()
-
-
-def org_level(org: str) -> str:
-    """The level id of an organization."""
-    return f"org:{org}"
-
-
-def team_level(org: str, team: str) -> str:
-    """The level id of a team of org."""
-    return f"team:{org}:{team}"
-
-
-def project_level(org: str, project: str) -> str:
-    """The level id of a project of org."""
-    return f"project:{org}:{project}"
-
-
-def user_level(user: str) -> str:
-    """The level id of a user (by id)."""
-    return f"user:{user}"
 
 
 @dataclass(frozen=True, slots=True)

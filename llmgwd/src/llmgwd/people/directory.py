@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from llmgwd.accounting import level_keys as lv
 from llmgwd.people import rules
 from llmgwd.people.records import (
     MemberRole,
@@ -185,10 +186,16 @@ class Directory:
         return await self._list(Org, ORGS)
 
     async def delete_org(self, name: str) -> None:
-        """An organization gone, with its teams, projects and memberships, at once."""
-        ranges = [p + name + "/" for p in (TEAMS, PROJECTS, MEMBERS)]
+        """An organization gone, with its teams, projects, memberships and the limits and
+        models of each (one made again with its name starts bare), at once."""
+        ranges = [p + name + "/" for p in (TEAMS, PROJECTS, MEMBERS)] + list(lv.in_org(name))
         deletes = [Delete(p, prefix_end(p)) for p in ranges]
-        res = await self._store.txn([_exists(ORGS + name)], [Delete(ORGS + name), *deletes])
+        ops: list[Put | Delete | Get] = [
+            Delete(ORGS + name),
+            Delete(lv.LEVELS + lv.org_level(name)),
+            *deletes,
+        ]
+        res = await self._store.txn([_exists(ORGS + name)], ops)
         if not res.succeeded:
             raise _missing("organization", name)
 
@@ -211,8 +218,8 @@ class Directory:
         return await self._list(Team, TEAMS + org + "/")
 
     async def delete_team(self, org: str, name: str) -> None:
-        """A team gone with its memberships; refused while a project is in it (a project
-        made in it meanwhile touches the team, so this compare catches it)."""
+        """A team gone with its memberships, limits and models; refused while a project is in
+        it (a project made in it meanwhile touches the team, so this compare catches it)."""
         key = TEAMS + f"{org}/{name}"
         while True:
             kv = await self._store.get(key)
@@ -223,7 +230,11 @@ class Directory:
                     "conflict", f"team {org}/{name} has projects: move or delete them first"
                 )
             members = MEMBERS + f"{org}/team/{name}/"
-            ops: list[Put | Delete | Get] = [Delete(key), Delete(members, prefix_end(members))]
+            ops: list[Put | Delete | Get] = [
+                Delete(key),
+                Delete(members, prefix_end(members)),
+                Delete(lv.LEVELS + lv.team_level(org, name)),
+            ]
             if (await self._store.txn([_unchanged(key, kv)], ops)).succeeded:
                 return
 
@@ -260,9 +271,13 @@ class Directory:
         return await self._list(Project, PROJECTS + org + "/")
 
     async def delete_project(self, org: str, name: str) -> None:
-        """A project gone with its memberships."""
+        """A project gone with its memberships, limits and models."""
         key, members = PROJECTS + f"{org}/{name}", MEMBERS + f"{org}/project/{name}/"
-        ops: list[Put | Delete | Get] = [Delete(key), Delete(members, prefix_end(members))]
+        ops: list[Put | Delete | Get] = [
+            Delete(key),
+            Delete(members, prefix_end(members)),
+            Delete(lv.LEVELS + lv.project_level(org, name)),
+        ]
         if not (await self._store.txn([_exists(key)], ops)).succeeded:
             raise _missing("project", f"{org}/{name}")
 
