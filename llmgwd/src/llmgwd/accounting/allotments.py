@@ -48,7 +48,7 @@ from llmgwd.accounting.usage import USAGE, Counts, parse_key
 from llmgwd.catalog import KeyLimits, Period
 from llmgwd.store import Compare, Delete, Put, Store, prefix_end
 
-log = logging.getLogger("llmgwd.allotments")
+log = logging.getLogger(__name__)
 
 MAX_TRIES = 20  # compare-and-set rounds of one step before it gives up until the next
 TRUST = 0.6  # shares are used until this part of the lease's TTL after the last renewal sent

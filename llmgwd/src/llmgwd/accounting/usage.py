@@ -15,7 +15,7 @@ import msgspec
 
 from llmgwd.store import KV, Compare, Delete, Get, Put, Store, prefix_end
 
-log = logging.getLogger("llmgwd.usage")
+log = logging.getLogger(__name__)
 
 USAGE = "/usage/"
 BATCH = 64  # records per transaction (etcd allows 128 operations in one)
