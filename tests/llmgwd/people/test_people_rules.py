@@ -65,3 +65,18 @@ def test_another_may_and_a_team_admin_may_step_down() -> None:
     rules.check_not_own_admin("u1", _m("admin"), "admin")
     team = Scope(org="acme", kind="team", name="t")
     rules.check_not_own_admin("u1", _m("admin", scope=team), "member")
+
+
+def test_two_sources_of_groups_each_keep_their_own_role() -> None:
+    oidc = Membership(
+        user="u1", scope=ORG, role="member", set_by="group", sources={"oidc": "member"}
+    )
+    scim = Membership(
+        user="u1", scope=ORG, role="manager", set_by="group", sources={"scim": "manager"}
+    )
+    both = rules.merged(oidc, scim)
+    assert both is not None and both.role == "manager"
+    assert dict(both.sources) == {"oidc": "member", "scim": "manager"}
+    left = rules.without(both, "scim")
+    assert left is not None and (left.role, dict(left.sources)) == ("member", {"oidc": "member"})
+    assert rules.without(left, "oidc") is None

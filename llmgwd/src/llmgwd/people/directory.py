@@ -13,6 +13,7 @@ import msgspec
 from llmgwd.accounting import level_keys as lv
 from llmgwd.people import rules
 from llmgwd.people.records import (
+    GroupSource,
     MemberRole,
     Membership,
     Org,
@@ -291,32 +292,40 @@ class Directory:
         role: MemberRole,
         set_by: SetBy = "hand",
         group: str = "",
+        source: GroupSource | None = None,
     ) -> Membership:
-        """Give user role in scope, as actor (a user's id, "" for staff or a key); returns
-        what is kept: a group rule never rewrites a role set by hand."""
+        """Give user role in scope, as actor (a user's id, "" for staff or a key), by hand or
+        by a group of source (OIDC's, SCIM's: each keeps its own); returns what is kept: a
+        group rule never rewrites a role set by hand."""
         if await self._get(User, USERS + user) is None:
             raise _missing("user", user)
-        want = Membership(
-            user=user, scope=scope, role=role, set_by=set_by, group=group, updated_at=time.time()
-        )
+        sources: dict[GroupSource, MemberRole] = {source: role} if source else {}
+        want = Membership(user=user, scope=scope, role=role, set_by=set_by, group=group,
+                          sources=sources, updated_at=time.time())  # fmt: skip
         key = member_key(scope, user)
         while True:
             kv = await self._store.get(key)
             old = _dec(Membership, kv) if kv is not None else None
             rules.check_not_own_admin(actor, old, role)
             new = rules.merged(old, want)
-            if new is None and old is not None:
-                return old
+            if new is None:  # a role set by hand: kept
+                return old or want
             guards = [_unchanged(key, kv), _exists(scope_key(scope))]
             if (await self._store.txn(guards, [Put(key, _enc.encode(new))])).succeeded:
-                return want
+                return new
             await self._scope_or_404(scope)
 
     async def remove_member(
-        self, actor: str, user: str, scope: Scope, set_by: SetBy = "hand"
+        self,
+        actor: str,
+        user: str,
+        scope: Scope,
+        set_by: SetBy = "hand",
+        source: GroupSource | None = None,
     ) -> bool:
-        """Take user's membership in scope away; False if there was none, or if a group rule
-        would take away a role set by hand (it stays)."""
+        """Take user's membership in scope away (by a group of source: only what that source
+        gave, the other's stays); False if there was none, or if a group rule would take away
+        a role set by hand or by the other source (it stays)."""
         key = member_key(scope, user)
         while True:
             kv = await self._store.get(key)
@@ -324,9 +333,13 @@ class Directory:
                 return False
             old = _dec(Membership, kv)
             rules.check_not_own_admin(actor, old, None)
-            if set_by == "group" and old.set_by == "hand":
-                return False
-            if (await self._store.txn([_unchanged(key, kv)], [Delete(key)])).succeeded:
+            left = None
+            if set_by == "group":
+                if old.set_by == "hand" or (old.sources and source not in old.sources):
+                    return False
+                left = rules.without(old, source) if source else None
+            op = Delete(key) if left is None else Put(key, _enc.encode(left))
+            if (await self._store.txn([_unchanged(key, kv)], [op])).succeeded:
                 return True
 
     async def _scope_or_404(self, scope: Scope) -> None:

@@ -11,6 +11,7 @@ MemberRole = Literal["admin", "manager", "member"]
 StaffRole = Literal["admin", "operator", "viewer"]
 ScopeKind = Literal["org", "team", "project"]
 SetBy = Literal["hand", "group"]  # a role set by a person, or by a group rule (OIDC, SCIM)
+GroupSource = Literal["oidc", "scim"]  # where a group rule's groups came from
 
 MEMBER_ROLES: tuple[MemberRole, ...] = ("member", "manager", "admin")  # weakest first
 STAFF_ROLES: tuple[StaffRole, ...] = ("viewer", "operator", "admin")
@@ -71,6 +72,9 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True):
     role: MemberRole
     set_by: SetBy = "hand"
     group: str = ""  # the group whose rule set it, for set_by "group"
+    # set_by "group": the role each source's groups give here (role is the strongest); a
+    # source takes away only its own ({}: from before sources were kept, any source may)
+    sources: dict[GroupSource, MemberRole] = {}
     updated_at: float = 0.0
 
 

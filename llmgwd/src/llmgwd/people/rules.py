@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from llmgwd.people.records import MEMBER_ROLES, MemberRole, Membership
+import msgspec
+
+from llmgwd.people.records import MEMBER_ROLES, GroupSource, MemberRole, Membership
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # as a model's name: safe in a store key
 EMAIL_RE = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}")
@@ -58,7 +60,24 @@ def merged(old: Membership | None, new: Membership) -> Membership | None:
     role set by hand, so a manager stays a manager at every sign-in)."""
     if old is not None and old.set_by == "hand" and new.set_by == "group":
         return None
-    return new
+    if old is None or old.set_by == "hand" or new.set_by == "hand" or not new.sources:
+        return new
+    sources = {**old.sources, **new.sources}  # OIDC's and SCIM's each kept
+    group = new.group if rank(new.role) >= rank(_strongest(sources)) else old.group
+    return msgspec.structs.replace(new, role=_strongest(sources), sources=sources, group=group)
+
+
+def without(old: Membership, source: GroupSource) -> Membership | None:
+    """What is left of a group's membership once source's groups no longer give it: the other
+    source's, or None (nothing: remove it)."""
+    rest = {s: r for s, r in old.sources.items() if s != source}
+    if not rest:
+        return None
+    return msgspec.structs.replace(old, role=_strongest(rest), sources=rest)
+
+
+def _strongest(sources: dict[GroupSource, MemberRole]) -> MemberRole:
+    return max(sources.values(), key=rank) if sources else "member"
 
 
 def check_not_own_admin(actor: str, old: Membership | None, role: MemberRole | None) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from llmgw.config import GroupRule, Oidc
 from llmgwd.people.directory import ROOT, Directory
 from llmgwd.people.oidc import SignInError
-from llmgwd.people.records import MemberRole, Scope, User
+from llmgwd.people.records import GroupSource, MemberRole, Scope, User
 from llmgwd.people.rules import NAME_RE, PeopleError, rank
 from llmgwd.store import Store
 
@@ -84,8 +84,11 @@ class SignIn:
         await self._store.put(link, user.id.encode())
         return user
 
-    async def apply_groups(self, user: User, groups: set[str]) -> None:
-        """Each rule's membership for a group held; a group-set one of a group left removed."""
+    async def apply_groups(
+        self, user: User, groups: set[str], source: GroupSource = "oidc"
+    ) -> None:
+        """Each rule's membership for a group held; one this source's groups set, of a group
+        left, removed (OIDC's and SCIM's groups each add and remove only their own)."""
         held: dict[tuple[str, str, str], MemberRole] = {}
         # the strongest rule for a place last, so that it is the one kept
         for rule in sorted(self._settings.rules, key=lambda r: rank(r.role)):  # type: ignore[arg-type]
@@ -93,7 +96,9 @@ class SignIn:
                 scope = _scope(rule)
                 role: MemberRole = rule.role  # type: ignore[assignment]  # checked in config
                 try:
-                    await self._people.set_member("", user.id, scope, role, "group", rule.group)
+                    await self._people.set_member(
+                        "", user.id, scope, role, "group", rule.group, source
+                    )
                 except PeopleError:
                     continue  # its organization, team or project does not exist (yet)
                 held[(scope.org, scope.kind, scope.name)] = role
@@ -101,4 +106,4 @@ class SignIn:
             for m in await self._people.members(org):
                 place = (m.scope.org, m.scope.kind, m.scope.name)
                 if m.user == user.id and m.set_by == "group" and place not in held:
-                    await self._people.remove_member("", user.id, m.scope, "group")
+                    await self._people.remove_member("", user.id, m.scope, "group", source)

@@ -59,7 +59,7 @@ async def _apply_rules(request: web.Request, users: set[str]) -> None:
         user = await people.user(uid) if len(uid) == 12 else None
         if user is not None:
             held = {str(g["displayName"]) for g in groups if uid in _members(g)}
-            await signin.apply_groups(user, held)
+            await signin.apply_groups(user, held, "scim")
 
 
 async def _save(request: web.Request, doc: Doc, old: Doc | None) -> Doc:
