@@ -1,5 +1,5 @@
-"""/api/v1's error body and some of its requests and answers: one definition for llmgwd and
-the llmgw command (the rest are still llmgwd's own, in llmgwd/api/)."""
+"""/api/v1's error body, answers and some of its requests: one definition for llmgwd and the
+llmgw command, which decodes the answers into them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from llmgw.mirror_api import SetStatus
+from llmgw import wire
+from llmgw.mirror_api import SetStatus, SweepOut
 
 # The checks a handler makes on a request's fields, said in the types so that the OpenAPI
 # document states them (and msgspec refuses a body that breaks them, naming the field).
@@ -39,7 +40,7 @@ class ErrorAnswer(msgspec.Struct):
 
 
 class TokenView(msgspec.Struct, kw_only=True):
-    """POST /tokens: a new join token and the command that uses it."""
+    """POST /tokens, POST /servers/tokens: a new join token and the command that uses it."""
 
     token: str
     expires_in: int
@@ -187,3 +188,197 @@ class NewKey(msgspec.Struct, kw_only=True):
     created_at: float
     limits: KeyLimits
     key: str
+
+
+# GET /nodes, DELETE /nodes/{name}: the nodes as the cluster state reports them.
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """One node as the cluster state knows it (the GET /nodes item)."""
+
+    name: str
+    address: str
+    connected: bool
+    last_seen: float  # unix time of its last message
+    cores: int
+    memory_bytes: int
+    replicas: list[wire.ReplicaStatus] = []
+    version: str = ""  # the agent's
+    cordoned: bool = False  # takes no new replicas
+    draining: bool = False  # its replicas are being moved off
+    gpus: int = 0  # its cards
+    cuda_toolkit: str = ""  # nvcc's version ("12.4"); "": none (llama.cpp on CPUs only)
+    engines: list[str] = []  # "llama.cpp:cpu", "vllm:gpu", ...: what it runs where
+    note: str = ""  # what people should know of it
+    firewall: str = ""  # its nftables table: "ok", or why not set
+
+
+class NodeRemoved(msgspec.Struct, kw_only=True):
+    """DELETE /nodes/{name}: the name revoked, and whether a node of it was known here."""
+
+    name: str
+    removed: bool
+    known: bool
+
+
+class ModelRemoved(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """DELETE /models/{name}: the model gone, and with ?files=true what was swept."""
+
+    name: str
+    removed: bool
+    files: SweepOut | None = None
+
+
+# GET /status: the cluster at a glance.
+class NodeCounts(msgspec.Struct, kw_only=True):
+    """The nodes known, and those connected now."""
+
+    total: int
+    connected: int
+
+
+class ModelCounts(msgspec.Struct, kw_only=True):
+    """The models of the catalog, and those with replicas wanted."""
+
+    total: int
+    served: int
+
+
+class ReplicaCounts(msgspec.Struct, kw_only=True):
+    """The replicas wanted, and those ready."""
+
+    wanted: int
+    ready: int
+
+
+class StatusView(msgspec.Struct, kw_only=True):
+    """GET /status"""
+
+    name: str
+    version: str  # llmgwd's
+    uptime_s: float
+    join_url: str
+    nodes: NodeCounts
+    models: ModelCounts
+    replicas: ReplicaCounts
+
+
+# GET /usage, GET /orgs/{org}/usage: usage summed by a group.
+class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Usage summed over one key, model, day, organization, team, project or user (only the
+    grouping field is shown; "" for keys of no organization, team, project or user)."""
+
+    key: str | None = None
+    name: str | None = None  # the key's name ("" for a key no longer known), grouped by key
+    model: str | None = None
+    day: str | None = None
+    org: str | None = None
+    team: str | None = None  # ORG/TEAM
+    project: str | None = None  # ORG/PROJECT
+    user: str | None = None  # the user's id
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    spend: float
+
+
+class UsageReport(msgspec.Struct, kw_only=True):
+    """GET /usage"""
+
+    by: str
+    since: str
+    rows: list[UsageRow]
+    total: UsageRow
+
+
+# GET /slurm, PUT /slurm, POST /slurm/nodes/{name}/lend|reclaim
+class SlurmNodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """A node of Slurm's: where it stands between llmgw and Slurm."""
+
+    name: str
+    status: str  # "lent", "lending: ...", "reclaiming: N jobs running", "in llmgw"
+    held: bool  # Slurm holds it from llmgw's scheduler (cordoned or draining there)
+    state: str = ""  # Slurm's state of it, as its agent reports it ("": none reported)
+    reason: str = ""  # why Slurm has it drained or down
+    jobs: list[str] = []
+    version: str = ""  # Slurm's
+    message: str = ""  # what failed last on the node, or why it is not held
+
+
+class SlurmView(msgspec.Struct, frozen=True, kw_only=True):
+    """Slurm's settings, and each node's standing as the leader sees it (None: asked of a
+    standby, which knows none: ask the leader)."""
+
+    enabled: bool = False
+    cluster_name: str = "llmgw"
+    controller: str = ""  # the node that runs slurmctld
+    nodes: list[str] = []  # the nodes in Slurm (slurmd runs there)
+    lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
+    partition: str = "llmgw"
+    status: list[SlurmNodeView] | None = None
+
+
+# GET /servers, POST /servers/leave, DELETE /servers/{name}: the control planes.
+Health = Literal["healthy", "unreachable", "not started", "no member"]
+
+
+class ServerView(msgspec.Struct, frozen=True, kw_only=True):
+    """One control plane, as GET /servers shows it."""
+
+    name: str
+    url: str = ""  # its cluster port, from its record ("" when it has none: not running)
+    member: str = ""  # its etcd member's id, hex ("" without one)
+    peer_url: str = ""
+    health: Health = "no member"
+    role: str = ""  # "leader", "standby", or "" when it runs no llmgwd now
+    learner: bool = False  # its member is a learner: joined, not yet promoted to a voter
+    self: bool = False  # the control plane that answered
+
+
+class ServerRemoved(msgspec.Struct, kw_only=True):
+    """POST /servers/leave, DELETE /servers/{name}: the control plane taken out."""
+
+    name: str
+    member: str  # its etcd member's id, hex
+    removed: bool
+
+
+class UploadView(msgspec.Struct, kw_only=True):
+    """PUT /mirror/uploads/{sha256}: one file of an import, received and checked."""
+
+    sha256: str
+    size: int
+
+
+# /login/device: `llmgw login --device`, the device authorization grant through llmgwd (which
+# holds the client secret and checks the ID token); issue 13.
+class DeviceStart(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /login/device: start a device sign-in; the nonce the CLI made for it."""
+
+    nonce: str
+
+
+class DeviceAuthorization(msgspec.Struct, kw_only=True):
+    """POST /login/device: what the person is shown, and the code the CLI polls with (of use
+    only with llmgwd's client secret)."""
+
+    device_code: str
+    user_code: str
+    verification_uri: str
+    verification_uri_complete: str = ""
+    expires_in: int  # seconds
+    interval: int  # seconds between polls
+
+
+class DevicePoll(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /login/device/token: one poll, with the interval the CLI keeps now."""
+
+    device_code: str
+    nonce: str
+    interval: int = 5
+
+
+class DevicePending(msgspec.Struct, kw_only=True):
+    """POST /login/device/token, 202: not signed in yet; poll again after interval seconds."""
+
+    status: Literal["authorization_pending", "slow_down"]
+    interval: int

@@ -4,18 +4,17 @@ role), and the rule that keeps a removal from leaving the store without a quorum
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import msgspec
 
 from llmgw import wire
+from llmgw.api_types import Health, ServerView
 from llmgwd.server_tokens import ServerTokens
 from llmgwd.store import Store, prefix_end
 
 SERVERS = "/servers/"  # each live control plane's wire.ServerInfo, under its lease
 LEADER = "/leader"
-
-Health = Literal["healthy", "unreachable", "not started", "no member"]
 
 
 class Member(msgspec.Struct, frozen=True):
@@ -60,19 +59,6 @@ class ControlPlanes:
     tokens: ServerTokens
     me: str  # this control plane's name
     join_url: str  # its cluster port, where a new control plane joins
-
-
-class ServerView(msgspec.Struct, frozen=True, kw_only=True):
-    """One control plane, as /api/v1/servers shows it."""
-
-    name: str
-    url: str = ""  # its cluster port, from its record ("" when it has none: not running)
-    member: str = ""  # its etcd member's id, hex ("" without one)
-    peer_url: str = ""
-    health: Health = "no member"
-    role: str = ""  # "leader", "standby", or "" when it runs no llmgwd now
-    learner: bool = False  # its member is a learner: joined, not yet promoted to a voter
-    self: bool = False  # the control plane that answered
 
 
 class Refusal(Exception):

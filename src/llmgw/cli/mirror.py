@@ -9,11 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 
 from llmgw import ipc
-from llmgw.cli.common import API, Refused, Settings, Unreachable, call, error_message, pass_settings
+from llmgw.cli.common import (
+    API,
+    Refused,
+    Settings,
+    Unreachable,
+    call,
+    decoded,
+    error_message,
+    pass_settings,
+)
 from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
 from llmgw.cli.progress import describe
+from llmgw.mirror_api import ImportOut, MirrorStatus, PeerView, SweepOut
 
 # Files the hub would keep in git rather than LFS: small ones that are not weights. They
 # get a git blob id beside their sha256, as the hub lists them.
@@ -33,24 +44,27 @@ def mirror() -> None:
 def status(settings: Settings, as_json: bool) -> None:
     """What the mirror holds, the sets it is fetching (the whole set's progress), its peers
     and, among several control planes, which of them holds each model's set."""
-    s = call(settings, "GET", f"{API}/mirror")
+    answer = call(settings, "GET", f"{API}/mirror")
     if as_json:
-        echo_json(s)
+        echo_json(answer)
         return
+    s = decoded(answer, MirrorStatus)
     click.echo(
-        f"Mirror {s['dir']}: {s['files_held']} files, {size(s['bytes_held'])}, "
-        f"{size(s['free_bytes'])} free; upstream {s['upstream']}"
+        f"Mirror {s.dir}: {s.files_held} files, {size(s.bytes_held)}, "
+        f"{size(s.free_bytes)} free; upstream {s.upstream}"
     )
-    for st in s["sets"]:
-        end = f" ({st['state']}{': ' + st['error'] if st['error'] else ''})"
-        click.echo("  " + describe(st) + (end if st["state"] != "fetching" else ""))
-    for p in s["peers"]:
-        err = f", {p['last_error']}" if p["last_error"] else ""
-        click.echo(f"  peer {p['url']}: synced {ago(p['last_sync'])}{err}")
-    for h in s.get("held", []):
-        where = ", ".join(h["planes"]) or "no control plane yet"
-        fetching = f" ({h['fetching']} fetching it from upstream)" if h["fetching"] else ""
-        click.echo(f"  {h['source']} on {where}{fetching}")
+    for st in s.sets:
+        end = f" ({st.state}{': ' + st.error if st.error else ''})"
+        click.echo(
+            "  " + describe(msgspec.to_builtins(st)) + (end if st.state != "fetching" else "")
+        )
+    for p in s.peers:
+        err = f", {p.last_error}" if p.last_error else ""
+        click.echo(f"  peer {p.url}: synced {ago(p.last_sync)}{err}")
+    for h in s.held:
+        where = ", ".join(h.planes) or "no control plane yet"
+        fetching = f" ({h.fetching} fetching it from upstream)" if h.fetching else ""
+        click.echo(f"  {h.source} on {where}{fetching}")
 
 
 def _is_git(path: Path, n: int) -> bool:
@@ -136,9 +150,10 @@ def import_(settings: Settings, directory: Path, repo: str, revision: str, as_js
     if as_json:
         echo_json(answer)
         return
+    done = decoded(answer, ImportOut)
     click.echo(
-        f"Imported {answer['files']} files ({size(answer['bytes'])}) as "
-        f"{answer['repo']}@{answer['revision']} (commit {answer['commit'][:12]})."
+        f"Imported {done.files} files ({size(done.bytes)}) as "
+        f"{done.repo}@{done.revision} (commit {done.commit[:12]})."
     )
     click.echo(f"Add it with: llmgw model add NAME --from hf:{repo}")
 
@@ -150,21 +165,16 @@ def import_(settings: Settings, directory: Path, repo: str, revision: str, as_js
 def sweep(settings: Settings, dry_run: bool, as_json: bool) -> None:
     """Delete the files no model uses, on the mirror and on every node. A node's figures are
     what it no longer lists once it has listed its files again, not what it was asked."""
-    out = call(settings, "POST", f"{API}/mirror/sweep", {"dry_run": dry_run})
+    answer = call(settings, "POST", f"{API}/mirror/sweep", {"dry_run": dry_run})
     if as_json:
-        echo_json(out)
+        echo_json(answer)
         return
+    out = decoded(answer, SweepOut)
     verb = "would free" if dry_run else "freed"
-    click.echo(f"mirror: {out['files']} files, {verb} {size(out['bytes'])}")
+    click.echo(f"mirror: {out.files} files, {verb} {size(out.bytes)}")
     rows = [
-        (
-            n["node"],
-            n["files"],
-            size(n["bytes"]),
-            n["kept"],
-            "yes" if n["answered"] else "no answer",
-        )
-        for n in out["nodes"]
+        (n.node, n.files, size(n.bytes), n.kept, "yes" if n.answered else "no answer")
+        for n in out.nodes
     ]
     echo_table(["NODE", "FILES", "BYTES", "KEPT", "LISTED AGAIN"], rows, "no node connected")
 
@@ -186,4 +196,5 @@ def add_peer(settings: Settings, url: str, token_file: str, as_json: bool) -> No
     if as_json:
         echo_json(answer)
     else:
-        click.echo(f"Added peer {answer['url']}: its sets are being copied (llmgw mirror status).")
+        peer = decoded(answer, PeerView)
+        click.echo(f"Added peer {peer.url}: its sets are being copied (llmgw mirror status).")

@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import msgspec
 
-from llmgw.api_types import TokenView
-from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.api_types import NodeRemoved, NodeView, TokenView
+from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
 
 
 def echo_join_command(answer: Any) -> None:
     """Print the command a node joins with and how long it works (a TokenView's fields)."""
-    token = msgspec.convert(answer, TokenView)
+    token = decoded(answer, TokenView)
     minutes = token.expires_in // 60
     click.echo("Join a node to this cluster by running, on the node:")
     click.echo(f"  {token.command}")
@@ -122,7 +121,7 @@ def remove(settings: Settings, name: str, as_json: bool) -> None:
     answer = call(settings, "DELETE", api_path("nodes", name))
     if as_json:
         echo_json(answer)
-    elif answer.get("known", True):
+    elif decoded(answer, NodeRemoved).known:
         click.echo(f"Node {name} removed: its certificates are refused from now on.")
     else:
         click.echo(
@@ -131,26 +130,25 @@ def remove(settings: Settings, name: str, as_json: bool) -> None:
         )
 
 
-def _state(n: dict[str, Any]) -> str:
-    state = "connected" if n["connected"] else "disconnected"
-    if n.get("draining"):
+def _state(n: NodeView) -> str:
+    state = "connected" if n.connected else "disconnected"
+    if n.draining:
         return f"{state}, draining"
-    return f"{state}, cordoned" if n.get("cordoned") else state
+    return f"{state}, cordoned" if n.cordoned else state
 
 
-def _replicas(n: dict[str, Any]) -> str:
-    reps = n.get("replicas", [])
-    return f"{sum(r['state'] == 'ready' for r in reps)}/{len(reps)}"
+def _replicas(n: NodeView) -> str:
+    return f"{sum(r.state == 'ready' for r in n.replicas)}/{len(n.replicas)}"
 
 
-def _engines(n: dict[str, Any]) -> str:
+def _engines(n: NodeView) -> str:
     """Its engines ("llama.cpp:cpu,gpu vllm:gpu"), with the CUDA toolkit's version if any."""
     kinds: dict[str, list[str]] = {}
-    for item in n.get("engines", []):
+    for item in n.engines:
         engine, _, kind = item.partition(":")
         kinds.setdefault(engine, []).append(kind)
     said = " ".join(f"{e}:{','.join(k)}" for e, k in kinds.items()) or "llama.cpp:cpu"
-    return f"{said} (CUDA {n['cuda_toolkit']})" if n.get("cuda_toolkit") else said
+    return f"{said} (CUDA {n.cuda_toolkit})" if n.cuda_toolkit else said
 
 
 @click.command()
@@ -169,25 +167,26 @@ def nodes(settings: Settings, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
+    found = decoded(answer, list[NodeView])
     rows = [
         [
-            n["name"],
-            n["address"],
+            n.name,
+            n.address,
             _state(n),
-            ago(n["last_seen"]),
-            n["cores"],
-            size(n["memory_bytes"]),
-            n.get("gpus", 0),
+            ago(n.last_seen),
+            n.cores,
+            size(n.memory_bytes),
+            n.gpus,
             _engines(n),
             _replicas(n),
         ]
-        for n in answer
+        for n in found
     ]
     headers = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "GPUS", "ENGINES"]
     headers.append("REPLICAS")
     echo_table(headers, rows, "No nodes yet: join one with the command `llmgw node token` prints.")
-    for n in answer:
-        if n.get("note"):
-            click.echo(f"{n['name']}: {n['note']}")
-        if n.get("firewall", "") not in ("", "ok", "off"):  # its engine ports may be open
-            click.echo(f"{n['name']}: its firewall is not set: {n['firewall']}")
+    for n in found:
+        if n.note:
+            click.echo(f"{n.name}: {n.note}")
+        if n.firewall not in ("", "ok", "off"):  # its engine ports may be open
+            click.echo(f"{n.name}: its firewall is not set: {n.firewall}")

@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from llmgw import config, ipc
-from llmgw.cli.common import API, Refused, Settings, Unreachable, call, pass_settings
+from llmgw.api_types import StatusView
+from llmgw.cli.common import API, Refused, Settings, Unreachable, call, decoded, pass_settings
 from llmgw.cli.node import echo_join_command
 from llmgw.cli.output import echo_json, json_option
 
@@ -203,12 +204,13 @@ def _slurm_on(settings: Settings, started: bool, quiet: bool) -> None:
 @pass_settings
 def status(settings: Settings, as_json: bool) -> None:
     """Show the cluster at a glance: version, nodes, models and replicas."""
-    s = call(settings, "GET", f"{API}/status")
+    answer = call(settings, "GET", f"{API}/status")
     if as_json:
-        echo_json(s)
+        echo_json(answer)
         return
-    click.echo(f"{s['name']}: llmgwd {s['version']}, up {int(s['uptime_s'])} s")
-    click.echo(f"nodes:    {s['nodes']['connected']}/{s['nodes']['total']} connected")
-    click.echo(f"models:   {s['models']['served']}/{s['models']['total']} served")
-    click.echo(f"replicas: {s['replicas']['ready']}/{s['replicas']['wanted']} ready")
-    click.echo(f"join URL: {s['join_url']}")
+    s = decoded(answer, StatusView)
+    click.echo(f"{s.name}: llmgwd {s.version}, up {int(s.uptime_s)} s")
+    click.echo(f"nodes:    {s.nodes.connected}/{s.nodes.total} connected")
+    click.echo(f"models:   {s.models.served}/{s.models.total} served")
+    click.echo(f"replicas: {s.replicas.ready}/{s.replicas.wanted} ready")
+    click.echo(f"join URL: {s.join_url}")

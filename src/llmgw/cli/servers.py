@@ -6,7 +6,8 @@ import subprocess
 
 import click
 
-from llmgw.cli.common import API, Refused, Settings, api_path, call, pass_settings
+from llmgw.api_types import ServerRemoved, ServerView, TokenView
+from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
 UNITS = ("llmgwd.service", "llmgw-etcd.service")
@@ -35,8 +36,9 @@ def token(settings: Settings, ttl_s: int, as_json: bool) -> None:
         echo_json(answer)
         return
     click.echo("Add a control plane to this cluster by running, on the new host:")
-    click.echo(f"  {answer['command']}")
-    click.echo(f"The token works once, for {int(answer['expires_in']) // 60} minutes.")
+    made = decoded(answer, TokenView)
+    click.echo(f"  {made.command}")
+    click.echo(f"The token works once, for {made.expires_in // 60} minutes.")
 
 
 def _stop_units() -> None:
@@ -66,7 +68,8 @@ def leave(settings: Settings, force: bool, keep_running: bool, as_json: bool) ->
     if as_json:
         echo_json(answer)
     else:
-        click.echo(f"Control plane {answer['name']} left the cluster; its units are stopped.")
+        gone = decoded(answer, ServerRemoved)
+        click.echo(f"Control plane {gone.name} left the cluster; its units are stopped.")
 
 
 @click.command("remove")
@@ -84,7 +87,8 @@ def remove(settings: Settings, name: str, force: bool, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
     else:
-        click.echo(f"Control plane {name} removed (etcd member {answer['member']}).")
+        gone = decoded(answer, ServerRemoved)
+        click.echo(f"Control plane {name} removed (etcd member {gone.member}).")
 
 
 @click.command("servers")
@@ -103,13 +107,13 @@ def servers(settings: Settings, as_json: bool) -> None:
         return
     rows = [
         [
-            s["name"] + (" (this one)" if s.get("self") else ""),
-            s.get("url") or "-",
-            s.get("member") or "-",
-            s.get("health", "") + (" (learner)" if s.get("learner") else ""),
-            s.get("role") or "-",
+            s.name + (" (this one)" if s.self else ""),
+            s.url or "-",
+            s.member or "-",
+            s.health + (" (learner)" if s.learner else ""),
+            s.role or "-",
         ]
-        for s in answer
+        for s in decoded(answer, list[ServerView])
     ]
     headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE"]
     echo_table(headers, rows, "One control plane on SQLite: no etcd members.")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.api_types import SlurmView
+from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
 
@@ -14,29 +13,28 @@ def _names(value: str) -> list[str]:
     return [n.strip() for n in value.split(",") if n.strip()]
 
 
-def echo_slurm(answer: dict[str, Any]) -> None:
+def echo_slurm(answer: object) -> None:
     """Print the settings, then each node's standing."""
-    if not answer["enabled"]:
+    view = decoded(answer, SlurmView)
+    if not view.enabled:
         click.echo("Slurm is off.")
     else:
         click.echo(
-            f"Slurm is on: cluster {answer['cluster_name']}, controller {answer['controller']},"
-            f" partition {answer['partition']}"
+            f"Slurm is on: cluster {view.cluster_name}, controller {view.controller},"
+            f" partition {view.partition}"
         )
-    click.echo(f"nodes: {', '.join(answer['nodes']) or 'none'}")
-    click.echo(f"lent:  {', '.join(answer['lent']) or 'none'}")
-    status = answer.get("status")
-    if status is None:
+    click.echo(f"nodes: {', '.join(view.nodes) or 'none'}")
+    click.echo(f"lent:  {', '.join(view.lent) or 'none'}")
+    if view.status is None:
         click.echo("(this control plane stands by: ask the leader for each node's standing)")
         return
     rows = [
-        [s["name"], s["status"], s["state"] or "-", s["reason"] or "-", s["version"] or "-"]
-        for s in status
+        [s.name, s.status, s.state or "-", s.reason or "-", s.version or "-"] for s in view.status
     ]
     echo_table(["NODE", "STANDING", "SLURM STATE", "REASON", "VERSION"], rows, "No nodes yet.")
-    for s in status:
-        if s.get("message"):
-            click.echo(f"{s['name']}: {s['message']}")
+    for s in view.status:
+        if s.message:
+            click.echo(f"{s.name}: {s.message}")
 
 
 @click.group()
@@ -131,7 +129,7 @@ def off(settings: Settings, as_json: bool) -> None:
     _show(call(settings, "PUT", f"{API}/slurm", {"enabled": False}), as_json)
 
 
-def _show(answer: dict[str, Any], as_json: bool) -> None:
+def _show(answer: object, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
     else:

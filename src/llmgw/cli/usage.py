@@ -7,7 +7,8 @@ from urllib.parse import urlencode
 
 import click
 
-from llmgw.cli.common import API, Settings, api_path, call, pass_settings
+from llmgw.api_types import UsageReport, UsageRow
+from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
 
@@ -37,23 +38,26 @@ def usage(settings: Settings, by: str, since: str | None, org: str | None, as_js
     if as_json:
         echo_json(answer)
         return
+    report = decoded(answer, UsageReport)
     first = ["KEY", "NAME"] if by == "key" else [by.upper()]
     headers = [*first, "REQUESTS", "PROMPT", "COMPLETION", "TOTAL", "SPEND"]
-    lines = [[*_group(row, by), *_counts(row)] for row in answer["rows"]]
+    lines = [[*_group(row, by), *_counts(row)] for row in report.rows]
     if lines:
-        lines.append(["total", *[""] * (len(first) - 1), *_counts(answer["total"])])
-    echo_table(headers, lines, f"No usage since {answer['since']}.")
+        lines.append(["total", *[""] * (len(first) - 1), *_counts(report.total)])
+    echo_table(headers, lines, f"No usage since {report.since}.")
 
 
-def _group(row: dict[str, str], by: str) -> list[str]:
-    return [row["key"], row["name"] or "-"] if by == "key" else [row.get(by) or "-"]
+def _group(row: UsageRow, by: str) -> list[str]:
+    if by == "key":
+        return [row.key or "-", row.name or "-"]
+    return [getattr(row, by) or "-"]  # by: one of the grouping fields (click's choice)
 
 
-def _counts(row: dict[str, int | float]) -> list[object]:
+def _counts(row: UsageRow) -> list[object]:
     return [
-        row["requests"],
-        row["prompt_tokens"],
-        row["completion_tokens"],
-        row["total_tokens"],
-        f"{row['spend']:.6f}".rstrip("0").rstrip("."),
+        row.requests,
+        row.prompt_tokens,
+        row.completion_tokens,
+        row.total_tokens,
+        f"{row.spend:.6f}".rstrip("0").rstrip("."),
     ]

@@ -10,6 +10,7 @@ from typing import Annotated, Literal, cast
 
 import msgspec
 
+from llmgw.api_types import UsageReport, UsageRow
 from llmgwd.accounting.periods import day_id
 from llmgwd.accounting.pricing import from_pico
 from llmgwd.accounting.usage import Counts, Record
@@ -99,34 +100,6 @@ def parse_group(param: str, text: str | None) -> Group:
     if text in GROUPS:
         return cast(Group, text)
     raise Invalid(param, f"must be one of {', '.join(GROUPS)}")
-
-
-class UsageRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Usage summed over one key, model, day, organization, team, project or user (only the
-    grouping field is shown; "" for keys of no organization, team, project or user)."""
-
-    key: str | None = None
-    name: str | None = None  # the key's name ("" for a key no longer known), grouped by key
-    model: str | None = None
-    day: str | None = None
-    org: str | None = None
-    team: str | None = None  # ORG/TEAM
-    project: str | None = None  # ORG/PROJECT
-    user: str | None = None  # the user's id
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    spend: float
-
-
-class UsageReport(msgspec.Struct, kw_only=True):
-    """GET /usage"""
-
-    by: str
-    since: str
-    rows: list[UsageRow]
-    total: UsageRow
 
 
 class Owner(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw import wire
-from llmgw.api_types import ErrorAnswer, ErrorBody
+from llmgw.api_types import ErrorAnswer, ErrorBody, NodeView
 from llmgwd import auth, engine_support
 from llmgwd.accounting.usage import Usage
 from llmgwd.accounting.views import Invalid
@@ -46,24 +46,9 @@ def _own_version() -> str:
         return "0+unknown"
 
 
-class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One node as the cluster state knows it (the /api/v1/nodes item)."""
-
-    name: str
-    address: str
-    connected: bool
-    last_seen: float  # unix time of its last message
-    cores: int
-    memory_bytes: int
-    replicas: list[wire.ReplicaStatus] = []
-    version: str = ""  # the agent's
-    cordoned: bool = False  # takes no new replicas
-    draining: bool = False  # its replicas are being moved off
-    gpus: int = 0  # its cards
-    cuda_toolkit: str = ""  # nvcc's version ("12.4"); "": none (llama.cpp on CPUs only)
-    engines: list[str] = []  # "llama.cpp:cpu", "vllm:gpu", ...: what it runs where
-    note: str = ""  # what people should know of it (engine_support.node_note)
-    firewall: str = ""  # its nftables table: "ok", or why not set (Inventory.firewall)
+# The API's node (api_types.NodeView), under the name the handlers and tests know it by;
+# ClusterNodes builds it from the cluster state's records.
+NodeInfo = NodeView
 
 
 class NodesView(Protocol):

@@ -8,8 +8,9 @@ import logging
 from aiohttp import web
 
 from llmgw import sources
+from llmgw.api_types import UploadView
 from llmgw.blobstore import BlobStoreError, ChecksumMismatch, DiskFull
-from llmgw.mirror_api import ImportIn, ImportOut, PeerIn, SweepIn, SweepOut
+from llmgw.mirror_api import ImportIn, ImportOut, PeerIn, PeerView, SweepIn, SweepOut
 from llmgwd.api.base import ApiContext, ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.catalog import Model
 from llmgwd.mirror import imports, sweep
@@ -56,7 +57,7 @@ async def put_upload(request: web.Request) -> web.Response:
         raise ApiError(400, str(e), "invalid_request_error", "checksum_mismatch") from None
     except BlobStoreError as e:  # the same file being uploaded by another import
         raise ApiError(409, str(e), "conflict_error", "upload_in_progress") from None
-    return json_response({"sha256": sha, "size": size}, 201)
+    return json_response(UploadView(sha256=sha, size=size), 201)
 
 
 async def post_import(request: web.Request) -> web.Response:
@@ -159,4 +160,5 @@ async def post_peer(request: web.Request) -> web.Response:
     except peers.PeerError as e:
         raise bad_field("url", str(e)) from None
     log.info("mirror peer %s added by %s", peer.url, _who(request))
-    return json_response(peer, 201)
+    view = PeerView(url=peer.url, last_sync=peer.last_sync, last_error=peer.last_error)
+    return json_response(view, 201)

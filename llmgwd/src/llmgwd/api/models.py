@@ -11,8 +11,8 @@ import msgspec
 from aiohttp import web
 
 from llmgw import engine_args, sources
+from llmgw.api_types import ModelRemoved, Name
 from llmgw.api_types import ModelView as ModelView  # re-exported: the answers' types
-from llmgw.api_types import Name
 from llmgw.api_types import ReplicaView as ReplicaView
 from llmgwd.catalog import CatalogError, Model, profiles_of
 from llmgwd.profiles import Profile, problems
@@ -407,5 +407,5 @@ async def remove_model(request: web.Request) -> web.Response:
     log.info("model %s removed by %s", name, _who(request))
     if files == "true" and model.files:
         swept = await api_mirror.remove_files_of(ctx, model)
-        return json_response({"name": name, "removed": True, "files": swept})
-    return json_response({"name": name, "removed": True})
+        return json_response(ModelRemoved(name=name, removed=True, files=swept))
+    return json_response(ModelRemoved(name=name, removed=True))

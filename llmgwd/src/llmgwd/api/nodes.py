@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw import pki
-from llmgw.api_types import NodeFlagsView
+from llmgw.api_types import NodeFlagsView, NodeRemoved
 from llmgwd.api.base import (
     ApiContext,
     ApiError,
@@ -44,7 +44,7 @@ async def remove_node(request: web.Request) -> web.Response:
         log.warning("node %s removed from the cluster by %s", name, _who(request))
     else:
         log.warning("node name %s revoked by %s (no such node known here)", name, _who(request))
-    return json_response({"name": name, "removed": True, "known": known})
+    return json_response(NodeRemoved(name=name, removed=True, known=known))
 
 
 def _nodes(ctx: ApiContext) -> list[NodeInfo]:

@@ -10,16 +10,41 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from llmgw.api_types import ErrorAnswer, NodeFlagsView, TokenView
-from llmgw.mirror_api import ImportIn, ImportOut, MirrorStatus, PeerIn, SweepIn, SweepOut
+from llmgw.api_types import (
+    ErrorAnswer,
+    ModelRemoved,
+    NodeFlagsView,
+    NodeRemoved,
+    NodeView,
+    ServerRemoved,
+    ServerView,
+    SlurmView,
+    StatusView,
+    TokenView,
+    UploadView,
+    UsageReport,
+)
+from llmgw.mirror_api import (
+    ImportIn,
+    ImportOut,
+    MirrorStatus,
+    PeerIn,
+    PeerView,
+    SweepIn,
+    SweepOut,
+)
 from llmgwd.accounting.views import LimitsIn, PriceIn
-from llmgwd.api import keys, level_limits, models, people, plans, servers
-from llmgwd.api.base import API_PREFIX, NodeInfo, _ctx, json_response
+from llmgwd.api import keys, level_limits, models, people, plans, scim_token, servers
+from llmgwd.api.base import API_PREFIX, _ctx, json_response
 from llmgwd.auth import Rule
 from llmgwd.people.records import User
+from llmgwd.slurm.settings import SlurmSettingsIn
 
-# (method, path): (request body type or None, answer type or None: JSON not described yet)
+# (method, path): (request body type or None, answer type or None: JSON not described yet,
+# which tests/llmgwd/test_openapi_answers.py allows only for the routes it lists)
 SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
+    ("GET", "/status"): (None, StatusView),
+    ("GET", "/openapi.json"): (None, dict[str, Any]),  # this document
     ("GET", "/models"): (None, list[models.ModelView]),
     ("POST", "/models"): (models.ModelIn, models.ModelView),
     ("GET", "/models/{name}"): (None, models.ModelView),
@@ -28,19 +53,32 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
     ("POST", "/models/{name}/replicas"): (models.ProfileReplicasIn, models.ModelView),
     ("PUT", "/models/{name}/context"): (models.ContextIn, models.ModelView),
     ("GET", "/models/{name}/plan"): (None, plans.PlanView),
+    ("DELETE", "/models/{name}"): (None, ModelRemoved),
     ("PUT", "/models/{name}/price"): (PriceIn, models.ModelView),
-    ("GET", "/nodes"): (None, list[NodeInfo]),
+    ("GET", "/nodes"): (None, list[NodeView]),
     ("POST", "/nodes/{name}/{action}"): (None, NodeFlagsView),
+    ("DELETE", "/nodes/{name}"): (None, NodeRemoved),
     ("POST", "/tokens"): (None, TokenView),
     ("GET", "/keys"): (None, list[keys.KeyView]),
     ("POST", "/keys"): (keys.KeyIn, keys.NewKey),
     ("DELETE", "/keys/{key}"): (None, keys.KeyView),
     ("PATCH", "/keys/{key}/limits"): (LimitsIn, keys.KeyView),
+    ("GET", "/usage"): (None, UsageReport),
+    ("GET", "/orgs/{org}/usage"): (None, UsageReport),
     ("GET", "/mirror"): (None, MirrorStatus),
+    ("PUT", "/mirror/uploads/{sha256}"): (None, UploadView),  # the body: the file's bytes
     ("POST", "/mirror/import"): (ImportIn, ImportOut),
     ("POST", "/mirror/sweep"): (SweepIn, SweepOut),
-    ("POST", "/mirror/peers"): (PeerIn, None),
-    ("POST", "/servers/tokens"): (servers.ServerTokenIn, servers.ServerTokenView),
+    ("GET", "/mirror/peers"): (None, list[PeerView]),
+    ("POST", "/mirror/peers"): (PeerIn, PeerView),
+    ("GET", "/slurm"): (None, SlurmView),
+    ("PUT", "/slurm"): (SlurmSettingsIn, SlurmView),
+    ("POST", "/slurm/nodes/{name}/{action}"): (None, SlurmView),
+    ("GET", "/servers"): (None, list[ServerView]),
+    ("POST", "/servers/tokens"): (servers.ServerTokenIn, TokenView),
+    ("POST", "/servers/leave"): (servers.RemoveIn, ServerRemoved),
+    ("DELETE", "/servers/{name}"): (servers.RemoveIn, ServerRemoved),
+    ("POST", "/scim/token"): (None, scim_token.ScimTokenView),
     ("POST", "/orgs"): (people.NamedIn, None),
     ("POST", "/orgs/{org}/teams"): (people.NamedIn, None),
     ("POST", "/orgs/{org}/projects"): (people.ProjectIn, None),

@@ -8,6 +8,7 @@ import shlex
 import msgspec
 from aiohttp import web
 
+from llmgw.api_types import ServerRemoved, TokenView
 from llmgwd import control_planes as servers
 from llmgwd import server_tokens
 from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
@@ -26,15 +27,6 @@ class RemoveIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /servers/leave and DELETE /servers/{name}"""
 
     force: bool = False
-
-
-class ServerTokenView(msgspec.Struct, kw_only=True):
-    """A new server token and the command a new control plane joins with."""
-
-    token: str
-    expires_in: int
-    url: str
-    command: str
 
 
 def _planes(request: web.Request) -> ControlPlanes:
@@ -74,7 +66,7 @@ async def create_server_token(request: web.Request) -> web.Response:
     url = planes.join_url
     command = f"llmgw server join {shlex.quote(url)} --token {shlex.quote(token)}"
     return json_response(
-        ServerTokenView(token=token, expires_in=body.ttl_s, url=url, command=command), 201
+        TokenView(token=token, expires_in=body.ttl_s, url=url, command=command), 201
     )
 
 
@@ -91,7 +83,7 @@ async def _remove(request: web.Request, name: str, leaving: bool) -> web.Respons
     await planes.store.delete(servers.SERVERS + name)
     verb = "left" if leaving else "removed by " + _who(request)
     log.warning("control plane %s %s (etcd member %x)", name, verb, gone.id)
-    return json_response({"name": name, "member": format(gone.id, "x"), "removed": True})
+    return json_response(ServerRemoved(name=name, member=format(gone.id, "x"), removed=True))
 
 
 async def leave(request: web.Request) -> web.Response:

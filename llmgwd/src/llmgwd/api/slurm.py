@@ -9,19 +9,13 @@ import logging
 import msgspec
 from aiohttp import web
 
+from llmgw.api_types import SlurmNodeView, SlurmView
 from llmgwd.accounting.views import Invalid
 from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import Busy, SettingsStore, SlurmSettings, SlurmSettingsIn
 
 log = logging.getLogger(__name__)
-
-
-class SlurmView(SlurmSettings, frozen=True, kw_only=True):
-    """GET /slurm: the settings, and each node's standing as the leader sees it (None: asked
-    of a standby, which knows none: ask the leader)."""
-
-    status: list[NodeStatus] | None = None
 
 
 def _settings(request: web.Request) -> SettingsStore:
@@ -32,9 +26,15 @@ def _settings(request: web.Request) -> SettingsStore:
 
 
 def _view(request: web.Request, settings: SlurmSettings) -> SlurmView:
-    status = _ctx(request).slurm_status
-    fields = msgspec.structs.asdict(settings)
-    return SlurmView(**fields, status=status() if status is not None else None)
+    """The API's view of the settings, with each node's standing if this llmgwd knows it."""
+    known = _ctx(request).slurm_status
+    status = known() if known is not None else None
+    nodes = None if status is None else [_node(s) for s in status]
+    return SlurmView(**msgspec.structs.asdict(settings), status=nodes)
+
+
+def _node(s: NodeStatus) -> SlurmNodeView:
+    return SlurmNodeView(**msgspec.structs.asdict(s))
 
 
 async def get_slurm(request: web.Request) -> web.Response:

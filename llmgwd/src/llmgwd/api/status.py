@@ -6,6 +6,7 @@ import time
 
 from aiohttp import web
 
+from llmgw.api_types import ModelCounts, NodeCounts, ReplicaCounts, StatusView
 from llmgwd.api.base import _ctx, json_response
 from llmgwd.api.models import replicas_by_model
 
@@ -17,14 +18,13 @@ async def get_status(request: web.Request) -> web.Response:
     models = ctx.catalog.all()
     by_model = replicas_by_model(nodes)
     ready = sum(r.state == "ready" for m in models for r in by_model.get(m.name, []))
-    return json_response(
-        {
-            "name": ctx.name,
-            "version": ctx.version,
-            "uptime_s": round(time.time() - ctx.started_at, 1),
-            "join_url": ctx.join_url,
-            "nodes": {"total": len(nodes), "connected": sum(n.connected for n in nodes)},
-            "models": {"total": len(models), "served": sum(m.replicas > 0 for m in models)},
-            "replicas": {"wanted": sum(m.replicas for m in models), "ready": ready},
-        }
+    view = StatusView(
+        name=ctx.name,
+        version=ctx.version,
+        uptime_s=round(time.time() - ctx.started_at, 1),
+        join_url=ctx.join_url,
+        nodes=NodeCounts(total=len(nodes), connected=sum(n.connected for n in nodes)),
+        models=ModelCounts(total=len(models), served=sum(m.replicas > 0 for m in models)),
+        replicas=ReplicaCounts(wanted=sum(m.replicas for m in models), ready=ready),
     )
+    return json_response(view)
