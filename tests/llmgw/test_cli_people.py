@@ -55,3 +55,14 @@ def test_refusals_end_the_command_with_the_reason(cli: Callable[..., Result]) ->
     assert r.exit_code != 0 and "nobody" in r.output
     r = cli("org", "member", "acme", "ann", "member", "--team", "a", "--project", "b")
     assert r.exit_code == 2
+
+
+def test_a_user_deleted_leaves_their_organization(cli: Callable[..., Result]) -> None:
+    _ok(cli("org", "create", "acme"))
+    _ok(cli("user", "create", "ann"))
+    _ok(cli("org", "member", "acme", "ann", "manager"))
+    assert "User ann deleted" in _ok(cli("user", "delete", "ann"))
+    assert "ann" not in _ok(cli("user", "list"))
+    assert "manager" not in _ok(cli("org", "show", "acme"))
+    r = cli("user", "delete", "ann")
+    assert r.exit_code != 0 and "ann" in r.output

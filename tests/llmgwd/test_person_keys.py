@@ -197,3 +197,37 @@ async def test_a_deactivated_user_s_keys_stop_at_once_here_and_on_another_plane(
         assert (await site.call(site.keys["ann"], "GET", "/orgs/acme"))[0] == 200
     finally:
         follower.cancel()
+
+
+async def test_a_deleted_user_s_keys_stop_at_once_and_nothing_of_theirs_stays(
+    site: Site,
+) -> None:
+    other = Catalog(site.store)  # another control plane's catalog, following the store
+    follower = asyncio.create_task(other.follow(await other.load()))
+    changed = asyncio.Event()
+    other.on_change(changed.set)
+    admin, ann = site.keys["admin"], site.ids["ann"]
+    try:
+        assert (await site.call(admin, "PATCH", f"/users/{ann}/limits", {"rpm": 5}))[0] == 200
+        for who in ("sam", "bob", "ann"):  # a staff viewer, a manager, the user: refused
+            assert (await site.call(site.keys[who], "DELETE", "/users/ann"))[0] == 403
+        status, answer = await site.call(admin, "DELETE", "/users/ann")
+        assert (status, answer) == (200, {"user": ann, "deleted": True})
+        assert (await site.call(site.keys["ann"], "GET", "/orgs/acme"))[0] == 401  # at once
+        while other.authenticate(site.keys["ann"]) is not None:
+            await changed.wait()
+            changed.clear()
+        mine = [k for k in site.catalog.keys() if k.user == ann]  # noqa: SIM118 (a Catalog)
+        assert mine and all(k.revoked for k in mine)
+        assert (await site.call(admin, "GET", "/users/ann"))[0] == 404
+        assert (await site.call(admin, "DELETE", "/users/ann"))[0] == 404
+        _, members = await site.call(admin, "GET", "/orgs/acme/members")
+        assert ann not in {m["user"] for m in members}
+        assert (await site.call(admin, "DELETE", "/users/sam"))[0] == 200  # a staff viewer
+        status, again = await site.call(admin, "POST", "/users", {"name": "ann"})  # name free
+        assert status == 201 and again["id"] != ann
+        sam = await site.people.create_user("sam")
+        assert await site.people.staff_role(sam.id) is None  # the old sam's role is gone
+        assert (await site.store.get(f"/limits/user:{ann}")) is None
+    finally:
+        follower.cancel()

@@ -1,4 +1,4 @@
-"""llmgw user create|list|staff: people made by staff, and the cluster's staff roles."""
+"""llmgw user create|list|delete|staff: people made by staff, and the cluster's staff roles."""
 
 from __future__ import annotations
 
@@ -43,6 +43,18 @@ def list_(settings: Settings, as_json: bool) -> None:
     ]  # fmt: skip
     headers = ["ID", "NAME", "EMAIL", "SOURCE", "STATE", "CREATED"]
     echo_table(headers, rows, "No users yet: `llmgw user create NAME`.")
+
+
+@user.command()
+@click.argument("name")
+@pass_settings
+def delete(settings: Settings, name: str) -> None:
+    """Delete the user NAME (a name or an id): their memberships, staff role, limits and
+    keys go, and their keys are refused at once. A user from OIDC or SCIM comes back as a
+    new user at their next sign-in or provisioning; to stop one, deactivate them instead
+    (the identity provider's SCIM, or PATCH /api/v1/users/NAME {"active": false})."""
+    answer = call(settings, "DELETE", api_path("users", name))
+    click.echo(f"User {name} deleted (id {answer['user']}); their keys are revoked.")
 
 
 @user.command()

@@ -242,6 +242,19 @@ async def change_user(request: web.Request, who: Principal) -> web.Response:
     return json_response(user)
 
 
+async def delete_user(request: web.Request, who: Principal) -> web.Response:
+    """DELETE /users/{user}: with their memberships, staff role and limits; their keys are
+    refused at once here (and on every control plane by the catalog's watch), then revoked."""
+    user = await _dir(request).delete_user((await _user(request)).id)
+    catalog = _ctx(request).catalog
+    catalog.note_user(msgspec.structs.replace(user, active=False))
+    for key in catalog.keys():  # noqa: SIM118 (a Catalog, no dict)
+        if key.user == user.id and not key.revoked:
+            await catalog.revoke_key(key.id)
+    log.info("user %s (%s) deleted by %s", user.id, user.name, who.label)
+    return json_response({"user": user.id, "deleted": True})
+
+
 async def set_staff(request: web.Request, who: Principal) -> web.Response:
     """PUT /users/{user}/staff {role}: admin, operator, viewer, or null for none."""
     body = await read_body(request, StaffIn)
@@ -279,6 +292,7 @@ TABLE: list[tuple[str, str, Handler, Rule]] = [
     ("POST", "/users", create_user, STAFF_ADMIN),
     ("GET", "/users/{user}", get_user, STAFF_READ),
     ("PATCH", "/users/{user}", change_user, STAFF_ADMIN),
+    ("DELETE", "/users/{user}", delete_user, STAFF_ADMIN),
     ("PUT", "/users/{user}/staff", set_staff, STAFF_ADMIN),
 ]
 

@@ -37,6 +37,8 @@ TEAMS = ROOT + "teams/"  # + org/team
 PROJECTS = ROOT + "projects/"  # + org/project
 MEMBERS = ROOT + "members/"  # + org/kind/name-or-"-"/user
 STAFF = ROOT + "staff/"  # + user
+OIDC_LINKS = ROOT + "oidc/"  # + sha256(issuer, subject): the user's id (people.signin)
+SCIM_USERS = ROOT + "scim/users/"  # + a user's id: SCIM's attributes beside it (llmgwd.scim)
 
 R = TypeVar("R", bound=msgspec.Struct)
 _enc = msgspec.json.Encoder()
@@ -144,6 +146,28 @@ class Directory:
         return await self._change(
             User, USERS + user_id, lambda u: msgspec.structs.replace(u, **changes), "user"
         )
+
+    async def delete_user(self, user_id: str) -> User:
+        """A user gone with their name, memberships, staff role, limits, sign-in links and
+        SCIM attributes, at once (their keys are the catalog's: the caller revokes them)."""
+        while True:
+            kv = await self._store.get(USERS + user_id)
+            if kv is None:
+                raise _missing("user", user_id)
+            user = _dec(User, kv)
+            members, _ = await self._store.range(MEMBERS, prefix_end(MEMBERS))
+            links, _ = await self._store.range(OIDC_LINKS, prefix_end(OIDC_LINKS))
+            ops: list[Put | Delete | Get] = [
+                Delete(kv.key),
+                Delete(LOGINS + user.name),
+                Delete(STAFF + user_id),
+                Delete(SCIM_USERS + user_id),
+                Delete(lv.LEVELS + lv.user_level(user_id)),
+                *[Delete(m.key) for m in members if _dec(Membership, m).user == user_id],
+                *[Delete(link.key) for link in links if link.value.decode() == user_id],
+            ]
+            if (await self._store.txn([_unchanged(kv.key, kv)], ops)).succeeded:
+                return user
 
     async def rename_user(self, user_id: str, name: str) -> User:
         """Give a user a new unique name (SCIM's userName); a name taken is a conflict."""

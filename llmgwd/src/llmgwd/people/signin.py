@@ -9,13 +9,13 @@ import re
 from typing import Any
 
 from llmgw.config import GroupRule, Oidc
-from llmgwd.people.directory import ROOT, Directory
+from llmgwd.people.directory import OIDC_LINKS, Directory
 from llmgwd.people.oidc import SignInError
 from llmgwd.people.records import GroupSource, MemberRole, Scope, User
 from llmgwd.people.rules import NAME_RE, PeopleError, rank
 from llmgwd.store import Store
 
-SUBJECTS = ROOT + "oidc/"  # + sha256(issuer, subject): the user's id
+SUBJECTS = OIDC_LINKS  # + sha256(issuer, subject): the user's id
 
 
 def groups_of(claims: dict[str, Any], claim: str) -> set[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgwd.people.directory import ROOT, Directory
+from llmgwd.people.directory import SCIM_USERS, Directory
 from llmgwd.people.records import User
 from llmgwd.people.rules import PeopleError
 from llmgwd.scim import query
@@ -21,7 +21,7 @@ from llmgwd.scim.discovery import USER_ATTRS
 from llmgwd.scim.patch import apply
 from llmgwd.store import prefix_end
 
-SIDE = ROOT + "scim/users/"  # + a user's id: the SCIM attributes kept beside the directory's
+SIDE = SCIM_USERS  # + a user's id: the SCIM attributes kept beside the directory's
 PREFIX = "/scim/v2"
 NAMES = [str(a["name"]) for a in USER_ATTRS] + ["externalId"]
 EXTRA = ("name", "displayName", "emails", "externalId")  # kept in the side record
