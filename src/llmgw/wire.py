@@ -20,6 +20,16 @@ class Disk(msgspec.Struct, frozen=True):
     free_bytes: int
 
 
+class GpuCounters(msgspec.Struct, frozen=True):
+    """A card's or a MIG instance's profiling counters over the agent's last report interval
+    (NVML's GPM, Hopper and later), each a percentage; None: NVML did not tell it."""
+
+    sm_active_percent: float | None = None  # share of SMs busy
+    sm_occupancy_percent: float | None = None  # resident warps against the most possible
+    tensor_active_percent: float | None = None  # share of time any tensor pipe ran
+    dram_active_percent: float | None = None  # DRAM bandwidth used against its peak
+
+
 class MigInstance(msgspec.Struct, frozen=True):
     """One MIG instance of a card: a place of its own, with its own id and its own memory."""
 
@@ -29,6 +39,7 @@ class MigInstance(msgspec.Struct, frozen=True):
     profile: str  # "3g.40gb", as NVIDIA names the instance's slice of the card
     memory_total_bytes: int
     memory_free_bytes: int
+    counters: GpuCounters | None = None  # None: no profiling counters (before Hopper)
 
 
 class Gpu(msgspec.Struct, frozen=True):
@@ -53,6 +64,9 @@ class Gpu(msgspec.Struct, frozen=True):
     # The card's device node is /dev/nvidiaMINOR (NVML's minor number, which need not be its
     # index); -1: not told (an agent older than this field: its index is taken).
     minor: int = -1
+    # Profiling counters where NVML's GPM reads them (Hopper and later); never on a card in
+    # MIG mode, whose instances carry their own.
+    counters: GpuCounters | None = None
 
 
 class Inventory(msgspec.Struct, frozen=True):

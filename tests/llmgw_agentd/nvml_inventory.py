@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from llmgw.wire import Inventory
+from llmgw_agentd.gpm import GpmSampler
 from llmgw_agentd.gpus import GpuReader
 from tests.llmgw_agentd.fake_nvml import FakeNvml
 
@@ -16,8 +17,12 @@ def load(name: str) -> dict[str, Any]:
 
 
 def recorded(recording: dict[str, Any], toolkit: str = "") -> Inventory:
-    """A node's inventory with the cards and driver of an NVML recording."""
-    report = GpuReader(FakeNvml(recording)).read()
+    """A node's inventory with the cards and driver of an NVML recording, as its second
+    report gives it (the first has no GPM counters: they are measured between two)."""
+    clock = iter(range(0, 3600, 60))
+    reader = GpuReader(FakeNvml(recording), GpmSampler(lambda: float(next(clock))))
+    reader.read()
+    report = reader.read()
     return Inventory(
         cores=8,
         memory_bytes=64 << 30,
@@ -40,4 +45,21 @@ def pascal() -> dict[str, Any]:
     for d in r["devices"]:
         d["nvmlDeviceGetName"] = "NVIDIA GeForce GTX 1080 Ti"
         d["nvmlDeviceGetCudaComputeCapability"] = [6, 1]
+    return r
+
+
+def hopper_mig() -> dict[str, Any]:
+    """The A100 MIG recording with its card made an H100 (compute capability 9.0) that reads
+    GPM, each MIG instance answering the counters of one of the DCGM-read H100 cards
+    (nvml/gpm/dgx-h100-8x80gb.json) in turn: a changed recording, not a capture (no public
+    capture of GPM on a Hopper card's MIG instances was found)."""
+    r = copy.deepcopy(load("a100-80gb-mig"))
+    counters = [d["nvmlGpmMetricsGet"] for d in load("dgx-h100-8x80gb")["devices"][:2]]
+    for d in r["devices"]:
+        d["nvmlDeviceGetName"] = "NVIDIA H100 80GB HBM3"
+        d["nvmlDeviceGetCudaComputeCapability"] = [9, 0]
+        d["nvmlGpmQueryDeviceSupport"] = {"isSupportedDevice": 1}
+        slots = [s for s in d["mig_devices"] if s is not None]
+        for i, slot in enumerate(slots):
+            slot["nvmlGpmMetricsGet"] = counters[i % len(counters)]
     return r

@@ -8,6 +8,7 @@ import re
 from typing import Any, NamedTuple, Protocol, cast
 
 from llmgw.wire import Gpu, MigInstance
+from llmgw_agentd.gpm import GpmNvml, GpmSampler
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +21,11 @@ DRIVER_NOT_LOADED = 9
 _MIG_PROFILE = re.compile(r"\b(\d+g\.\d+gb(?:\+\w+)?)\b")
 
 
-class Nvml(Protocol):
+class Nvml(GpmNvml, Protocol):
     """The part of pynvml this module calls: the real module, or a fake replaying recordings.
 
     Handles are opaque; structures answered (memory, utilization) are read by attribute.
     """
-
-    NVMLError: type[Exception]
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -80,11 +79,13 @@ class GpuReader:
     """Reads the cards on every call, initialising NVML once.
 
     Where NVIDIA's library or driver is missing the node simply has no GPUs: that is said
-    once in the log, and every later read answers no GPUs without trying again.
+    once in the log, and every later read answers no GPUs without trying again. Each read
+    also answers the profiling counters since the last (gpm.py), where the cards have them.
     """
 
-    def __init__(self, nvml: Nvml | None = None) -> None:
+    def __init__(self, nvml: Nvml | None = None, gpm: GpmSampler | None = None) -> None:
         self._nvml = nvml
+        self._gpm = gpm or GpmSampler()
         self._ready = False
         self._absent = False
 
@@ -132,12 +133,14 @@ class GpuReader:
             except nvml.NVMLError as e:
                 # One card in a bad state (lost, needing a reset) must not hide the others.
                 log.warning("NVML could not read card %d: %s", index, e)
+        self._gpm.sweep(nvml)
         return GpuReport(gpus, driver, cuda)
 
     def close(self) -> None:
         """Shut NVML down (the library stays loaded; a later read starts it again)."""
         if self._ready and self._nvml is not None:
             self._ready = False
+            self._gpm.close(self._nvml)
             try:
                 self._nvml.nvmlShutdown()
             except self._nvml.NVMLError as e:
@@ -151,23 +154,25 @@ class GpuReader:
         mig_on = bool(mig and mig[0] == 1)
         util = self._optional(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
         minor_number = self._optional(nvml, nvml.nvmlDeviceGetMinorNumber, h)
+        uuid = nvml.nvmlDeviceGetUUID(h)
         return Gpu(
             index=index,
-            uuid=nvml.nvmlDeviceGetUUID(h),
+            uuid=uuid,
             name=nvml.nvmlDeviceGetName(h),
             memory_total_bytes=int(mem.total),
             memory_free_bytes=int(mem.free),
             compute_capability=f"{major}.{minor}",
             mig=mig_on,
-            instances=self._instances(nvml, h) if mig_on else [],
+            instances=self._instances(nvml, h, uuid) if mig_on else [],
             utilization_percent=None if util is None else int(util.gpu),
             memory_utilization_percent=None if util is None else int(util.memory),
             power_draw_mw=self._optional(nvml, nvml.nvmlDeviceGetPowerUsage, h),
             power_limit_mw=self._optional(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, h),
             minor=-1 if minor_number is None else int(minor_number),
+            counters=None if mig_on else self._gpm.card(nvml, h, uuid),
         )
 
-    def _instances(self, nvml: Nvml, card: Any) -> list[MigInstance]:
+    def _instances(self, nvml: Nvml, card: Any, card_uuid: str) -> list[MigInstance]:
         out: list[MigInstance] = []
         for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(card)):
             try:
@@ -177,14 +182,17 @@ class GpuReader:
                     raise
                 continue
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            uuid = nvml.nvmlDeviceGetUUID(h)
+            gi = nvml.nvmlDeviceGetGpuInstanceId(h)
             out.append(
                 MigInstance(
-                    uuid=nvml.nvmlDeviceGetUUID(h),
-                    gpu_instance_id=nvml.nvmlDeviceGetGpuInstanceId(h),
+                    uuid=uuid,
+                    gpu_instance_id=gi,
                     compute_instance_id=nvml.nvmlDeviceGetComputeInstanceId(h),
                     profile=mig_profile(nvml.nvmlDeviceGetName(h)),
                     memory_total_bytes=int(mem.total),
                     memory_free_bytes=int(mem.free),
+                    counters=self._gpm.instance(nvml, card, card_uuid, gi, uuid),
                 )
             )
         return out
