@@ -20,7 +20,7 @@ from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Scraper
 from llmgwd.router.metrics import RouterMetrics
-from tests.llmgw_agentd.nvml_inventory import load, recorded
+from tests.llmgw_agentd.nvml_inventory import hopper_mig, load, recorded
 from tests.llmgwd.test_metrics import Pool, node
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "packaging/grafana/llmgw.json"
@@ -39,7 +39,8 @@ def queries(dashboard: dict[str, Any]) -> Iterator[str]:
 
 
 async def served_names() -> set[str]:
-    """The sample names of llmgwd's /metrics with one model's traffic and a MIG node."""
+    """The sample names of llmgwd's /metrics with one model's traffic, a MIG node and a
+    Hopper MIG node (whose instances have GPM's counters)."""
     registry = CollectorRegistry()
     router = RouterMetrics(registry, lambda name: name == "m")
     router.requests.labels("m", "/v1/chat/completions", "2xx").inc()
@@ -48,7 +49,8 @@ async def served_names() -> set[str]:
     router.refusals.labels("m", "budget").inc()
     replicas = (ReplicaStatus("r1", "m", "ready"),)
     nodes = [node("dgx", recorded(load("dgx-h100-8x80gb")), replicas=replicas),
-             node("a100", recorded(load("a100-80gb-mig")))]  # fmt: skip
+             node("a100", recorded(load("a100-80gb-mig"))),
+             node("hopper", recorded(hopper_mig()))]  # fmt: skip
     cluster = ClusterCollector(lambda: ["m"], Pool(), lambda: nodes, lambda m: 0, 60.0)
     text = await Scraper(registry, [cluster, GpuCollector(lambda: nodes)]).render()
     return {s.name for f in text_string_to_metric_families(text.decode()) for s in f.samples}
@@ -59,7 +61,8 @@ async def test_every_metric_the_dashboard_queries_is_served() -> None:
     wanted = {name for query in queries(dashboard) for name in NAME.findall(query)}
     assert {"llmgw_requests_total", "llmgw_first_token_seconds_bucket", "llmgw_tokens_total",
             "llmgw_gpu_memory_used_bytes", "llmgw_gpu_busy_ratio", "llmgw_replicas_wanted",
-            "llmgw_replicas_ready"} <= wanted  # fmt: skip
+            "llmgw_replicas_ready", "llmgw_gpu_sm_active_ratio", "llmgw_mig_sm_active_ratio",
+            "llmgw_gpu_tensor_active_ratio", "llmgw_mig_tensor_active_ratio"} <= wanted  # fmt: skip
     assert wanted - await served_names() == set()
 
 
