@@ -231,3 +231,29 @@ async def test_a_deleted_user_s_keys_stop_at_once_and_nothing_of_theirs_stays(
         assert (await site.store.get(f"/limits/user:{ann}")) is None
     finally:
         follower.cancel()
+
+
+async def test_a_member_lists_only_their_organizations_and_staff_every_one(site: Site) -> None:
+    await site.people.create_org("initech")
+    gil = await site.people.create_user("gil")  # of globex's project x, and of no other
+    site.catalog.note_user(gil)
+    await site.people.set_member(
+        "", gil.id, Scope(org="globex", kind="project", name="x"), "member"
+    )
+    gil_key = (await site.catalog.create_key("gil", owner=KeyOwner(user=gil.id)))[1]
+    await site.people.set_member("", site.ids["ann"], Scope(org="initech"), "admin")
+
+    async def names(key: str) -> list[str]:
+        status, orgs = await site.call(key, "GET", "/orgs")
+        assert status == 200
+        return [o["name"] for o in orgs]
+
+    assert await names(gil_key) == ["globex"]
+    assert await names(site.keys["bob"]) == ["acme"]  # a project's manager
+    assert await names(site.keys["ann"]) == ["acme"]  # her key is narrowed to acme/chat
+    own = (await site.catalog.create_key("ann-own", owner=KeyOwner(user=site.ids["ann"])))[1]
+    assert await names(own) == ["acme", "initech"]  # her own rights: both, never globex
+    everyone = ["acme", "globex", "initech"]
+    assert await names(site.keys["sam"]) == everyone  # a staff viewer
+    assert await names(site.keys["admin"]) == everyone
+    assert (await site.call(site.keys["old"], "GET", "/orgs"))[0] == 403  # a key of no maker

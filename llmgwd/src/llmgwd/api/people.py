@@ -98,9 +98,18 @@ def _scope(request: web.Request) -> Scope:
 # Organizations, teams, projects
 
 
-async def list_orgs(request: web.Request, _who: Principal) -> web.Response:
-    """GET /orgs"""
-    return json_response(await _dir(request).orgs())
+async def list_orgs(request: web.Request, who: Principal) -> web.Response:
+    """GET /orgs: every one to staff; to a user, those they are a member of (a key narrowed
+    to a project: that project's)."""
+    people = _dir(request)
+    orgs = await people.orgs()
+    staff = who.staff or (who.user and not who.project and await people.staff_role(who.user))
+    if staff:
+        return json_response(orgs)
+    mine = await people.orgs_of(who.user) if who.user else set()
+    if who.project:
+        mine &= {who.org}
+    return json_response([o for o in orgs if o.name in mine])
 
 
 async def create_org(request: web.Request, who: Principal) -> web.Response:
@@ -269,9 +278,10 @@ async def set_staff(request: web.Request, who: Principal) -> web.Response:
 MEMBER_READ = org_rule("member", read=True)
 ORG_ADMIN = org_rule("admin")
 MANAGER = org_rule("manager")  # of the team or project the path names, or the org's
+SIGNED_IN = Rule(STAFF_READ.staff, user=True)  # staff, and every user (their own answer)
 
 TABLE: list[tuple[str, str, Handler, Rule]] = [
-    ("GET", "/orgs", list_orgs, STAFF_READ),
+    ("GET", "/orgs", list_orgs, SIGNED_IN),
     ("POST", "/orgs", create_org, STAFF_ADMIN),
     ("GET", "/orgs/{org}", get_org, MEMBER_READ),
     ("DELETE", "/orgs/{org}", delete_org, STAFF_ADMIN),

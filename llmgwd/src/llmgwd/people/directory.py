@@ -375,6 +375,11 @@ class Directory:
         """Every membership in an organization and its teams and projects."""
         return await self._list(Membership, MEMBERS + org + "/")
 
+    async def orgs_of(self, user: str) -> set[str]:
+        """The organizations user holds a membership in (of it, or a team or project of it)."""
+        kvs, _ = await self._store.range(MEMBERS, prefix_end(MEMBERS))
+        return {m.scope.org for m in (_dec(Membership, kv) for kv in kvs) if m.user == user}
+
     async def role_in(
         self, user: str, org: str, team: str = "", project: str = ""
     ) -> MemberRole | None:
