@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
 import pytest
 
 from llmgw.wire import GpuCounters, Heartbeat, Inventory, decode_agent, encode
-from llmgw_agentd.gpm import GpmSampler
+from llmgw_agentd.gpm import GpmSampler, measure
 from llmgw_agentd.gpus import GpuReader
 from tests.llmgw_agentd.fake_nvml import RECORDINGS, FakeNvml
 from tests.llmgw_agentd.nvml import record
@@ -160,3 +161,22 @@ def test_record_py_records_the_gpm_answers_as_the_replay_gives_them(
             slots = zip(again["mig_devices"], card["mig_devices"], strict=True)
             for a, c in slots:
                 assert (a or {}).get("nvmlGpmMetricsGet") == (c or {}).get("nvmlGpmMetricsGet")
+
+
+def test_the_request_is_pynvmls_own_struct_filled_as_nvml_reads_it() -> None:
+    # On a real card the request is pynvml's ctypes struct and the samples its pointers:
+    # measure() fills and reads that struct (NVML itself answers through it in place).
+    class Nvml(FakeNvml):
+        c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+
+        def nvmlGpmMetricsGet(self, request: Any) -> Any:
+            assert request.version == 1 and request.numMetrics == 4
+            asked = [request.metrics[i].metricId for i in range(4)]
+            assert asked == [2, 3, 5, 10]
+            for i, value in enumerate((91.25, 24.45, 0.0)):
+                request.metrics[i].value = value
+            request.metrics[3].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return request
+
+    got = measure(Nvml(None), pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t())
+    assert got == GpuCounters(91.25, 24.45, 0.0, None)
