@@ -3,21 +3,19 @@ the session's key is kept in the user's config dir (0600) for the commands that 
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 import webbrowser
 from pathlib import Path
-from typing import Any
 
 import click
 import msgspec
 
-from llmgw.api_types import ErrorAnswer, LoginAnswer, OidcInfo, OidcLogin
-from llmgw.cli.common import Refused, Unreachable
+from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
+from llmgw.cli.common import Refused
+from llmgw.cli.login_device import device_sign_in
 from llmgw.cli.login_flow import Catcher, Request
+from llmgw.cli.login_http import call
 
 WAIT_S = 300.0  # how long the person has to sign in
 
@@ -58,24 +56,6 @@ def load_session() -> SavedSession | None:
     return saved if saved.expires_at > time.time() else None
 
 
-def _http(method: str, url: str, body: object = None, timeout: float = 30.0) -> Any:
-    """One JSON call to the client port; a refusal or an unreachable server ends the command."""
-    data = msgspec.json.encode(body) if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http(s) only)
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http(s) only)
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        try:
-            message = msgspec.json.decode(e.read(), type=ErrorAnswer).error.message
-        except msgspec.DecodeError:
-            message = f"the server answered HTTP {e.code}"
-        raise Refused(message) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise Unreachable(f"{url}: {getattr(e, 'reason', e)}") from None
-
-
 def open_browser(url: str) -> None:
     """Open url in the person's browser, if there is one (the URL is printed anyway)."""
     webbrowser.open(url)
@@ -83,10 +63,12 @@ def open_browser(url: str) -> None:
 
 def _sign_in(server: str, browser: bool) -> LoginAnswer:
     login = server + "/api/v1/login/oidc"
-    info = msgspec.convert(_http("GET", login), OidcInfo)
+    info = msgspec.convert(call("GET", login), OidcInfo)
     catcher = Catcher()
     req = Request(info=info, redirect_uri=catcher.redirect_uri)
     click.echo(f"Sign in with {info.issuer} by opening:\n\n  {req.url()}\n")
+    if not browser or not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        click.echo("(no browser on this machine? llmgw login --device signs in with a code)\n")
     if browser:
         open_browser(req.url())
     query = catcher.wait(WAIT_S)
@@ -102,7 +84,7 @@ def _sign_in(server: str, browser: bool) -> LoginAnswer:
         code_verifier=req.verifier,
         redirect_uri=req.redirect_uri,
     )
-    return msgspec.convert(_http("POST", login, body), LoginAnswer)
+    return msgspec.convert(call("POST", login, body), LoginAnswer)
 
 
 @click.command()
@@ -113,13 +95,26 @@ def _sign_in(server: str, browser: bool) -> LoginAnswer:
     help="The cluster's client port, https://HOST:7700 (or $LLMGW_SERVER).",
 )
 @click.option("--no-browser", is_flag=True, help="Print the sign-in URL only; open no browser.")
-def login(server: str, no_browser: bool) -> None:
-    """Sign in with the site's identity provider (OpenID Connect, a browser with PKCE and a
-    redirect to 127.0.0.1); the session's key is kept in ~/.config/llmgw/session.json (0600)."""
+@click.option(
+    "--device",
+    is_flag=True,
+    help="Sign in with a user code confirmed on any device (no browser or redirect here).",
+)
+def login(server: str, no_browser: bool, device: bool) -> None:
+    """Sign in with the site's identity provider (OpenID Connect); the session's key is kept
+    in ~/.config/llmgw/session.json (0600) until it ends (the server's oidc.session_ttl_s).
+
+    By default a browser signs in (the authorization code grant with PKCE) and the provider
+    sends it back to a one-shot listener on 127.0.0.1, so the browser must run on this
+    machine. On a terminal with no browser (over ssh, on a cluster's login node) use
+    --device: llmgw prints a page and a user code, the person confirms the code there on any
+    device, and llmgw waits, polling the server as often as it says (the device
+    authorization grant); it is never chosen on its own. Either way the server, not llmgw,
+    holds the client secret and checks the ID token."""
     server = server.rstrip("/")
     if not server.startswith(("https://", "http://")):
         raise click.BadParameter("must be an http(s):// URL", param_hint="--server")
-    answer = _sign_in(server, not no_browser)
+    answer = device_sign_in(server) if device else _sign_in(server, not no_browser)
     saved = SavedSession(
         server=server,
         key=answer.key,

@@ -1,52 +1,32 @@
 """/api/v1/login: sign-in with the site's OpenID Connect provider, open to callers without a
 key (that is what they come for): GET what `llmgw login` needs, POST a sign-in's code or ID
-token for a key of the user's with a bounded life."""
+token for a key of the user's with a bounded life; the device grant's routes beside them."""
 
 from __future__ import annotations
 
-import logging
-import time
-
 from aiohttp import web
 
-from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
+from llmgw.api_types import OidcInfo, OidcLogin
 from llmgw.config import Oidc
+from llmgwd.api import login_device
 from llmgwd.api.base import ApiError, errors_middleware, json_response, read_body
-from llmgwd.catalog import Catalog, KeyOwner
+from llmgwd.api.login_session import KEYS, OIDC, SIGNIN, off, parts, refuse, session_for
+from llmgwd.catalog import Catalog
 from llmgwd.people.oidc import Provider, SignInError
 from llmgwd.people.signin import SignIn
 
-log = logging.getLogger(__name__)
-
 PREFIX = "/api/v1/login"  # mounted before /api/v1 on the client port, so no key is asked
-OIDC = web.AppKey("llmgw.login.oidc", Provider)
-SIGNIN = web.AppKey("llmgw.login.signin", SignIn)
-KEYS = web.AppKey("llmgw.login.keys", Catalog)
-_TYPES = {401: "authentication_error", 403: "permission_error", 409: "conflict_error"}
-
-
-def _refuse(e: SignInError) -> ApiError:
-    return ApiError(e.status, str(e), _TYPES.get(e.status, "server_error"), e.code)
-
-
-def _off() -> ApiError:
-    return ApiError(
-        404,
-        "sign-in with OIDC is not set up here (oidc.issuer in server.yaml)",
-        "not_found_error",
-        "oidc_off",
-    )
 
 
 async def get_oidc(request: web.Request) -> web.StreamResponse:
     """What `llmgw login` sends a person to: the provider's endpoint, client id, scopes."""
     provider = request.app.get(OIDC)
     if provider is None:
-        raise _off()
+        raise off()
     try:
         meta = await provider.metadata()
     except SignInError as e:
-        raise _refuse(e) from None
+        raise refuse(e) from None
     settings = provider.settings
     return json_response(
         OidcInfo(
@@ -61,9 +41,7 @@ async def get_oidc(request: web.Request) -> web.StreamResponse:
 async def post_oidc(request: web.Request) -> web.StreamResponse:
     """A sign-in: its ID token (traded for its code here, or given) checked, the user made or
     updated with the group rules' memberships, and a session key of theirs answered."""
-    provider, signin = request.app.get(OIDC), request.app.get(SIGNIN)
-    if provider is None or signin is None:
-        raise _off()
+    provider, _ = parts(request)
     body = await read_body(request, OidcLogin)
     if not body.id_token and not (body.code and body.code_verifier and body.redirect_uri):
         raise ApiError(
@@ -78,17 +56,9 @@ async def post_oidc(request: web.Request) -> web.StreamResponse:
             body.code, body.code_verifier, body.redirect_uri
         )
         claims = await provider.verify(token, body.nonce)
-        user = await signin.user_for(claims)
     except SignInError as e:
-        raise _refuse(e) from None
-    expires_at = time.time() + provider.settings.session_ttl_s
-    request.app[KEYS].note_user(user)  # a new user's key works here at once, before the watch
-    _, key = await request.app[KEYS].create_key(
-        f"login {user.name}", owner=KeyOwner(user=user.id), expires_at=expires_at
-    )
-    log.info("oidc: user %s (%s) signed in", user.id, user.name)
-    answer = LoginAnswer(user=user.id, name=user.name, key=key, expires_at=expires_at)
-    return json_response(answer)
+        raise refuse(e) from None
+    return json_response(await session_for(request, claims))
 
 
 def login_app(catalog: Catalog, settings: Oidc) -> web.Application:
@@ -98,5 +68,12 @@ def login_app(catalog: Catalog, settings: Oidc) -> web.Application:
     if settings.issuer:
         app[OIDC] = Provider(settings)
         app[SIGNIN] = SignIn(catalog.store, settings)
-    app.add_routes([web.get("/oidc", get_oidc), web.post("/oidc", post_oidc)])
+    app.add_routes(
+        [
+            web.get("/oidc", get_oidc),
+            web.post("/oidc", post_oidc),
+            web.post("/device", login_device.post_device),
+            web.post("/device/token", login_device.post_device_token),
+        ]
+    )
     return app

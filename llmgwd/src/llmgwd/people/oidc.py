@@ -81,6 +81,34 @@ class Provider:
             self._keys_at = time.monotonic()
         return self._keys
 
+    async def client_form(self) -> dict[str, str]:
+        """The client's own fields for a call to the provider: its id, and its secret (read
+        from its file at each call, never logged)."""
+        form = {"client_id": self.settings.client_id}
+        if self.settings.client_secret_file:
+            path = Path(self.settings.client_secret_file)
+            form["client_secret"] = (await asyncio.to_thread(path.read_text)).strip()
+        return form
+
+    async def post_form(self, endpoint: str, form: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """POST form, with the client's id and secret, to the discovery document's endpoint;
+        the HTTP status and the JSON answer ({} when it is not a JSON object)."""
+        url = str((await self.metadata()).get(endpoint, ""))
+        if not url:
+            raise SignInError(502, "provider_unsupported", f"the provider has no {endpoint}")
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=TIMEOUT) as http,
+                http.post(url, data=form | await self.client_form()) as resp,
+            ):
+                answer = await resp.json(content_type=None)
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            log.warning("oidc: %s: %s", endpoint, type(e).__name__)
+            why = f"cannot reach the provider's {endpoint}"
+            raise SignInError(502, "provider_unreachable", why) from None
+        return status, answer if isinstance(answer, dict) else {}
+
     async def redeem(self, code: str, verifier: str, redirect_uri: str) -> str:
         """Trade a sign-in's code (with its PKCE verifier) for the ID token, as the client."""
         form = {
@@ -88,31 +116,20 @@ class Provider:
             "code": code,
             "code_verifier": verifier,
             "redirect_uri": redirect_uri,
-            "client_id": self.settings.client_id,
         }
-        if self.settings.client_secret_file:
-            path = Path(self.settings.client_secret_file)
-            form["client_secret"] = (await asyncio.to_thread(path.read_text)).strip()
-        url = str((await self.metadata())["token_endpoint"])
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=TIMEOUT) as http,
-                http.post(url, data=form) as resp,
-            ):
-                answer = await resp.json(content_type=None)
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            log.warning("oidc: token endpoint: %s", type(e).__name__)
-            why = "cannot reach the token endpoint"
-            raise SignInError(502, "provider_unreachable", why) from None
-        if status != 200 or not isinstance(answer, dict) or "id_token" not in answer:
-            why = answer.get("error", "") if isinstance(answer, dict) else ""
+        status, answer = await self.post_form("token_endpoint", form)
+        if status != 200 or "id_token" not in answer:
+            why = str(answer.get("error", ""))[:64]
             log.info("oidc: the provider refused a code (HTTP %d %s)", status, why)
             raise SignInError(401, "code_refused", "the provider refused the sign-in's code")
         return str(answer["id_token"])
 
-    async def verify(self, id_token: str, nonce: str) -> dict[str, Any]:
-        """The ID token's claims, once its signature, issuer, audience, times and nonce hold."""
+    async def verify(
+        self, id_token: str, nonce: str, *, nonce_needed: bool = True
+    ) -> dict[str, Any]:
+        """The ID token's claims, once its signature, issuer, audience, times and nonce hold
+        (without nonce_needed, a token with no nonce passes: one the token endpoint gave
+        llmgwd itself, in the device grant; a token's nonce must still be the one sent)."""
         try:
             token = jwt.decode(id_token, await self.keys(), algorithms=ALGORITHMS)
         except JoseError:
@@ -128,7 +145,7 @@ class Provider:
             aud={"essential": True, "value": self.settings.client_id},
             exp={"essential": True},
             sub={"essential": True},
-            nonce={"essential": True, "value": nonce},
+            nonce={"essential": nonce_needed, "value": nonce},
         )
         try:
             registry.validate(token.claims)
