@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -32,9 +33,13 @@ from llmgwd.api.access import key_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
+from llmgwd.people.oidc import Provider, SignInError
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.people import npm_oidc
 from tests.llmgwd.people.test_oidc_login import RULES, Gateway, NoNodes
+from tests.llmgwd.people.test_oidc_login import _provider as mock_provider
+from tests.llmgwd.people.test_oidc_login import _provider_token as mock_token
+from tests.llmgwd.people.test_oidc_login import _put_user as mock_put_user
 
 SECRET = "llmgw-npm-client-secret-91c2"  # the provider checks it; it must never be logged
 
@@ -236,3 +241,40 @@ async def test_a_device_code_nobody_confirms_expires(
             assert result.exit_code == 1
             assert "Error: the sign-in's user code expired before it was confirmed" in result.output
             assert not (tmp_path / "llmgw" / "session.json").exists()
+
+
+async def test_llmgw_login_waits_longer_after_a_slow_down(
+    gw: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    slowed = threading.Event()
+
+    def pause(seconds: float) -> None:  # the first two polls at once: the second too soon
+        waits.append(seconds)
+        if seconds > 1:
+            slowed.set()
+        if len(waits) > 2:
+            time.sleep(1.1)  # past the provider's interval, not the 6 s asked
+
+    def confirm(auth: DeviceAuthorization) -> None:
+        slowed.wait(60)
+        npm_oidc.Person().confirm_code(auth.verification_uri, auth.user_code, "ada-sub")
+
+    monkeypatch.setattr(cli_device, "pause", pause)
+    monkeypatch.setattr(cli_device, "show_code", _show_and(confirm))
+    result = await _llmgw_login(gw, tmp_path, monkeypatch, "--device")
+    assert result.exit_code == 0, result.output
+    assert waits[:3] == [1, 1, 6] and set(waits[3:]) <= {6}
+
+
+async def test_a_device_token_s_nonce_if_any_must_be_its_own(tmp_path: Path) -> None:
+    """This provider puts no nonce in a device grant's ID token (RFC 8628 has none), so the
+    check is shown on oidc-provider-mock's tokens, which carry the one asked for."""
+    for issuer in mock_provider():
+        mock_put_user(issuer, "dee-sub", {"preferred_username": "dee"})
+        token = await mock_token(issuer, "llmgw", "dee-sub", "n1")
+        provider = Provider(Oidc(issuer=issuer, client_id="llmgw"))
+        assert (await provider.verify(token, "n1", nonce_needed=False))["sub"] == "dee-sub"
+        with pytest.raises(SignInError) as refused:
+            await provider.verify(token, "another", nonce_needed=False)
+        assert refused.value.code == "invalid_id_token"
