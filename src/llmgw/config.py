@@ -208,6 +208,15 @@ class AgentConfig(Strict):
     engines: Engines = msgspec.field(default_factory=Engines)
     heartbeat_s: float = 5.0
     log_level: str = "info"
+    # Read for the cards' profiling counters where NVML's GPM gives none (cards before Hopper).
+    dcgm_exporter: str = ""  # a dcgm-exporter's /metrics on the loopback, for counters GPM lacks
+
+    def __post_init__(self) -> None:
+        if self.dcgm_exporter and not (
+            urlsplit(self.dcgm_exporter).scheme == "http" and _loopback_url(self.dcgm_exporter)
+        ):
+            host = urlsplit(self.dcgm_exporter).hostname  # the URL may hold a password
+            raise ValueError(f"dcgm_exporter: not an http:// URL on the loopback (host {host!r})")
 
 
 C = TypeVar("C", bound=Strict)

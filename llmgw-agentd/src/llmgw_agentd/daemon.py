@@ -16,7 +16,7 @@ from aiohttp.typedefs import Handler
 
 from llmgw import localsock, sdnotify, wire
 from llmgw.config import AgentConfig
-from llmgw_agentd import fwkeep, inventory, link, membw
+from llmgw_agentd import dcgm, fwkeep, inventory, link, membw
 from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.planes import PLANES_FILE, Planes
@@ -53,6 +53,9 @@ class Agent:
         self._link_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._gpus = GpuReader()
+        # The node's dcgm-exporter, where agent.yaml names one: counters GPM does not give.
+        self._dcgm = dcgm.Exporter(config.dcgm_exporter) if config.dcgm_exporter else None
+        self._dcgm_task: asyncio.Task[None] | None = None
         self._bandwidth: membw.Bandwidth | None = None
         self._measuring: asyncio.Task[None] | None = None
         self._planes: Planes | None = None
@@ -113,6 +116,8 @@ class Agent:
         else:
             self._connect(joined.server)
         self._firewall_task = asyncio.create_task(self.firewall.run())
+        if self._dcgm is not None:
+            self._dcgm_task = asyncio.create_task(self._dcgm.run(self.config.heartbeat_s))
         await self._start_slurm()
         sdnotify.ready(f"node {self.node}: {len(self.replicas.statuses())} engines")
         # Measured once, after READY: it takes a second or two and must not hold up a restart.
@@ -143,8 +148,9 @@ class Agent:
     def inventory(self) -> wire.Inventory:
         """What this node has now, as a heartbeat carries it."""
         found = inventory.collect(self.config.state_dir, self._gpus, self._bandwidth)
+        gpus = dcgm.fill(found.gpus, self._dcgm.counters) if self._dcgm else found.gpus
         return msgspec.structs.replace(
-            found, firewall=self.firewall.status, slurm=self.slurm.report
+            found, gpus=gpus, firewall=self.firewall.status, slurm=self.slurm.report
         )
 
     def _connect(self, server: str) -> None:
@@ -232,6 +238,8 @@ class Agent:
         sdnotify.stopping()
         if self._measuring is not None:
             self._measuring.cancel()
+        if self._dcgm_task is not None:
+            self._dcgm_task.cancel()
         if self._firewall_task is not None:
             self._firewall_task.cancel()  # the table stays: the next agent finds it
         if self._slurm_task is not None:
