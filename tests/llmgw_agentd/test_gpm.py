@@ -180,3 +180,15 @@ def test_the_request_is_pynvmls_own_struct_filled_as_nvml_reads_it() -> None:
 
     got = measure(Nvml(None), pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t())
     assert got == GpuCounters(91.25, 24.45, 0.0, None)
+
+
+def test_a_reader_for_placement_only_samples_no_counters() -> None:
+    # Replicas' own reader (cards for placement) keeps no GPM samples beside the reports'.
+    fake = FakeNvml.load("dgx-h100-8x80gb")
+    clock = Clock()
+    gpus = GpuReader(fake, GpmSampler(clock, on=False))
+    for step in range(3):
+        clock.now = 30.0 * step
+        report = gpus.read()
+    assert len(report.gpus) == 8 and all(g.counters is None for g in report.gpus)
+    assert not any(c.startswith("nvmlGpm") for c in fake.calls)

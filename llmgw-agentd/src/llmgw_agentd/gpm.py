@@ -51,8 +51,9 @@ class GpmSampler:
     counters since the one before; a first read answers none. A card without GPM (before
     Hopper, an older driver) answers none, asked once per card."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, on: bool = True) -> None:
         self._clock = clock
+        self._on = on  # off: a reader that wants the cards only (placement) samples nothing
         self._supported: dict[str, bool] = {}
         self._last: dict[str, _Last] = {}
         self._seen: set[str] = set()
@@ -73,6 +74,8 @@ class GpmSampler:
 
     def supported(self, nvml: GpmNvml, handle: Any, uuid: str) -> bool:
         """Whether the card reads GPM counters (asked once)."""
+        if not self._on:
+            return False
         if uuid not in self._supported:
             try:
                 ok = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)

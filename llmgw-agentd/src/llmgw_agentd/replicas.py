@@ -23,6 +23,7 @@ from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgw_agentd import cpus, devices, engines, oom, prepare
 from llmgw_agentd.cache import Cache, FetchError
 from llmgw_agentd.engines import HEALTH_PATH, PROPS_PATH, EngineError
+from llmgw_agentd.gpm import GpmSampler
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.inventory import collect
 from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
@@ -176,8 +177,10 @@ class Replicas:
         self._lock = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
         # The node's cards (a spec's UUIDs to /dev/nvidiaN, and whether they suit the engine)
-        # and the CPU ids engines are pinned to.
-        self._inventory = inventory or partial(collect, config.state_dir, GpuReader())
+        # and the CPU ids engines are pinned to; no profiling counters (the reports' reader
+        # samples those).
+        reader = GpuReader(gpm=GpmSampler(on=False))
+        self._inventory = inventory or partial(collect, config.state_dir, reader)
         self._online_cpus = online_cpus
         self._kernel_ooms = kernel_ooms  # the kernel's OOM kills so far (cgroup v1's only sign)
 
