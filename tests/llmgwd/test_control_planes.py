@@ -11,6 +11,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from llmgw import pki, wire
+from llmgw.api_types import ServerView
 from llmgwd.api.access import key_auth
 from llmgwd.api.base import ApiContext, ClusterNodes
 from llmgwd.api.routes import api_subapp
@@ -20,7 +21,6 @@ from llmgwd.control_planes import (
     Member,
     NoSuchServer,
     Refusal,
-    ServerView,
     remove,
     view,
 )
