@@ -151,6 +151,51 @@ class ModelView(msgspec.Struct, kw_only=True):
     mirror: SetStatus | None = None  # the mirror's fetch of the set, while it runs (or failed)
 
 
+# GET /models/{name}/plan: where a model's replicas are and would go, or why not.
+class Verdict(msgspec.Struct, frozen=True):
+    """Whether a replica of a profile fits on a node's place ("" for the node as a whole)."""
+
+    node: str
+    place: str
+    fits: bool
+    context: int = 0
+    memory_bytes: int = 0
+    tokens_per_s: float = 0.0  # the CPU estimate, where it runs on CPUs
+    reason: str = ""
+
+
+class PlaceView(msgspec.Struct, kw_only=True):
+    """Where a replica runs (a placement, as `llmgw model plan` shows it)."""
+
+    id: str
+    node: str
+    devices: list[str]
+    context: int
+    memory: str
+
+
+class ProfilePlan(msgspec.Struct, kw_only=True):
+    """One profile of a plan: its replicas, and where one more would go or why not."""
+
+    name: str
+    kind: str
+    replicas: int
+    priority: int
+    placed: list[PlaceView]
+    verdicts: list[Verdict]
+
+
+class PlanView(msgspec.Struct, kw_only=True):
+    """GET /models/{name}/plan"""
+
+    model: str
+    estimates: bool  # False: the file's shape is unknown, placed by count only
+    note: str
+    parked: bool
+    profiles: list[ProfilePlan]
+    failed_on: list[str]  # nodes where the model failed to start
+
+
 # GET /keys, POST /keys: keys and their limits.
 Period = Literal["day", "month"]  # budgets' periods, in UTC
 
@@ -188,6 +233,22 @@ class NewKey(msgspec.Struct, kw_only=True):
     created_at: float
     limits: KeyLimits
     key: str
+
+
+class LevelView(msgspec.Struct, kw_only=True):
+    """GET, PATCH /orgs/{org}/limits..., /users/{user}/limits: one level's limits and the
+    models it may use ([]: every model)."""
+
+    level: str  # org:ORG, team:ORG:TEAM, project:ORG:PROJECT, user:ID
+    limits: KeyLimits
+    models: list[str]
+
+
+class ScimTokenView(msgspec.Struct, kw_only=True):
+    """POST /scim/token: the identity provider's new SCIM token, this once (the old one stops)."""
+
+    token: str
+    path: str = "/scim/v2"
 
 
 # GET /nodes, DELETE /nodes/{name}: the nodes as the cluster state reports them.
@@ -382,3 +443,114 @@ class DevicePending(msgspec.Struct, kw_only=True):
 
     status: Literal["authorization_pending", "slow_down"]
     interval: int
+
+
+# People (llmgwd/api/people.py, person_keys.py): organizations, teams, projects, memberships,
+# users, staff roles and people's keys, as /api/v1 answers them.
+
+PersonRole = Literal["admin", "manager", "member"]
+StaffRoleName = Literal["admin", "operator", "viewer"]
+
+
+class OrgView(msgspec.Struct, kw_only=True):
+    """An organization: GET /orgs, GET /orgs/{org}, POST /orgs."""
+
+    name: str
+    title: str = ""  # shown to people; the name is the handle
+    created_at: float = 0.0
+
+
+class TeamView(msgspec.Struct, kw_only=True):
+    """A team of an organization: GET and POST /orgs/{org}/teams."""
+
+    org: str
+    name: str
+    title: str = ""
+    created_at: float = 0.0
+
+
+class ProjectView(msgspec.Struct, kw_only=True):
+    """A project of an organization, in one of its teams or not (team ""): GET and POST
+    /orgs/{org}/projects."""
+
+    org: str
+    name: str
+    team: str = ""
+    title: str = ""
+    created_at: float = 0.0
+
+
+class ScopeView(msgspec.Struct, kw_only=True):
+    """Where a membership holds: the organization (kind org, name ""), or a team or project."""
+
+    org: str
+    kind: Literal["org", "team", "project"] = "org"
+    name: str = ""
+
+
+class MembershipView(msgspec.Struct, kw_only=True):
+    """A user's role in a scope: GET /orgs/{org}/members, PUT .../members/{user}."""
+
+    user: str  # the user's id
+    scope: ScopeView
+    role: PersonRole
+    set_by: Literal["hand", "group"] = "hand"  # a group's rule never rewrites a hand's
+    group: str = ""  # the group whose rule set it
+    sources: dict[Literal["oidc", "scim"], PersonRole] = {}  # each group source's role
+    updated_at: float = 0.0
+
+
+class UserView(msgspec.Struct, kw_only=True):
+    """A user: GET /users, /users/{user}, POST /users, PATCH /users/{user}."""
+
+    id: str  # 12 hex digits, never reused
+    name: str
+    email: str = ""
+    source: Literal["oidc", "scim", "staff"] = "staff"
+    active: bool = True
+    created_at: float = 0.0
+
+
+class StaffView(msgspec.Struct, kw_only=True):
+    """PUT /users/{user}/staff: the user's staff role now (null: none)."""
+
+    user: str
+    staff: StaffRoleName | None
+
+
+class Deleted(msgspec.Struct, kw_only=True):
+    """DELETE /orgs/{org}, .../teams/{team}, .../projects/{project}: the name gone."""
+
+    name: str
+    deleted: bool
+
+
+class UserDeleted(msgspec.Struct, kw_only=True):
+    """DELETE /users/{user}: the user's id, gone (their keys revoked)."""
+
+    user: str
+    deleted: bool
+
+
+class MemberRemoved(msgspec.Struct, kw_only=True):
+    """DELETE .../members/{user}: the user's id, their membership there gone."""
+
+    user: str
+    removed: bool
+
+
+class PersonKeyView(msgspec.Struct, kw_only=True):
+    """A person's key without its secret or hash; key is set only in the answer that made it
+    (/me/keys, /orgs/{org}/projects/{project}/keys and service-keys)."""
+
+    id: str
+    name: str
+    prefix: str
+    user: str  # its maker's id
+    org: str
+    project: str  # "": a staff key
+    service: bool
+    created_at: float
+    revoked: bool
+    limits: KeyLimits
+    key: str = ""

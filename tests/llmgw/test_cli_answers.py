@@ -5,11 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
+from llmgw.api_types import (
+    KeyLimits,
+    ModelRemoved,
+    ModelView,
+    PlaceView,
+    PlanView,
+    ProfilePlan,
+    ScimTokenView,
+    Verdict,
+)
 from llmgw.cli import common
 from llmgw.cli.main import main
+from llmgw.mirror_api import MirrorStatus, NodeSweep, SetStatus, SweepOut
 
 COMMANDS = [
     ["nodes"],
@@ -27,6 +39,15 @@ COMMANDS = [
     ["mirror", "status"],
     ["mirror", "sweep"],
     ["mirror", "add-peer", "https://m2:7700/hf"],
+    ["model", "remove", "m"],
+    ["model", "remove", "m", "--files"],
+    ["model", "plan", "m"],
+    ["key", "list"],
+    ["key", "limits", "k1", "--rpm", "5"],
+    ["limits", "show", "--org", "o"],
+    ["limits", "show", "--user", "u"],
+    ["limits", "set", "--org", "o", "--rpm", "5"],
+    ["scim", "token"],
 ]
 
 
@@ -46,3 +67,115 @@ def test_the_json_flag_prints_the_answer_as_it_came(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("llmgw.cli.common.ipc.request", lambda *a, **k: (200, {"new_field": 1}))
     result = CliRunner().invoke(main, ["--socket", "/x.sock", "status", "--json"])
     assert result.exit_code == 0 and '"new_field": 1' in result.output
+
+
+def _answering(monkeypatch: pytest.MonkeyPatch, *answers: Any) -> list[tuple[str, str]]:
+    """llmgwd answers these, one a call, as JSON would carry them; the calls made, returned."""
+    calls: list[tuple[str, str]] = []
+    queue = [msgspec.to_builtins(a) for a in answers]
+
+    def request(_sock: str, method: str, path: str, *_a: Any, **_k: Any) -> tuple[int, Any]:
+        calls.append((method, path))
+        return 200, queue.pop(0) if len(queue) > 1 else queue[0]
+
+    monkeypatch.setattr("llmgw.cli.common.ipc.request", request)
+    return calls
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(main, ["--socket", "/x.sock", *args])
+
+
+FETCHING = SetStatus(
+    repo="up/tiny", commit="c" * 40, files=2, files_done=1, bytes_total=4096, bytes_done=1024
+)
+MODEL = ModelView(
+    name="tiny", source="hf:up/tiny@" + "c" * 40, engine="llama.cpp", args=[], context=0,
+    max_tokens=0, price_prompt=0.0, price_completion=0.0, replicas=0, ready=0, created_at=0.0,
+    replica_status=[], files=2, bytes=4096, mirror=FETCHING,
+)  # fmt: skip
+
+
+def test_model_add_refuses_a_mirror_progress_not_of_its_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # POST /models answers a model whose set is fetching; GET /models/tiny then answers junk
+    _answering(monkeypatch, MODEL, {"mirror": {"state": 5}})
+    r = _run("model", "add", "tiny", "--from", "hf:up/tiny")
+    assert isinstance(r.exception, SystemExit) and r.exit_code == common.EXIT_REFUSED
+    assert "the daemon's answer is not what this llmgw reads" in r.output
+
+
+def test_model_add_says_why_the_mirror_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = msgspec.structs.replace(FETCHING, state="failed", error="upstream said 404")
+    _answering(monkeypatch, MODEL, msgspec.structs.replace(MODEL, mirror=failed))
+    r = _run("model", "add", "tiny", "--from", "hf:up/tiny")
+    assert r.exit_code == common.EXIT_REFUSED
+    assert f"the mirror could not fetch {MODEL.source}: upstream said 404" in r.output
+    assert "up/tiny:  25.0%" in r.stderr and "1/2 files" in r.stderr
+
+
+def test_mirror_status_shows_a_fetching_sets_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    status = MirrorStatus(
+        dir="/m", upstream="https://hf", files_held=1, bytes_held=1024, free_bytes=1 << 30,
+        sets=[FETCHING],
+    )  # fmt: skip
+    _answering(monkeypatch, status)
+    r = _run("mirror", "status")
+    assert r.exit_code == 0, r.output
+    assert "  up/tiny:  25.0%, 1.0 KiB of 4.0 KiB, 1/2 files" in r.stdout
+
+
+def test_model_remove_files_shows_each_nodes_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    swept = SweepOut(
+        files=1, bytes=4096, dry_run=False,
+        nodes=[
+            NodeSweep(node="n1", files=1, bytes=4096, kept=0, answered=True),
+            NodeSweep(node="n2", files=0, bytes=0, kept=0, answered=False),
+        ],
+    )  # fmt: skip
+    _answering(monkeypatch, ModelRemoved(name="tiny", removed=True, files=swept))
+    r = _run("model", "remove", "tiny", "--files")
+    assert r.exit_code == 0, r.output
+    assert "Removed model tiny.\nmirror: 1 files deleted, 4.0 KiB freed" in r.stdout
+    assert "n1: 1 files deleted, 4.0 KiB freed" in r.stdout
+    assert "n2: did not list its files again; run llmgw mirror sweep" in r.stdout
+
+
+def test_model_plan_shows_places_and_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = PlanView(
+        model="tiny", estimates=True, note="", parked=False, failed_on=["n3"],
+        profiles=[
+            ProfilePlan(
+                name="gpu", kind="gpu", replicas=2, priority=1,
+                placed=[PlaceView(id="r1", node="n1", devices=["0"], context=4096, memory="1.2")],
+                verdicts=[
+                    Verdict("n1", "GPU1", True, 4096, 1 << 30, 0.0, "fits"),
+                    Verdict("n2", "", False, reason="cordoned: it takes no new replicas"),
+                ],
+            )
+        ],
+    )  # fmt: skip
+    _answering(monkeypatch, plan)
+    r = _run("model", "plan", "tiny")
+    assert r.exit_code == 0, r.output
+    assert "Failed to start on: n3." in r.stdout
+    assert "Profile gpu (gpu, priority 1): 1 of 2 replicas placed" in r.stdout
+    assert "  r1: node n1 on 0, context 4096, memory 1.2" in r.stdout
+    assert "cordoned: it takes no new replicas" in r.stdout
+
+
+def test_scim_token_prints_the_token_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answering(monkeypatch, ScimTokenView(token="scim-secret"))
+    r = _run("scim", "token")
+    assert r.exit_code == 0 and r.stdout == "scim-secret\n"
+    assert "https://HOST:PORT/scim/v2" in r.stderr
+
+
+def test_a_users_limits_are_shown_from_its_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = KeyLimits(rpm=60, budget_spend=20.0, budget_spend_per="month")
+    calls = _answering(monkeypatch, {"level": "user:u1", "limits": limits, "models": ["a"]})
+    r = _run("limits", "show", "--user", "u1")
+    assert r.exit_code == 0, r.output
+    assert calls == [("GET", "/api/v1/users/u1/limits")]
+    assert "user:u1  60 rpm, 20 spend/month  a" in r.stdout

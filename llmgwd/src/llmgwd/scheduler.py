@@ -39,6 +39,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from llmgw import engine_cards, engine_memory
+from llmgw.api_types import Verdict as Verdict  # GET /models/{name}/plan shows them
 from llmgw.wire import Inventory
 from llmgwd.estimate import (
     ModelShape,
@@ -95,18 +96,6 @@ class Removal(msgspec.Struct, frozen=True):
 
     placement: Placement
     reason: str
-
-
-class Verdict(msgspec.Struct, frozen=True):
-    """Whether a replica of a profile fits on a node's place ("" for the node as a whole)."""
-
-    node: str
-    place: str
-    fits: bool
-    context: int = 0
-    memory_bytes: int = 0
-    tokens_per_s: float = 0.0  # the CPU estimate, where it runs on CPUs
-    reason: str = ""
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-import msgspec
 
-from llmgw.api_types import KeyLimits, KeyView, NewKey
+from llmgw.api_types import KeyView, NewKey
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
 from llmgw.cli.output import echo_json, echo_table, json_option, when
@@ -54,10 +53,6 @@ def create(
     click.echo(new.key)
 
 
-def _limits(limits: KeyLimits) -> str:
-    return describe(msgspec.structs.asdict(limits))
-
-
 @key.command("list")
 @json_option
 @pass_settings
@@ -76,7 +71,7 @@ def list_(settings: Settings, as_json: bool) -> None:
             k.prefix + "...",
             when(k.created_at),
             "revoked" if k.revoked else "active",
-            _limits(k.limits),
+            describe(k.limits),
         ]
         for k in decoded(answer, list[KeyView])
     ]
@@ -120,4 +115,4 @@ def limits(
         echo_json(answer)
     else:
         k = decoded(answer, KeyView)
-        click.echo(f"Key {k.id} ({k.name}): limits {_limits(k.limits)}.")
+        click.echo(f"Key {k.id} ({k.name}): limits {describe(k.limits)}.")

@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from llmgw.cli.common import Settings, api_path, call, pass_settings
+from llmgw.api_types import LevelView
+from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
 from llmgw.cli.output import echo_json, echo_table, json_option
 
@@ -84,7 +85,7 @@ def set_(
     if as_json:
         echo_json(answer)
     else:
-        click.echo(_line(answer))
+        click.echo(_line(decoded(answer, LevelView)))
 
 
 @limits.command()
@@ -103,14 +104,15 @@ def show(
     if team is not None or project is not None:
         raise click.UsageError("show takes --org ORG (all its levels) or --user U")
     answer = call(settings, "GET", _path(org, None, None, user))
-    views = answer if isinstance(answer, list) else [answer]
     if as_json:
         echo_json(answer)
         return
-    rows = [[v["level"], describe(v["limits"]), ",".join(v["models"]) or "all"] for v in views]
+    # an organization's: it, then its teams' and projects'; a user's: the one level
+    views = decoded(answer, list[LevelView]) if user is None else [decoded(answer, LevelView)]
+    rows = [[v.level, describe(v.limits), ",".join(v.models) or "all"] for v in views]
     echo_table(["LEVEL", "LIMITS", "MODELS"], rows, "No levels.")
 
 
-def _line(view: dict[str, Any]) -> str:
-    models = ", ".join(view["models"]) or "every model"
-    return f"{view['level']}: limits {describe(view['limits'])}; {models}."
+def _line(view: LevelView) -> str:
+    models = ", ".join(view.models) or "every model"
+    return f"{view.level}: limits {describe(view.limits)}; {models}."

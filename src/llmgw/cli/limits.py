@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 import click
 
+from llmgw.api_types import KeyLimits
+
 F = TypeVar("F", bound=Callable[..., Any])
 PERIODS = ("day", "month")
 
@@ -80,11 +82,11 @@ def limits_body(
     return body
 
 
-def describe(limits: dict[str, Any]) -> str:
+def describe(limits: KeyLimits) -> str:
     """Limits in a few words: "60 rpm, 10000 tpm, 1000000 tokens/day, 20 spend/month"."""
-    parts = [f"{limits[k]} {k}" for k in ("rpm", "tpm") if limits.get(k)]
-    if limits.get("budget_tokens"):
-        parts.append(f"{limits['budget_tokens']} tokens/{limits['budget_tokens_per']}")
-    if limits.get("budget_spend"):
-        parts.append(f"{limits['budget_spend']:g} spend/{limits['budget_spend_per']}")
+    parts = [f"{n} {k}" for k, n in (("rpm", limits.rpm), ("tpm", limits.tpm)) if n]
+    if limits.budget_tokens:
+        parts.append(f"{limits.budget_tokens} tokens/{limits.budget_tokens_per}")
+    if limits.budget_spend:
+        parts.append(f"{limits.budget_spend:g} spend/{limits.budget_spend_per}")
     return ", ".join(parts) or "none"

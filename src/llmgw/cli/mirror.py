@@ -55,9 +55,7 @@ def status(settings: Settings, as_json: bool) -> None:
     )
     for st in s.sets:
         end = f" ({st.state}{': ' + st.error if st.error else ''})"
-        click.echo(
-            "  " + describe(msgspec.to_builtins(st)) + (end if st.state != "fetching" else "")
-        )
+        click.echo("  " + describe(st) + (end if st.state != "fetching" else ""))
     for p in s.peers:
         err = f", {p.last_error}" if p.last_error else ""
         click.echo(f"  peer {p.url}: synced {ago(p.last_sync)}{err}")
@@ -103,8 +101,6 @@ def _upload(settings: Settings, path: Path, sha: str, n: int) -> None:
     finally:
         conn.close()
     if resp.status >= 400:
-        import msgspec
-
         try:
             answer: Any = msgspec.json.decode(raw)
         except msgspec.DecodeError:

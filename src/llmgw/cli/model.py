@@ -6,10 +6,11 @@ from typing import Any
 
 import click
 
-from llmgw.api_types import ModelView
+from llmgw.api_types import ModelRemoved, ModelView, PlanView, Verdict
 from llmgw.cli import progress
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, size
+from llmgw.mirror_api import SetStatus
 
 
 @click.group()
@@ -100,10 +101,11 @@ def add(
         "idle_s": idle_s,
     }
     raw = call(settings, "POST", f"{API}/models", body)
-    if decoded(raw, ModelView).mirror is not None and not no_wait:
-        last = progress.follow(lambda: call(settings, "GET", api_path("models", name))["mirror"])
-        if last is not None and last["state"] == "failed":
-            raise Refused(f"the mirror could not fetch {raw['source']}: {last['error']}")
+    added = decoded(raw, ModelView)
+    if added.mirror is not None and not no_wait:
+        last = progress.follow(lambda: _mirror_of(settings, name))
+        if last is not None and last.state == "failed":
+            raise Refused(f"the mirror could not fetch {added.source}: {last.error}")
         raw = call(settings, "GET", api_path("models", name))
     if as_json:
         echo_json(raw)
@@ -117,6 +119,11 @@ def add(
         click.echo(f"Added model {name}. Serve it with: llmgw model serve {name} --replicas 1")
     if answer.shape_note:
         click.echo(f"Note: {answer.shape_note}.")
+
+
+def _mirror_of(settings: Settings, name: str) -> SetStatus | None:
+    """The mirror's fetch of model NAME's set, as GET /models/{name} has it now."""
+    return decoded(call(settings, "GET", api_path("models", name)), ModelView).mirror
 
 
 def _summary(answer: Any) -> str:
@@ -196,15 +203,15 @@ def remove(settings: Settings, name: str, files: bool, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
+    swept = decoded(answer, ModelRemoved).files
     click.echo(f"Removed model {name}.")
-    swept = answer.get("files")
-    if swept:
-        click.echo(f"mirror: {swept['files']} files deleted, {size(swept['bytes'])} freed")
-        for n in swept["nodes"]:
-            if not n["answered"]:
-                click.echo(f"{n['node']}: did not list its files again; run llmgw mirror sweep")
+    if swept is not None:
+        click.echo(f"mirror: {swept.files} files deleted, {size(swept.bytes)} freed")
+        for n in swept.nodes:
+            if not n.answered:
+                click.echo(f"{n.node}: did not list its files again; run llmgw mirror sweep")
             else:
-                click.echo(f"{n['node']}: {n['files']} files deleted, {size(n['bytes'])} freed")
+                click.echo(f"{n.node}: {n.files} files deleted, {size(n.bytes)} freed")
 
 
 @model.command()
@@ -253,11 +260,11 @@ def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
         click.echo(f"Model {name}: context {tokens or 'as trained'}.")
 
 
-def _verdict_row(v: dict[str, Any]) -> list[Any]:
-    fits = "fits" if v["fits"] else "no"
-    memory = size(v["memory_bytes"]) if v["fits"] else ""
-    speed = f"{v['tokens_per_s']:.0f}" if v["tokens_per_s"] else ""
-    return [v["node"], v["place"] or "-", fits, v["context"] or "", memory, speed, v["reason"]]
+def _verdict_row(v: Verdict) -> list[Any]:
+    fits = "fits" if v.fits else "no"
+    memory = size(v.memory_bytes) if v.fits else ""
+    speed = f"{v.tokens_per_s:.0f}" if v.tokens_per_s else ""
+    return [v.node, v.place or "-", fits, v.context or "", memory, speed, v.reason]
 
 
 @model.command()
@@ -271,25 +278,25 @@ def plan(settings: Settings, name: str, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
-    if not answer["estimates"]:
-        click.echo(f"No estimates: {answer['note']}.")
-    if answer["parked"]:
+    view = decoded(answer, PlanView)
+    if not view.estimates:
+        click.echo(f"No estimates: {view.note}.")
+    if view.parked:
         click.echo("Parked (on demand): its next request starts it.")
-    if answer["failed_on"]:
-        click.echo(f"Failed to start on: {', '.join(answer['failed_on'])}.")
-    for p in answer["profiles"]:
+    if view.failed_on:
+        click.echo(f"Failed to start on: {', '.join(view.failed_on)}.")
+    for p in view.profiles:
         click.echo(
-            f"Profile {p['name']} ({p['kind']}, priority {p['priority']}): "
-            f"{len(p['placed'])} of {p['replicas']} replicas placed"
+            f"Profile {p.name} ({p.kind}, priority {p.priority}): "
+            f"{len(p.placed)} of {p.replicas} replicas placed"
         )
-        for r in p["placed"]:
-            on = f" on {', '.join(r['devices'])}" if r["devices"] else ""
+        for r in p.placed:
+            on = f" on {', '.join(r.devices)}" if r.devices else ""
             click.echo(
-                f"  {r['id']}: node {r['node']}{on}, context {r['context'] or 'default'}"
-                f", memory {r['memory']}"
+                f"  {r.id}: node {r.node}{on}, context {r.context or 'default'}, memory {r.memory}"
             )
         headers = ["NODE", "PLACE", "FITS", "CONTEXT", "MEMORY", "TOKENS/S", "WHY"]
-        echo_table(headers, [_verdict_row(v) for v in p["verdicts"]], "  No nodes.")
+        echo_table(headers, [_verdict_row(v) for v in p.verdicts], "  No nodes.")
 
 
 def status_of(m: ModelView) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from llmgw.cli.common import Settings, api_path, call, pass_settings
+from llmgw.api_types import ScimTokenView
+from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, json_option
 
 
@@ -22,9 +23,10 @@ def token(settings: Settings, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
-    click.echo(answer["token"])
+    made = decoded(answer, ScimTokenView)
+    click.echo(made.token)
     click.echo(
-        f"Give it to the identity provider with the URL https://HOST:PORT{answer['path']} "
+        f"Give it to the identity provider with the URL https://HOST:PORT{made.path} "
         "(the client port); it is not shown again.",
         err=True,
     )

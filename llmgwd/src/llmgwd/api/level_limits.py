@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import logging
 
-import msgspec
 from aiohttp import web
 
+from llmgw.api_types import LevelView
 from llmgwd.accounting import levels, views
 from llmgwd.accounting.views import LimitsIn
 from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import _checked, _ctx, _who, bad_field, json_response, not_found, read_body
 from llmgwd.api.people import _dir
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Rule, org_rule
-from llmgwd.catalog import KeyLimits
 
 log = logging.getLogger(__name__)
 MAX_MODELS = 1000
@@ -26,14 +25,6 @@ class LevelIn(LimitsIn, forbid_unknown_fields=True, kw_only=True):
     the list of models it may use ([]: every model)."""
 
     models: list[str] | None = None
-
-
-class LevelView(msgspec.Struct, kw_only=True):
-    """One level's limits and models ([]: every model)."""
-
-    level: str  # org:ORG, team:ORG:TEAM, project:ORG:PROJECT, user:ID
-    limits: KeyLimits
-    models: list[str]
 
 
 def _view(level: str, record: levels.LevelLimits) -> LevelView:

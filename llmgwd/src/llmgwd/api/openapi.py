@@ -16,6 +16,8 @@ from llmgw.api_types import (
     NodeFlagsView,
     NodeRemoved,
     NodeView,
+    PlanView,
+    ScimTokenView,
     ServerRemoved,
     ServerView,
     SlurmView,
@@ -34,7 +36,7 @@ from llmgw.mirror_api import (
     SweepOut,
 )
 from llmgwd.accounting.views import LimitsIn, PriceIn
-from llmgwd.api import keys, level_limits, models, people, plans, scim_token, servers
+from llmgwd.api import keys, level_limits, models, people, servers
 from llmgwd.api.base import API_PREFIX, _ctx, json_response
 from llmgwd.auth import Rule
 from llmgwd.people.records import User
@@ -52,7 +54,7 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
     ("POST", "/models/{name}/stop"): (None, models.ModelView),
     ("POST", "/models/{name}/replicas"): (models.ProfileReplicasIn, models.ModelView),
     ("PUT", "/models/{name}/context"): (models.ContextIn, models.ModelView),
-    ("GET", "/models/{name}/plan"): (None, plans.PlanView),
+    ("GET", "/models/{name}/plan"): (None, PlanView),
     ("DELETE", "/models/{name}"): (None, ModelRemoved),
     ("PUT", "/models/{name}/price"): (PriceIn, models.ModelView),
     ("GET", "/nodes"): (None, list[NodeView]),
@@ -78,7 +80,7 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
     ("POST", "/servers/tokens"): (servers.ServerTokenIn, TokenView),
     ("POST", "/servers/leave"): (servers.RemoveIn, ServerRemoved),
     ("DELETE", "/servers/{name}"): (servers.RemoveIn, ServerRemoved),
-    ("POST", "/scim/token"): (None, scim_token.ScimTokenView),
+    ("POST", "/scim/token"): (None, ScimTokenView),
     ("POST", "/orgs"): (people.NamedIn, None),
     ("POST", "/orgs/{org}/teams"): (people.NamedIn, None),
     ("POST", "/orgs/{org}/projects"): (people.ProjectIn, None),

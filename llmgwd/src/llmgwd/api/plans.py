@@ -2,46 +2,13 @@
 
 from __future__ import annotations
 
-import msgspec
 from aiohttp import web
 
+from llmgw.api_types import PlaceView, PlanView, ProfilePlan
 from llmgwd.api.base import _ctx, _scheduling, json_response
 from llmgwd.api.models import _model_or_404, _parked
 from llmgwd.estimate import gib
 from llmgwd.profiles import DEFAULT
-from llmgwd.scheduler import Verdict
-
-
-class PlaceView(msgspec.Struct, kw_only=True):
-    """Where a replica runs (a placement, as `llmgw model plan` shows it)."""
-
-    id: str
-    node: str
-    devices: list[str]
-    context: int
-    memory: str
-
-
-class ProfilePlan(msgspec.Struct, kw_only=True):
-    """One profile of a plan: its replicas, and where one more would go or why not."""
-
-    name: str
-    kind: str
-    replicas: int
-    priority: int
-    placed: list[PlaceView]
-    verdicts: list[Verdict]
-
-
-class PlanView(msgspec.Struct, kw_only=True):
-    """GET /models/{name}/plan"""
-
-    model: str
-    estimates: bool  # False: the file's shape is unknown, placed by count only
-    note: str
-    parked: bool
-    profiles: list[ProfilePlan]
-    failed_on: list[str]  # nodes where the model failed to start
 
 
 async def get_plan(request: web.Request) -> web.Response:

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import logging
 
-import msgspec
 from aiohttp import web
 
+from llmgw.api_types import ScimTokenView
 from llmgwd.api.base import _ctx, _who, json_response
 from llmgwd.scim import token
 
 log = logging.getLogger(__name__)
-
-
-class ScimTokenView(msgspec.Struct, kw_only=True):
-    """POST /scim/token's answer: the token, this once (the old one stops)."""
-
-    token: str
-    path: str = "/scim/v2"
 
 
 async def create_scim_token(request: web.Request) -> web.Response:
