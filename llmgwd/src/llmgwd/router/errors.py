@@ -11,6 +11,7 @@ from contextlib import suppress
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from llmgwd.router.overhead import STARTED
 
@@ -333,34 +334,54 @@ def json_type(value: object) -> str:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer every failure in OpenAI's shape and log one line per request; the outermost /v1
-    middleware, so it also notes when the request's handling began (router/overhead.py)."""
-    request[REQUEST_ID] = secrets.token_hex(12)
-    request[STARTED] = started = time.perf_counter()
-    request[OUTCOME] = ""  # set from the start: a key missed costs a KeyError on each look
-    error: ApiError | None = None
-    unexpected: BaseException | None = None
-    try:
-        response = await handler(request)
-    except asyncio.CancelledError:  # the daemon cancels handlers of clients that left
-        request[OUTCOME] = "cancelled"
-        _log_request(request, 499, time.perf_counter() - started, None, None)
-        raise
-    except ApiError as e:
-        error = e
-    except web.HTTPException as e:
-        if e.status < 400:  # a redirect is not a failure
+# What a request's end is told to (the router's metrics): its status, its error if any, when
+# its handling began (perf_counter).
+Ended = Callable[[web.Request, int, "ApiError | None", float], None]
+
+
+def middleware(ended: Ended | None = None) -> Middleware:
+    """The outermost /v1 middleware (error_middleware), ended told of each request as it ends:
+    one middleware, not two, on every request's path."""
+
+    @web.middleware
+    async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Answer every failure in OpenAI's shape and log one line per request; it also notes
+        when the request's handling began (router/overhead.py)."""
+        request[REQUEST_ID] = secrets.token_hex(12)
+        request[STARTED] = started = time.perf_counter()
+        request[OUTCOME] = ""  # set from the start: a key missed costs a KeyError on each look
+        error: ApiError | None = None
+        unexpected: BaseException | None = None
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:  # the daemon cancels handlers of clients that left
+            request[OUTCOME] = "cancelled"
+            _log_request(request, 499, time.perf_counter() - started, None, None)
+            if ended is not None:
+                ended(request, 499, None, started)
             raise
-        error = from_http_exception(request, e)
-    except Exception as e:  # a daemon never dies of a request
-        unexpected = e
-        error = internal_error(request[REQUEST_ID])
-    if error is not None:
-        response = await _answer(request, error)
-    _log_request(request, response.status, time.perf_counter() - started, error, unexpected)
-    return response
+        except ApiError as e:
+            error = e
+        except web.HTTPException as e:
+            if e.status < 400:  # a redirect is not a failure
+                if ended is not None:
+                    ended(request, e.status, None, started)
+                raise
+            error = from_http_exception(request, e)
+        except Exception as e:  # a daemon never dies of a request
+            unexpected = e
+            error = internal_error(request[REQUEST_ID])
+        if error is not None:
+            response = await _answer(request, error)
+        if ended is not None:  # a stream that failed counts with its error's status
+            ended(request, response.status if error is None else error.status, error, started)
+        _log_request(request, response.status, time.perf_counter() - started, error, unexpected)
+        return response
+
+    return error_middleware
+
+
+error_middleware = middleware()
 
 
 def started_stream(request: web.Request) -> web.StreamResponse | None:

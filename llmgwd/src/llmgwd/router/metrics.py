@@ -6,9 +6,8 @@ class ("2xx", "4xx", "5xx"). No key, no client address, no request id is ever a 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -17,7 +16,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from llmgwd.router import errors
 from llmgwd.router.usage_events import TALLY
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Known = Callable[[str], bool]  # whether a model name is in the catalog
 
 # Seconds: a request may last from milliseconds (an error, /v1/models) to minutes (a stream).
@@ -97,33 +95,14 @@ class RouterMetrics:
         """The model's label: its name when in the catalog, else ''."""
         return name if name and self._known(name) else ""
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Count each /v1 request once its answer ended (inside the error middleware, so that
-        the ApiError of a refusal is seen as such)."""
-        started = time.perf_counter()
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except errors.ApiError as e:
-            status = e.status
-            reason = _REFUSALS.get(e.detail.code or "")
-            if reason is not None:
-                self._child(self.refusals, self.model(request.get(errors.MODEL)), reason).inc()
-            raise
-        except web.HTTPException as e:
-            status = e.status
-            raise
-        except asyncio.CancelledError:
-            status = 499
-            raise
-        finally:
-            self._ended(request, status, started)
-
-    def _ended(self, request: web.Request, status: int, started: float) -> None:
+    def ended(
+        self, request: web.Request, status: int, error: errors.ApiError | None, started: float
+    ) -> None:
+        """Count a /v1 request whose answer ended (told by the error middleware, which sees
+        the ApiError of a refusal as such)."""
         model = self.model(request.get(errors.MODEL))
+        if error is not None and (reason := _REFUSALS.get(error.detail.code or "")) is not None:
+            self._child(self.refusals, model, reason).inc()
         self._child(self.requests, model, route_of(request), status_class(status)).inc()
         self._child(self.duration, model).observe(time.perf_counter() - started)
         tally = request.get(TALLY)

@@ -9,14 +9,14 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from llmgwd.pool import Endpoint
 from llmgwd.router import answers, errors, overhead
@@ -42,6 +42,7 @@ _STALE_ERRORS = (
 # (its FIN or reset is already there); one that fails later was read by an engine that then
 # worked on it and died, and must not be sent again (it could kill every replica in turn).
 _STALE_WINDOW_S = 1.0
+_MAX_CACHED = 4096  # replica URLs and engine keys remembered, before they are all forgotten
 _MAX_TAIL = 1 << 20  # a partial SSE event longer than this is passed on anyway
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -76,19 +77,24 @@ class _Flights:
 
     by_node: dict[str, set[_Flight]] = field(default_factory=dict)
 
-    @contextmanager
-    def entered(self, node: str) -> Iterator[_Flight]:
-        """Count the current task's exchange as in flight on node for the block."""
+    def enter(self, node: str) -> _Flight:
+        """Count the current task's exchange as in flight on node until leave()."""
         task = asyncio.current_task()
         assert task is not None  # only ever called from a request's handler
         flight = _Flight(task)
-        flights = self.by_node.setdefault(node, set())
+        flights = self.by_node.get(node)
+        if flights is None:
+            flights = self.by_node[node] = set()
         flights.add(flight)
-        try:
-            yield flight
-        finally:
+        return flight
+
+    def leave(self, node: str, flight: _Flight) -> None:
+        """The exchange ended (a plain pair rather than a context manager: it is on every
+        request's path)."""
+        flights = self.by_node.get(node)
+        if flights is not None and flight in flights:
             flights.discard(flight)
-            if not flights and self.by_node.get(node) is flights:  # abandon may have taken it
+            if not flights:
                 del self.by_node[node]
 
     def abandon(self, node: str) -> int:
@@ -124,6 +130,8 @@ class Upstream:
         self._watch = _Watch(disconnect_poll_s)
         self._flights = _Flights()
         self._fresh: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
+        self._bearers: dict[str, str] = {}
 
     def node_lost(self, node: str) -> int:
         """The node is gone (cut off past its grace period): each request in flight there goes
@@ -139,7 +147,7 @@ class Upstream:
             # limit=0: concurrent streams must not queue behind a connection cap;
             # keep-alive below llama-server's 5 s so a pooled connection is not stale.
             connector = _PoolConnector(limit=0, keepalive_timeout=4.0)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            self._session = _session(connector, self._timeout)
         return self._session
 
     def fresh_session(self) -> aiohttp.ClientSession:
@@ -147,7 +155,7 @@ class Upstream:
         request whose pooled connection was found closed."""
         if self._fresh is None:
             connector = aiohttp.TCPConnector(limit=0, force_close=True)
-            self._fresh = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            self._fresh = _session(connector, self._timeout)
         return self._fresh
 
     async def close(self) -> None:
@@ -227,9 +235,9 @@ class Upstream:
         """One replica's try on the slot kept for it: its answer, or None when another replica
         may take the request. What failed counts toward taking the replica out of the pool."""
         ejections = self._balancer.ejections
+        flight = self._flights.enter(endpoint.node)
         try:
-            with self._flights.entered(endpoint.node) as flight:
-                answer = await self._exchange(request, endpoint, path, body, stream)
+            answer = await self._exchange(request, endpoint, path, body, stream)
         except _Unreachable:
             ejections.failed(endpoint.replica_id)
             return None
@@ -243,6 +251,7 @@ class Upstream:
                 ejections.failed(endpoint.replica_id)
             raise
         finally:
+            self._flights.leave(endpoint.node, flight)
             self._balancer.release(endpoint)
         # A stream it cut short, or its 5xx answer (router/answers.py maps those that were the
         # client's fault to 4xx: they do not count).
@@ -302,7 +311,7 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """POST to the replica with its own key; the client's headers are never passed on."""
         headers = self._headers(request, endpoint, stream)
-        url = f"{endpoint.url.rstrip('/')}/v1/{path}"
+        url = self._url(endpoint.url, path)
         try:
             return await self._post(request, endpoint, url, body, headers)
         except _CONNECT_ERRORS as e:
@@ -325,20 +334,42 @@ class Upstream:
         to be closed after it: llama-server closes it anyway without saying so in its headers,
         and a connection both sides know is closing never goes back to the pool."""
         headers = {
-            "Authorization": f"Bearer {endpoint.api_key}",
+            "Authorization": self._bearer(endpoint.api_key),
             "Content-Type": request.get(BODY_TYPE, "application/json"),
             "Accept": "text/event-stream" if stream else "application/json",
             "x-request-id": request[errors.REQUEST_ID],
+            # Set here, aiohttp adds neither of its own: no compressed answer to inflate
+            # (the router reads every answer), no library version told to the engine.
+            "Accept-Encoding": "identity",
+            "User-Agent": "llmgw",
         }
         if stream:
             headers["Connection"] = "close"
         return headers
 
+    def _url(self, base: str, path: str) -> URL:
+        """`{base}/v1/{path}`, parsed once per replica and route."""
+        url = self._urls.get((base, path))
+        if url is None:
+            if len(self._urls) > _MAX_CACHED:  # replicas come and go: never a leak
+                self._urls.clear()
+            url = self._urls[base, path] = URL(f"{base.rstrip('/')}/v1/{path}")
+        return url
+
+    def _bearer(self, api_key: str) -> str:
+        """The engine's Authorization header, made once per key."""
+        header = self._bearers.get(api_key)
+        if header is None:
+            if len(self._bearers) > _MAX_CACHED:
+                self._bearers.clear()
+            header = self._bearers[api_key] = f"Bearer {api_key}"
+        return header
+
     async def _post(
         self,
         request: web.Request,
         endpoint: Endpoint,
-        url: str,
+        url: URL,
         body: bytes,
         headers: dict[str, str],
     ) -> aiohttp.ClientResponse:
@@ -562,6 +593,16 @@ class _PoolConnector(aiohttp.TCPConnector):
             else:
                 self._used.add(protocol)
         return conn
+
+
+def _session(
+    connector: aiohttp.BaseConnector, timeout: aiohttp.ClientTimeout
+) -> aiohttp.ClientSession:
+    """A session for engines: no cookie kept (an engine's cookie must never go with another
+    client's request)."""
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
+    )
 
 
 def _client_gone(request: web.Request) -> bool:

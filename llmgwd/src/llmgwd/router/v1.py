@@ -152,12 +152,12 @@ class Router:
 
     def _application(self, count: bool) -> web.Application:
         """The /v1 sub-application: its middlewares (counting where count) and its routes."""
-        middlewares = [errors.error_middleware]
+        ended = None
         if count:
             self.meter.on_settled = self.metrics.settled
             self.balancer.on_waited = self.metrics.waited
-            middlewares.append(self.metrics.middleware)
-        app = web.Application(middlewares=middlewares)
+            ended = self.metrics.ended
+        app = web.Application(middlewares=[errors.middleware(ended)])
         app.on_response_prepare.append(_answer_headers)
         app.on_cleanup.append(self._on_cleanup)
         app.router.add_get("/models", self._list_models)

@@ -1,0 +1,283 @@
+"""bench/router/cpu_per_request.py: the router's CPU per /v1 request, in one process, counted
+rather than timed against the clock, so that a busy machine moves it little.
+
+The real stack as llmgwd builds it (clientport.serve: its connection protocol, CORS hook and
+error middleware; the Router with its error and metrics middlewares, a Meter, a key with
+rpm/tpm limits and budgets, prefix-aware balancing over two replicas; the access line
+formatted by llmgw.log's stderr handler, written to /dev/null) runs in this process on uvloop;
+the mock engine (router/mock.py) runs in a child process. A bare client (prebuilt request
+bytes on raw asyncio connections) sends N requests one after another and N over C
+connections at once: non-streamed chats and streamed ones (the mock's chunks sent at once).
+The same client against the mock directly gives the client's own share, which is taken off.
+
+Prints, for each case: process CPU microseconds a request, the router's share (through the
+router less direct), the best of --rounds rounds; and Python function calls a request
+(cProfile's count, client included: it is a few calls), of them in llmgw's code.
+
+    PYTHONPATH=TREE/llmgwd/src:TREE/src .venv/bin/python bench/router/cpu_per_request.py
+        [--n 2000] [--rounds 5] [--concurrency 16] [--chunks 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import hashlib
+import io
+import os
+import pstats
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from llmgw import log as llmgw_log
+from llmgw.config import ClientPort
+from llmgwd import clientport
+from llmgwd.catalog import ApiKey, KeyLimits, Model
+from llmgwd.pool import Endpoint
+from llmgwd.router import Router
+from llmgwd.router.metering import Meter
+
+HERE = Path(__file__).resolve().parent
+MODEL = "bench"
+SECRET = "llmgw-bench-secret"
+HUGE = 10**12
+CHAT = b'{"model":"bench","messages":[{"role":"system","content":"You are terse."},' \
+    b'{"role":"user","content":"Say hello in one word, please."}],"max_tokens":64%s}'
+
+
+class Keys:
+    """One key, found by its secret's hash as the catalog finds it."""
+
+    def __init__(self) -> None:
+        limits = KeyLimits(rpm=HUGE, tpm=HUGE, budget_tokens=HUGE, budget_spend=10**6,
+                           budget_spend_per="month")  # fmt: skip
+        digest = hashlib.sha256(SECRET.encode()).hexdigest()
+        self._by_hash = {digest: ApiKey(id="k1", name="bench", hash=digest, prefix="llmgw",
+                                        limits=limits)}  # fmt: skip
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        return self._by_hash.get(hashlib.sha256(secret.encode()).hexdigest())
+
+
+class Models:
+    model = Model(name=MODEL, source="file:/m.gguf", price_prompt=1.0, price_completion=2.0)
+
+    def get(self, name: str) -> Model | None:
+        return self.model if name == MODEL else None
+
+    def all(self) -> list[Model]:
+        return [self.model]
+
+
+@dataclass
+class Pool:
+    endpoints: list[Endpoint]
+
+    def ready(self, model: str) -> list[Endpoint]:
+        return self.endpoints if model == MODEL else []
+
+    def wanted(self, model: str) -> int:
+        return len(self.endpoints)
+
+
+def request_bytes(port: int, stream: bool) -> bytes:
+    body = CHAT % (b',"stream":true' if stream else b"")
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {SECRET}\r\nContent-Type: application/json\r\n"
+        f"User-Agent: bench\r\nAccept: */*\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class Conn(asyncio.Protocol):
+    """A keep-alive connection that sends one request at a time and waits for its answer's
+    end (by Content-Length, or a chunked body's last chunk)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._done: asyncio.Future[int] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0 or self._done is None:
+            return
+        head = bytes(self._buf[:end]).lower()
+        at = head.find(b"content-length:")
+        if at >= 0:
+            length = int(head[at + 15 : head.find(b"\r\n", at) % (len(head) + 1)].strip() or 0)
+            if len(self._buf) < end + 4 + length:
+                return
+        elif not self._buf.endswith(b"0\r\n\r\n"):
+            return
+        status = int(head[9:12])
+        self._buf.clear()
+        self._done.set_result(status)
+
+    async def ask(self, raw: bytes) -> int:
+        assert self.transport is not None
+        self._done = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return await self._done
+
+
+async def connect(port: int, n: int) -> list[Conn]:
+    loop = asyncio.get_running_loop()
+    conns = []
+    for _ in range(n):
+        _, conn = await loop.create_connection(Conn, "127.0.0.1", port)
+        conns.append(conn)
+    return conns
+
+
+async def drive(conns: list[Conn], raw: bytes, n: int) -> None:
+    """n requests over conns, each connection one at a time; every answer must be a 200."""
+
+    async def one(conn: Conn, k: int) -> None:
+        for _ in range(k):
+            status = await conn.ask(raw)
+            if status != 200:
+                raise SystemExit(f"answer {status}")
+
+    per = n // len(conns)
+    await asyncio.gather(*(one(c, per) for c in conns))
+
+
+Run = Callable[[], Awaitable[None]]
+
+
+async def cpu_us(run: Run, n: int, rounds: int) -> float:
+    """The best round's process CPU microseconds a request."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        await run()
+        best = min(best, (time.process_time() - start) / n * 1e6)
+    return best
+
+
+async def calls(run: Run, n: int) -> tuple[float, float]:
+    """Python function calls a request (all, and in llmgw's code), cProfile's count."""
+    prof = cProfile.Profile()
+    prof.enable()
+    await run()
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    ours = sum(
+        v[1] for k, v in stats.stats.items() if "/llmgwd/" in k[0] or "/llmgw/" in k[0]  # type: ignore[attr-defined]
+    )
+    return stats.total_calls / n, ours / n  # type: ignore[attr-defined]
+
+
+async def router_port(
+    mock_port: int, prefix_balancing: bool = True, request_metrics: bool = True
+) -> tuple[web.AppRunner, int]:
+    """llmgwd's client port, built as daemon._serve_client builds it, on a free port."""
+    url = f"http://127.0.0.1:{mock_port}"
+    endpoints = [Endpoint(f"r{i}", MODEL, "n1", url, "engine-key", slots=64, context=4096)
+                 for i in (1, 2)]  # fmt: skip
+    settings = ClientPort(listen="127.0.0.1:0", prefix_balancing=prefix_balancing,
+                          request_metrics=request_metrics)  # fmt: skip
+    router = Router(Keys(), Models(), Pool(endpoints), meter=Meter(),
+                    prefix_aware=settings.prefix_balancing, registry=CollectorRegistry(),
+                    count=settings.request_metrics)  # fmt: skip
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app.add_subapp("/v1", router.app)
+    runner = await clientport.serve(app, settings, "127.0.0.1", 0)
+    port = runner.addresses[0][1]
+    return runner, int(port)
+
+
+def start_mock(chunks: int) -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "mock.py"), "--port", "0", "--chunks", str(chunks),
+         "--gap-ms", "0"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("PORT "):
+        raise SystemExit(f"mock: {line!r}")
+    return proc, int(line.split()[1])
+
+
+async def one_case(port: int, mock_port: int, stream: bool, width: int, n: int,
+                   rounds: int) -> str:  # fmt: skip
+    """One case's line: CPU a request through the router and direct, and calls a request."""
+    via = await connect(port, width)
+    direct = await connect(mock_port, width)
+    raw_via = request_bytes(port, stream)
+    raw_direct = request_bytes(mock_port, stream)
+
+    async def run_via() -> None:
+        await drive(via, raw_via, n)
+
+    async def run_direct() -> None:
+        await drive(direct, raw_direct, n)
+
+    await run_via()  # warm: pooled connections, bound metric children
+    total = await cpu_us(run_via, n, rounds)
+    own = await cpu_us(run_direct, n, rounds)
+    all_calls, ours = await calls(run_via, n)
+    for c in via + direct:
+        assert c.transport is not None
+        c.transport.close()
+    name = ("stream" if stream else "chat") + (
+        " sequential" if width == 1 else f" concurrent x{width}")  # fmt: skip
+    return f"{name:28} {total:10.0f} {own:7.0f} {total - own:7.0f} {all_calls:9.0f} {ours:8.0f}"
+
+
+async def bench(args: argparse.Namespace, mock_port: int) -> None:
+    runner, port = await router_port(mock_port, not args.prefix_off, not args.metrics_off)
+    n, rounds = args.n, args.rounds
+    where = Path(clientport.__file__).parents[1]
+    print(f"n={n} a case, best of {rounds} rounds; concurrent: {args.concurrency} connections; "
+          f"streams of {args.chunks} chunks; llmgwd from {where}")  # fmt: skip
+    print(f"{'case':28} {'CPU us/req':>10} {'direct':>7} {'router':>7} "
+          f"{'calls/req':>9} {'in llmgw':>8}")  # fmt: skip
+    try:
+        for stream in (False, True):
+            for width in (1, args.concurrency):
+                print(await one_case(port, mock_port, stream, width, n, rounds), flush=True)
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--chunks", type=int, default=16)
+    parser.add_argument("--prefix-off", action="store_true", help="client.prefix_balancing off")
+    parser.add_argument("--metrics-off", action="store_true", help="client.request_metrics off")
+    parser.add_argument("--no-access-line", action="store_true", help="log level warning")
+    args = parser.parse_args()
+    stderr = sys.stderr
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the access lines go there)
+    llmgw_log.setup("llmgwd", "warning" if args.no_access_line else "info")
+    sys.stderr = stderr
+    proc, mock_port = start_mock(args.chunks)
+    try:
+        uvloop.run(bench(args, mock_port))
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()
