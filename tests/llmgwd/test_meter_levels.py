@@ -135,6 +135,28 @@ def test_the_strictest_level_wins(levels: Levels) -> None:
     assert "team acme/ml" in _message(m, BOB_SEARCH)
 
 
+def test_the_rate_headers_show_the_limit_that_refuses_first(levels: Levels) -> None:
+    # The key allows 10 a minute, its organization 3 and its project 50,000 tokens: the
+    # headers show what will refuse first, whichever level holds it (a key with no limit of
+    # its own gets them too).
+    put(levels, org_level("acme"), rpm=3)
+    put(levels, project_level("acme", "chat"), tpm=50_000)
+    m = meter(levels)
+    limited = msgspec.structs.replace(ALICE_CHAT, limits=KeyLimits(rpm=10))
+    small = Estimate(prompt=1_000, completion=1_000)
+    headers = m.admit(limited, PRICED, small).headers
+    assert headers["x-ratelimit-limit-requests"] == "3"
+    assert headers["x-ratelimit-remaining-requests"] == "2"
+    assert headers["x-ratelimit-limit-tokens"] == "50000"
+    assert headers["x-ratelimit-remaining-tokens"] == "48000"
+    headers = m.admit(ALICE_CHAT, PRICED, small).headers  # the same levels, no key limit
+    assert headers["x-ratelimit-remaining-requests"] == "1"
+    bob = m.admit(BOB_OPS, PRICED, small).headers  # ops: the organization's rpm only
+    assert bob["x-ratelimit-remaining-requests"] == "0"
+    assert "x-ratelimit-limit-tokens" not in bob
+    assert refused(m, limited, estimate=small) == "rate_limit_exceeded"
+
+
 def _message(m: Meter, k: ApiKey) -> str:
     with pytest.raises(errors.ApiError) as caught:
         m.admit(k, PRICED, ASK)

@@ -183,9 +183,24 @@ class Meter:
             if self.shares is not None:
                 share = (ident, limits, tokens, picos, requests, day)
                 reservation.tickets.append(self.shares.take(*share))
-        if reservation.seconds[0] is not None:
-            reservation.headers = rate_headers(self.limits.states(key.id, key.limits, now))
+        if any(second is not None for second in reservation.seconds):
+            reservation.headers = rate_headers(self._strictest(levels, now))
         return reservation
+
+    def _strictest(self, levels: tuple[Level, ...], now: float) -> list[State]:
+        """Of each kind of limit (requests, tokens), the level's with the least remaining
+        (then the smallest limit): what the x-ratelimit-* headers show, the limit that will
+        refuse first whichever level holds it."""
+        if len(levels) == 1:
+            ident, limits = levels[0]
+            return self.limits.states(ident, limits, now)
+        strictest: dict[str, State] = {}
+        for ident, limits in levels:
+            for state in self.limits.states(ident, limits, now):
+                held = strictest.get(state.kind)
+                if held is None or (state.remaining, state.limit) < (held.remaining, held.limit):
+                    strictest[state.kind] = state
+        return list(strictest.values())
 
     def _short(
         self,
