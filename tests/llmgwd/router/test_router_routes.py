@@ -225,6 +225,31 @@ async def test_a_messages_stream_the_router_ends_ends_with_anthropics_error_even
     assert ("lost" if lose_node else "engine failed") in body["error"]["message"]
 
 
+@pytest.mark.parametrize("lose_node", [False, True])
+async def test_a_responses_stream_the_router_ends_ends_with_the_responses_error_event(
+    m: Metered, lose_node: bool
+) -> None:
+    """The engine dying mid-stream, or its node lost: the last event is the Responses API's
+    own (event: error, {"type": "error", "code", "message", "param", "sequence_number"}), which
+    the openai client hands over as a ResponseErrorEvent after the events before it."""
+    m.engine.cut_after, m.engine.hang = 3, lose_node  # type: ignore[attr-defined]
+    async with m.gw.openai() as client:
+        stream = await client.responses.create(model=MODEL, input="Say hi", stream=True)
+        if lose_node:
+            await until(lambda: m.gw.router.balancer.outstanding("r1") == 1)
+            await asyncio.sleep(0.1)  # the first events relayed
+            m.gw.router.node_lost("n1")
+        events = [e async for e in stream]
+    assert [e.type for e in events[:3]] == [
+        "response.created", "response.in_progress", "response.output_item.added"
+    ]  # fmt: skip
+    last = events[-1]
+    assert isinstance(last, openai.types.responses.ResponseErrorEvent)
+    assert last.code == "upstream_error" and last.param is None
+    assert ("lost" if lose_node else "engine failed") in last.message
+    assert last.sequence_number >= 3
+
+
 async def test_responses_errors_are_in_openais_shape(m: Metered) -> None:
     async with m.gw.openai(key="sk-wrong") as client:
         with pytest.raises(openai.AuthenticationError):

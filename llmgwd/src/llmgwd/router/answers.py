@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from llmgwd.router import anthropic_errors, errors, route_answers
+from llmgwd.router import errors, route_answers, route_errors
 from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
@@ -134,7 +134,7 @@ def success_body(data: bytes, model: str, tally: Tally, path: str = "") -> bytes
 def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
     """The engine's refusal (status is not 200) as the client is told it, in the route's shape
     (Anthropic's on its routes)."""
-    return anthropic_errors.for_route(path, _engine_error(status, data, model, path))
+    return route_errors.for_route(path, _engine_error(status, data, model, path))
 
 
 def _engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
@@ -242,7 +242,8 @@ class Stream:
         code = doc["error"].get("code") if isinstance(doc["error"], dict) else None
         status = code if isinstance(code, int) else 500
         raw = msgspec.json.encode(doc)
-        return engine_error(status, raw, self._model, self._path).sse_event()
+        error = _engine_error(status, raw, self._model, self._path)
+        return route_errors.for_route(self._path, error, self._tally.events or 0).sse_event()
 
     def _chunk(self, chunk: _Answer) -> bytes:
         """A typed chunk: its usage read, and dropped as Tally.chunk drops it."""

@@ -48,12 +48,6 @@ def shaped(error: errors.ApiError) -> AnthropicError:
                           headers=error.headers)  # fmt: skip
 
 
-def for_route(path: str, error: errors.ApiError) -> errors.ApiError:
-    """error in the shape of route path's errors ("messages...": Anthropic's), for what is
-    written inside a stream, which no handler's anthropic_shape() sees."""
-    return shaped(error) if path.startswith("messages") else error
-
-
 @contextmanager
 def anthropic_shape() -> Iterator[None]:
     """Every ApiError raised in the block leaves it in Anthropic's shape."""

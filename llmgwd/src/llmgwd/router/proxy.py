@@ -20,9 +20,9 @@ from yarl import URL
 
 from llmgwd.pool import Endpoint
 from llmgwd.router import answers, errors, overhead
-from llmgwd.router.anthropic_errors import for_route
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.prefix import Affinity
+from llmgwd.router.route_errors import for_route
 from llmgwd.router.usage_events import Tally, tally_of
 from llmgwd.router.waitlist import Busy
 
@@ -279,7 +279,7 @@ class Upstream:
         )  # fmt: skip
         request[errors.OUTCOME] = "upstream_broke"
         failure = errors.upstream_failed("The node serving the model was lost mid-answer.")
-        await started.write(for_route(path, failure).sse_event())
+        await started.write(for_route(path, failure, _events(request)).sse_event())
         return started
 
     async def _exchange(
@@ -457,7 +457,7 @@ class Upstream:
                     else _engine_failed(endpoint, e)
                 )
                 # the partial event held back is dropped
-                await out.write(for_route(path, failure).sse_event())
+                await out.write(for_route(path, failure, tally.events or 0).sse_event())
                 return out
             if not chunk:
                 break
@@ -603,6 +603,12 @@ def _session(
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
     )
+
+
+def _events(request: web.Request) -> int:
+    """The stream events relayed to the client so far, where counted."""
+    tally = tally_of(request)
+    return tally.events or 0 if tally is not None else 0
 
 
 def _client_gone(request: web.Request) -> bool:

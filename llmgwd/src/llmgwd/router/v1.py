@@ -33,6 +33,7 @@ from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter
 from llmgwd.router.metrics import RouterMetrics
 from llmgwd.router.proxy import BODY_TYPE, Upstream
+from llmgwd.router.responses_errors import responses_shape
 from llmgwd.router.token_bounds import Estimate, estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
 
@@ -208,7 +209,8 @@ class Router:
         return await self._complete(request, "embeddings", embeddings.check, embeddings.bound)
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "responses", responses.check, responses.bound)
+        with responses_shape(request):
+            return await self._complete(request, "responses", responses.check, responses.bound)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         with anthropic_shape():
