@@ -183,7 +183,7 @@ class Meter:
             if self.shares is not None:
                 share = (ident, limits, tokens, picos, requests, day)
                 reservation.tickets.append(self.shares.take(*share))
-        if any(second is not None for second in reservation.seconds):
+        if reservation.seconds.count(None) < len(reservation.seconds):  # a level has a rate
             reservation.headers = rate_headers(self._strictest(levels, now))
         return reservation
 
