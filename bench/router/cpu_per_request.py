@@ -15,7 +15,7 @@ router less direct), the best of --rounds rounds; and Python function calls a re
 (cProfile's count, client included: it is a few calls), of them in llmgw's code.
 
     PYTHONPATH=TREE/llmgwd/src:TREE/src .venv/bin/python bench/router/cpu_per_request.py
-        [--n 2000] [--rounds 5] [--concurrency 16] [--chunks 16]
+        [--n 2000] [--rounds 5] [--concurrency 16] [--chunks 16] [--metrics-both]
 """
 
 from __future__ import annotations
@@ -160,13 +160,16 @@ async def drive(conns: list[Conn], raw: bytes, n: int) -> None:
 Run = Callable[[], Awaitable[None]]
 
 
-async def cpu_us(run: Run, n: int, rounds: int) -> float:
-    """The best round's process CPU microseconds a request."""
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.process_time()
-        await run()
-        best = min(best, (time.process_time() - start) / n * 1e6)
+async def cpu_us(runs: list[Run], n: int, rounds: int) -> list[float]:
+    """Each run's best round in process CPU microseconds a request, the runs taken in turn
+    round by round, in ABBA order (so a machine getting busier weighs on each alike)."""
+    best = [float("inf")] * len(runs)
+    for r in range(rounds):
+        order = list(range(len(runs)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            start = time.process_time()
+            await runs[i]()
+            best[i] = min(best[i], (time.process_time() - start) / n * 1e6)
     return best
 
 
@@ -215,46 +218,59 @@ def start_mock(chunks: int) -> tuple[subprocess.Popen[bytes], int]:
     return proc, int(line.split()[1])
 
 
-async def one_case(port: int, mock_port: int, stream: bool, width: int, n: int,
+def _runner(conns: list[Conn], raw: bytes, n: int) -> Run:
+    async def run() -> None:
+        await drive(conns, raw, n)
+
+    return run
+
+
+async def one_case(ports: list[int], mock_port: int, stream: bool, width: int, n: int,
                    rounds: int) -> str:  # fmt: skip
-    """One case's line: CPU a request through the router and direct, and calls a request."""
-    via = await connect(port, width)
-    direct = await connect(mock_port, width)
-    raw_via = request_bytes(port, stream)
-    raw_direct = request_bytes(mock_port, stream)
-
-    async def run_via() -> None:
-        await drive(via, raw_via, n)
-
-    async def run_direct() -> None:
-        await drive(direct, raw_direct, n)
-
-    await run_via()  # warm: pooled connections, bound metric children
-    total = await cpu_us(run_via, n, rounds)
-    own = await cpu_us(run_direct, n, rounds)
-    all_calls, ours = await calls(run_via, n)
-    for c in via + direct:
+    """One case's line: CPU a request through each router port and direct (the client's own
+    share, taken off), and Python calls a request through each."""
+    conns = [await connect(port, width) for port in [*ports, mock_port]]
+    runs = [_runner(c, request_bytes(port, stream), n)
+            for c, port in zip(conns, [*ports, mock_port], strict=True)]  # fmt: skip
+    for run in runs[:-1]:
+        await run()  # warm: pooled connections, bound metric children
+    *totals, own = await cpu_us(runs, n, rounds)
+    counted = [await calls(run, n) for run in runs[:-1]]
+    for c in [c for group in conns for c in group]:
         assert c.transport is not None
         c.transport.close()
     name = ("stream" if stream else "chat") + (
         " sequential" if width == 1 else f" concurrent x{width}")  # fmt: skip
-    return f"{name:28} {total:10.0f} {own:7.0f} {total - own:7.0f} {all_calls:9.0f} {ours:8.0f}"
+    line = f"{name:28} {totals[0]:10.0f} {own:7.0f} {totals[0] - own:7.0f} " \
+        f"{counted[0][0]:9.0f} {counted[0][1]:8.0f}"  # fmt: skip
+    if len(ports) == 2:  # metrics on, then off
+        on, off = totals[0] - own, totals[1] - own
+        ratio = counted[0][0] / counted[1][0]
+        line += f" {off:7.0f} {counted[1][0]:9.0f} {on / off:6.3f} {ratio:6.3f}"
+    return line
 
 
 async def bench(args: argparse.Namespace, mock_port: int) -> None:
-    runner, port = await router_port(mock_port, not args.prefix_off, not args.metrics_off)
+    metrics = [True, False] if args.metrics_both else [not args.metrics_off]
+    runners = [await router_port(mock_port, not args.prefix_off, on) for on in metrics]
+    ports = [port for _, port in runners]
     n, rounds = args.n, args.rounds
     where = Path(clientport.__file__).parents[1]
     print(f"n={n} a case, best of {rounds} rounds; concurrent: {args.concurrency} connections; "
           f"streams of {args.chunks} chunks; llmgwd from {where}")  # fmt: skip
-    print(f"{'case':28} {'CPU us/req':>10} {'direct':>7} {'router':>7} "
-          f"{'calls/req':>9} {'in llmgw':>8}")  # fmt: skip
+    head = f"{'case':28} {'CPU us/req':>10} {'direct':>7} {'router':>7} {'calls/req':>9} " \
+        f"{'in llmgw':>8}"  # fmt: skip
+    if args.metrics_both:
+        head += f" {'off':>7} {'calls off':>9} {'on/off':>6} {'calls':>6}"
+        print("metrics on (router, calls/req) and off (off, calls off), the same run, ABBA")
+    print(head)
     try:
         for stream in (False, True):
             for width in (1, args.concurrency):
-                print(await one_case(port, mock_port, stream, width, n, rounds), flush=True)
+                print(await one_case(ports, mock_port, stream, width, n, rounds), flush=True)
     finally:
-        await runner.cleanup()
+        for runner, _ in runners:
+            await runner.cleanup()
 
 
 def main() -> None:
@@ -265,6 +281,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--prefix-off", action="store_true", help="client.prefix_balancing off")
     parser.add_argument("--metrics-off", action="store_true", help="client.request_metrics off")
+    both = "two routers in the run, metrics on and off, and their ratio"
+    parser.add_argument("--metrics-both", action="store_true", help=both)
     parser.add_argument("--no-access-line", action="store_true", help="log level warning")
     args = parser.parse_args()
     stderr = sys.stderr
