@@ -11,20 +11,30 @@ import msgspec
 from aiohttp import web
 
 from llmgw.api_types import (
+    Deleted,
     ErrorAnswer,
+    MemberRemoved,
+    MembershipView,
     ModelRemoved,
     NodeFlagsView,
     NodeRemoved,
     NodeView,
+    OrgView,
+    PersonKeyView,
     PlanView,
+    ProjectView,
     ScimTokenView,
     ServerRemoved,
     ServerView,
     SlurmView,
+    StaffView,
     StatusView,
+    TeamView,
     TokenView,
     UploadView,
     UsageReport,
+    UserDeleted,
+    UserView,
 )
 from llmgw.mirror_api import (
     ImportIn,
@@ -36,14 +46,13 @@ from llmgw.mirror_api import (
     SweepOut,
 )
 from llmgwd.accounting.views import LimitsIn, PriceIn
-from llmgwd.api import keys, level_limits, models, people, servers
+from llmgwd.api import keys, level_limits, models, people, person_keys, servers
 from llmgwd.api.base import API_PREFIX, _ctx, json_response
 from llmgwd.auth import Rule
-from llmgwd.people.records import User
 from llmgwd.slurm.settings import SlurmSettingsIn
 
-# (method, path): (request body type or None, answer type or None: JSON not described yet,
-# which tests/llmgwd/test_openapi_answers.py allows only for the routes it lists)
+# (method, path): (request body type or None, answer type or None: no JSON answer, which
+# tests/llmgwd/test_openapi_answers.py allows only for the routes it lists)
 SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
     ("GET", "/status"): (None, StatusView),
     ("GET", "/openapi.json"): (None, dict[str, Any]),  # this document
@@ -81,17 +90,37 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
     ("POST", "/servers/leave"): (servers.RemoveIn, ServerRemoved),
     ("DELETE", "/servers/{name}"): (servers.RemoveIn, ServerRemoved),
     ("POST", "/scim/token"): (None, ScimTokenView),
-    ("POST", "/orgs"): (people.NamedIn, None),
-    ("POST", "/orgs/{org}/teams"): (people.NamedIn, None),
-    ("POST", "/orgs/{org}/projects"): (people.ProjectIn, None),
-    ("GET", "/users"): (None, list[User]),
-    ("POST", "/users"): (people.UserIn, User),
-    ("GET", "/users/{user}"): (None, User),
-    ("PATCH", "/users/{user}"): (people.UserChange, User),
-    ("PUT", "/users/{user}/staff"): (people.StaffIn, None),
+    ("GET", "/orgs"): (None, list[OrgView]),
+    ("POST", "/orgs"): (people.NamedIn, OrgView),
+    ("GET", "/orgs/{org}"): (None, OrgView),
+    ("DELETE", "/orgs/{org}"): (None, Deleted),
+    ("GET", "/orgs/{org}/teams"): (None, list[TeamView]),
+    ("POST", "/orgs/{org}/teams"): (people.NamedIn, TeamView),
+    ("DELETE", "/orgs/{org}/teams/{team}"): (None, Deleted),
+    ("GET", "/orgs/{org}/projects"): (None, list[ProjectView]),
+    ("POST", "/orgs/{org}/projects"): (people.ProjectIn, ProjectView),
+    ("DELETE", "/orgs/{org}/projects/{project}"): (None, Deleted),
+    ("GET", "/orgs/{org}/members"): (None, list[MembershipView]),
+    ("GET", "/users"): (None, list[UserView]),
+    ("POST", "/users"): (people.UserIn, UserView),
+    ("GET", "/users/{user}"): (None, UserView),
+    ("PATCH", "/users/{user}"): (people.UserChange, UserView),
+    ("DELETE", "/users/{user}"): (None, UserDeleted),
+    ("PUT", "/users/{user}/staff"): (people.StaffIn, StaffView),
+    ("GET", "/me/keys"): (None, list[PersonKeyView]),
+    ("POST", "/me/keys"): (person_keys.PersonKeyIn, PersonKeyView),
+    ("DELETE", "/me/keys/{key}"): (None, PersonKeyView),
+    ("GET", "/orgs/{org}/projects/{project}/keys"): (None, list[PersonKeyView]),
+    ("POST", "/orgs/{org}/projects/{project}/keys"): (person_keys.PersonKeyIn, PersonKeyView),
+    ("POST", "/orgs/{org}/projects/{project}/service-keys"): (
+        person_keys.PersonKeyIn,
+        PersonKeyView,
+    ),
+    ("DELETE", "/orgs/{org}/projects/{project}/keys/{key}"): (None, PersonKeyView),
 }
 for _scope in ("", "/teams/{team}", "/projects/{project}"):
-    SHAPES[("PUT", f"/orgs/{{org}}{_scope}/members/{{user}}")] = (people.RoleIn, None)
+    SHAPES[("PUT", f"/orgs/{{org}}{_scope}/members/{{user}}")] = (people.RoleIn, MembershipView)
+    SHAPES[("DELETE", f"/orgs/{{org}}{_scope}/members/{{user}}")] = (None, MemberRemoved)
 SHAPES.update(level_limits.SHAPES)
 
 # The routes that answer 201 Created (the rest answer 200).

@@ -10,12 +10,37 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from llmgw.api_types import NAME_PATTERN, NAME_RULE, Email, Name, Title
+from llmgw.api_types import (
+    NAME_PATTERN,
+    NAME_RULE,
+    Deleted,
+    Email,
+    MemberRemoved,
+    MembershipView,
+    Name,
+    OrgView,
+    ProjectView,
+    ScopeView,
+    StaffView,
+    TeamView,
+    Title,
+    UserDeleted,
+    UserView,
+)
 from llmgwd import auth
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
-from llmgwd.people.records import MemberRole, Scope, StaffRole, User
+from llmgwd.people.records import (
+    MemberRole,
+    Membership,
+    Org,
+    Project,
+    Scope,
+    StaffRole,
+    Team,
+    User,
+)
 from llmgwd.people.rules import PeopleError, rank
 
 log = logging.getLogger(__name__)
@@ -95,6 +120,55 @@ def _scope(request: web.Request) -> Scope:
     return Scope(org=m["org"])
 
 
+# The answers: each record as its /api/v1 type (llmgw.api_types), field by field.
+
+
+def org_view(org: Org) -> OrgView:
+    """An organization as answered."""
+    return OrgView(name=org.name, title=org.title, created_at=org.created_at)
+
+
+def team_view(team: Team) -> TeamView:
+    """A team as answered."""
+    return TeamView(org=team.org, name=team.name, title=team.title, created_at=team.created_at)
+
+
+def project_view(project: Project) -> ProjectView:
+    """A project as answered."""
+    return ProjectView(
+        org=project.org,
+        name=project.name,
+        team=project.team,
+        title=project.title,
+        created_at=project.created_at,
+    )
+
+
+def membership_view(m: Membership) -> MembershipView:
+    """A membership as answered."""
+    return MembershipView(
+        user=m.user,
+        scope=ScopeView(org=m.scope.org, kind=m.scope.kind, name=m.scope.name),
+        role=m.role,
+        set_by=m.set_by,
+        group=m.group,
+        sources=dict(m.sources),
+        updated_at=m.updated_at,
+    )
+
+
+def user_view(user: User) -> UserView:
+    """A user as answered."""
+    return UserView(
+        id=user.id,
+        name=user.name,
+        email=user.email,
+        source=user.source,
+        active=user.active,
+        created_at=user.created_at,
+    )
+
+
 # Organizations, teams, projects
 
 
@@ -105,11 +179,11 @@ async def list_orgs(request: web.Request, who: Principal) -> web.Response:
     orgs = await people.orgs()
     staff = who.staff or (who.user and not who.project and await people.staff_role(who.user))
     if staff:
-        return json_response(orgs)
+        return json_response([org_view(o) for o in orgs])
     mine = await people.orgs_of(who.user) if who.user else set()
     if who.project:
         mine &= {who.org}
-    return json_response([o for o in orgs if o.name in mine])
+    return json_response([org_view(o) for o in orgs if o.name in mine])
 
 
 async def create_org(request: web.Request, who: Principal) -> web.Response:
@@ -117,7 +191,7 @@ async def create_org(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, NamedIn)
     org = await _dir(request).create_org(body.name, body.title)
     log.info("organization %s made by %s", org.name, who.label)
-    return json_response(org, 201)
+    return json_response(org_view(org), 201)
 
 
 async def get_org(request: web.Request, _who: Principal) -> web.Response:
@@ -126,7 +200,7 @@ async def get_org(request: web.Request, _who: Principal) -> web.Response:
     org = await _dir(request).org(name)
     if org is None:
         raise not_found("organization", name)
-    return json_response(org)
+    return json_response(org_view(org))
 
 
 async def delete_org(request: web.Request, who: Principal) -> web.Response:
@@ -134,12 +208,13 @@ async def delete_org(request: web.Request, who: Principal) -> web.Response:
     name = request.match_info["org"]
     await _dir(request).delete_org(name)
     log.info("organization %s deleted by %s", name, who.label)
-    return json_response({"name": name, "deleted": True})
+    return json_response(Deleted(name=name, deleted=True))
 
 
 async def list_teams(request: web.Request, _who: Principal) -> web.Response:
     """GET /orgs/{org}/teams"""
-    return json_response(await _dir(request).teams(request.match_info["org"]))
+    teams = await _dir(request).teams(request.match_info["org"])
+    return json_response([team_view(t) for t in teams])
 
 
 async def create_team(request: web.Request, who: Principal) -> web.Response:
@@ -147,7 +222,7 @@ async def create_team(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, NamedIn)
     team = await _dir(request).create_team(request.match_info["org"], body.name, body.title)
     log.info("team %s/%s made by %s", team.org, team.name, who.label)
-    return json_response(team, 201)
+    return json_response(team_view(team), 201)
 
 
 async def delete_team(request: web.Request, who: Principal) -> web.Response:
@@ -155,12 +230,13 @@ async def delete_team(request: web.Request, who: Principal) -> web.Response:
     org, team = request.match_info["org"], request.match_info["team"]
     await _dir(request).delete_team(org, team)
     log.info("team %s/%s deleted by %s", org, team, who.label)
-    return json_response({"name": team, "deleted": True})
+    return json_response(Deleted(name=team, deleted=True))
 
 
 async def list_projects(request: web.Request, _who: Principal) -> web.Response:
     """GET /orgs/{org}/projects"""
-    return json_response(await _dir(request).projects(request.match_info["org"]))
+    projects = await _dir(request).projects(request.match_info["org"])
+    return json_response([project_view(p) for p in projects])
 
 
 async def create_project(request: web.Request, who: Principal) -> web.Response:
@@ -169,7 +245,7 @@ async def create_project(request: web.Request, who: Principal) -> web.Response:
     org = request.match_info["org"]
     project = await _dir(request).create_project(org, body.name, body.team, body.title)
     log.info("project %s/%s made by %s", org, project.name, who.label)
-    return json_response(project, 201)
+    return json_response(project_view(project), 201)
 
 
 async def delete_project(request: web.Request, who: Principal) -> web.Response:
@@ -177,7 +253,7 @@ async def delete_project(request: web.Request, who: Principal) -> web.Response:
     org, project = request.match_info["org"], request.match_info["project"]
     await _dir(request).delete_project(org, project)
     log.info("project %s/%s deleted by %s", org, project, who.label)
-    return json_response({"name": project, "deleted": True})
+    return json_response(Deleted(name=project, deleted=True))
 
 
 # Memberships
@@ -185,7 +261,8 @@ async def delete_project(request: web.Request, who: Principal) -> web.Response:
 
 async def list_members(request: web.Request, _who: Principal) -> web.Response:
     """GET /orgs/{org}/members: in the organization, its teams and its projects."""
-    return json_response(await _dir(request).members(request.match_info["org"]))
+    members = await _dir(request).members(request.match_info["org"])
+    return json_response([membership_view(m) for m in members])
 
 
 async def set_member(request: web.Request, who: Principal) -> web.Response:
@@ -196,7 +273,7 @@ async def set_member(request: web.Request, who: Principal) -> web.Response:
     kept = await _dir(request).set_member(who.user, user.id, scope, body.role)
     log.info("%s is %s of %s %s/%s, by %s", user.name, kept.role, scope.kind, scope.org,
              scope.name, who.label)  # fmt: skip
-    return json_response(kept)
+    return json_response(membership_view(kept))
 
 
 async def _not_above_own(request: web.Request, who: Principal, role: MemberRole) -> None:
@@ -217,7 +294,7 @@ async def remove_member(request: web.Request, who: Principal) -> web.Response:
     if not await _dir(request).remove_member(who.user, user.id, scope):
         raise not_found("membership", f"{user.name} in {scope.org}/{scope.name}".rstrip("/"))
     log.info("%s left %s %s/%s, by %s", user.name, scope.kind, scope.org, scope.name, who.label)
-    return json_response({"user": user.id, "removed": True})
+    return json_response(MemberRemoved(user=user.id, removed=True))
 
 
 # Users and staff
@@ -225,7 +302,7 @@ async def remove_member(request: web.Request, who: Principal) -> web.Response:
 
 async def list_users(request: web.Request, _who: Principal) -> web.Response:
     """GET /users"""
-    return json_response(await _dir(request).users())
+    return json_response([user_view(u) for u in await _dir(request).users()])
 
 
 async def create_user(request: web.Request, who: Principal) -> web.Response:
@@ -233,12 +310,12 @@ async def create_user(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, UserIn)
     user = await _dir(request).create_user(body.name, body.email, "staff")
     log.info("user %s (%s) made by %s", user.id, user.name, who.label)
-    return json_response(user, 201)
+    return json_response(user_view(user), 201)
 
 
 async def get_user(request: web.Request, _who: Principal) -> web.Response:
     """GET /users/{user}: by id or name."""
-    return json_response(await _user(request))
+    return json_response(user_view(await _user(request)))
 
 
 async def change_user(request: web.Request, who: Principal) -> web.Response:
@@ -248,7 +325,7 @@ async def change_user(request: web.Request, who: Principal) -> web.Response:
     user = await _dir(request).change_user((await _user(request)).id, **changes)
     _ctx(request).catalog.note_user(user)  # a deactivated user's keys stop here at once
     log.info("user %s (%s) changed (%s) by %s", user.id, user.name, ", ".join(changes), who.label)
-    return json_response(user)
+    return json_response(user_view(user))
 
 
 async def delete_user(request: web.Request, who: Principal) -> web.Response:
@@ -261,7 +338,7 @@ async def delete_user(request: web.Request, who: Principal) -> web.Response:
         if key.user == user.id and not key.revoked:
             await catalog.revoke_key(key.id)
     log.info("user %s (%s) deleted by %s", user.id, user.name, who.label)
-    return json_response({"user": user.id, "deleted": True})
+    return json_response(UserDeleted(user=user.id, deleted=True))
 
 
 async def set_staff(request: web.Request, who: Principal) -> web.Response:
@@ -270,7 +347,7 @@ async def set_staff(request: web.Request, who: Principal) -> web.Response:
     user = await _user(request)
     await _dir(request).set_staff(user.id, body.role)
     log.info("user %s (%s) staff role %s, by %s", user.id, user.name, body.role, who.label)
-    return json_response({"user": user.id, "staff": body.role})
+    return json_response(StaffView(user=user.id, staff=body.role))
 
 
 # The route table: every route and who passes it.

@@ -9,11 +9,12 @@ import logging
 import msgspec
 from aiohttp import web
 
+from llmgw.api_types import PersonKeyView as PersonKeyView  # re-exported: the answers' type
 from llmgwd import auth
 from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_READ, Principal, Rule, org_rule
-from llmgwd.catalog import ApiKey, KeyLimits, KeyOwner, looks_like_key_id
+from llmgwd.catalog import ApiKey, KeyOwner, looks_like_key_id
 from llmgwd.people.directory import Directory
 
 log = logging.getLogger(__name__)
@@ -23,22 +24,6 @@ class PersonKeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /me/keys, POST /orgs/{org}/projects/{project}/keys and .../service-keys"""
 
     name: str
-
-
-class PersonKeyView(msgspec.Struct, kw_only=True):
-    """A person's key without its secret or hash; key is set only in the answer that made it."""
-
-    id: str
-    name: str
-    prefix: str
-    user: str  # its maker's id
-    org: str
-    project: str  # "": a staff key
-    service: bool
-    created_at: float
-    revoked: bool
-    limits: KeyLimits
-    key: str = ""
 
 
 def view(key: ApiKey, secret: str = "") -> PersonKeyView:
