@@ -3,6 +3,7 @@ is not one is a plain refusal naming what is off, never a traceback."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -10,16 +11,22 @@ import pytest
 from click.testing import CliRunner, Result
 
 from llmgw.api_types import (
+    DeviceAuthorization,
+    DevicePending,
     KeyLimits,
+    LoginAnswer,
+    MembershipView,
     ModelRemoved,
     ModelView,
     PlaceView,
     PlanView,
     ProfilePlan,
     ScimTokenView,
+    ScopeView,
+    StaffView,
     Verdict,
 )
-from llmgw.cli import common
+from llmgw.cli import common, login_device
 from llmgw.cli.main import main
 from llmgw.mirror_api import MirrorStatus, NodeSweep, SetStatus, SweepOut
 
@@ -48,6 +55,20 @@ COMMANDS = [
     ["limits", "show", "--user", "u"],
     ["limits", "set", "--org", "o", "--rpm", "5"],
     ["scim", "token"],
+    ["user", "create", "ann"],
+    ["user", "list"],
+    ["user", "delete", "ann"],
+    ["user", "staff", "ann", "viewer"],
+    ["org", "create", "acme"],
+    ["org", "list"],
+    ["org", "show", "acme"],
+    ["org", "delete", "acme"],
+    ["org", "team", "acme", "ml"],
+    ["org", "team", "acme", "ml", "--delete"],
+    ["org", "project", "acme", "chat"],
+    ["org", "project", "acme", "chat", "--delete"],
+    ["org", "member", "acme", "ann", "member", "--team", "ml"],
+    ["org", "unmember", "acme", "ann"],
 ]
 
 
@@ -179,3 +200,82 @@ def test_a_users_limits_are_shown_from_its_level(monkeypatch: pytest.MonkeyPatch
     assert r.exit_code == 0, r.output
     assert calls == [("GET", "/api/v1/users/u1/limits")]
     assert "user:u1  60 rpm, 20 spend/month  a" in r.stdout
+
+
+def test_org_member_says_the_role_and_where_from_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kept = MembershipView(user="u1", scope=ScopeView(org="acme", kind="team", name="ml"),
+                          role="manager")  # fmt: skip
+    calls = _answering(monkeypatch, kept)
+    r = _run("org", "member", "acme", "ann", "manager", "--team", "ml")
+    assert r.exit_code == 0, r.output
+    assert calls == [("PUT", "/api/v1/orgs/acme/teams/ml/members/ann")]
+    assert r.stdout == "ann is manager of team ml.\n"
+
+
+def test_user_staff_none_says_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answering(monkeypatch, StaffView(user="u1", staff=None))
+    r = _run("user", "staff", "ann", "none")
+    assert r.exit_code == 0 and r.stdout == "ann: staff role none.\n", r.output
+
+
+AUTH = DeviceAuthorization(device_code="d", user_code="ABCD-EFGH", verification_uri="https://idp/d",
+                           expires_in=60, interval=1)  # fmt: skip
+SIGNED_IN = LoginAnswer(user="u1", name="ann", key="sk-session", expires_at=4e9)
+
+
+def _login_answering(monkeypatch: pytest.MonkeyPatch, *answers: Any) -> None:
+    """The client port answers these to `llmgw login --device`, one a call."""
+    queue = [msgspec.to_builtins(a) for a in answers]
+    monkeypatch.setattr(login_device, "call", lambda *_a, **_k: queue.pop(0))
+    monkeypatch.setattr(login_device, "pause", lambda _s: None)
+
+
+def _login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Result:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    return CliRunner().invoke(main, ["login", *args, "--server", "https://gw:7700"])
+
+
+@pytest.mark.parametrize(
+    "poll", [{"status": 5, "interval": 1}, {"status": "slow_down"}, {"user": "u1"}, ["?"]]
+)
+def test_login_device_refuses_a_poll_answer_not_of_its_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, poll: Any
+) -> None:
+    _login_answering(monkeypatch, AUTH, poll)
+    r = _login(tmp_path, monkeypatch, "--device")
+    assert isinstance(r.exception, SystemExit) and r.exit_code == common.EXIT_REFUSED, r.output
+    assert "the daemon's answer is not what this llmgw reads" in r.output
+    assert not (tmp_path / "llmgw" / "session.json").exists()
+
+
+def test_login_device_refuses_a_start_answer_not_of_its_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _login_answering(monkeypatch, {"device_code": "d", "interval": "soon"})
+    r = _login(tmp_path, monkeypatch, "--device")
+    assert isinstance(r.exception, SystemExit) and r.exit_code == common.EXIT_REFUSED, r.output
+    assert "the daemon's answer is not what this llmgw reads" in r.output
+
+
+def test_login_device_waits_while_pending_then_keeps_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pending = DevicePending(status="authorization_pending", interval=1)
+    _login_answering(monkeypatch, AUTH, pending, pending, SIGNED_IN)
+    r = _login(tmp_path, monkeypatch, "--device")
+    assert r.exit_code == 0, r.output
+    assert "signed in as ann" in r.stdout and "ABCD-EFGH" in r.stdout
+    saved = msgspec.json.decode((tmp_path / "llmgw" / "session.json").read_bytes())
+    assert saved["key"] == "sk-session" and saved["user"] == "u1"
+
+
+@pytest.mark.parametrize("info", [{"issuer": ["x"]}, "?"])
+def test_login_refuses_an_oidc_info_not_of_its_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, info: Any
+) -> None:
+    monkeypatch.setattr("llmgw.cli.login.call", lambda *_a, **_k: info)
+    r = _login(tmp_path, monkeypatch, "--no-browser")
+    assert isinstance(r.exception, SystemExit) and r.exit_code == common.EXIT_REFUSED, r.output
+    assert "the daemon's answer is not what this llmgw reads" in r.output

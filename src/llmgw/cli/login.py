@@ -12,7 +12,7 @@ import click
 import msgspec
 
 from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
-from llmgw.cli.common import Refused
+from llmgw.cli.common import Refused, decoded
 from llmgw.cli.login_device import device_sign_in
 from llmgw.cli.login_flow import Catcher, Request
 from llmgw.cli.login_http import call
@@ -63,7 +63,7 @@ def open_browser(url: str) -> None:
 
 def _sign_in(server: str, browser: bool) -> LoginAnswer:
     login = server + "/api/v1/login/oidc"
-    info = msgspec.convert(call("GET", login), OidcInfo)
+    info = decoded(call("GET", login), OidcInfo)
     catcher = Catcher()
     req = Request(info=info, redirect_uri=catcher.redirect_uri)
     click.echo(f"Sign in with {info.issuer} by opening:\n\n  {req.url()}\n")
@@ -84,7 +84,7 @@ def _sign_in(server: str, browser: bool) -> LoginAnswer:
         code_verifier=req.verifier,
         redirect_uri=req.redirect_uri,
     )
-    return msgspec.convert(call("POST", login, body), LoginAnswer)
+    return decoded(call("POST", login, body), LoginAnswer)
 
 
 @click.command()

@@ -11,10 +11,16 @@ import click
 import msgspec
 
 from llmgw.api_types import DeviceAuthorization, DevicePending, DevicePoll, DeviceStart, LoginAnswer
-from llmgw.cli.common import Refused
+from llmgw.cli.common import Refused, decoded
 from llmgw.cli.login_http import call
 
 GRACE_S = 30.0  # past the code's life, in case the provider is late to say it expired
+
+
+class _Polled(msgspec.Struct):
+    """What tells a poll's answers apart: a status (DevicePending), or none (LoginAnswer)."""
+
+    status: str | None = None
 
 
 def pause(seconds: float) -> None:
@@ -36,7 +42,7 @@ def device_sign_in(server: str) -> LoginAnswer:
     """Show the user code and where to confirm it; poll until signed in, refused or expired."""
     nonce = secrets.token_urlsafe(24)
     url = server + "/api/v1/login/device"
-    auth = msgspec.convert(call("POST", url, DeviceStart(nonce=nonce)), DeviceAuthorization)
+    auth = decoded(call("POST", url, DeviceStart(nonce=nonce)), DeviceAuthorization)
     show_code(auth)
     interval = auth.interval
     deadline = time.monotonic() + auth.expires_in + GRACE_S
@@ -44,7 +50,7 @@ def device_sign_in(server: str) -> LoginAnswer:
         pause(interval)
         poll = DevicePoll(device_code=auth.device_code, nonce=nonce, interval=interval)
         answer = call("POST", url + "/token", poll)
-        if "status" not in answer:
-            return msgspec.convert(answer, LoginAnswer)
-        interval = msgspec.convert(answer, DevicePending).interval
+        if decoded(answer, _Polled).status is None:
+            return decoded(answer, LoginAnswer)
+        interval = decoded(answer, DevicePending).interval
     raise Refused("the sign-in's user code expired before it was confirmed")

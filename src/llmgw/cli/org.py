@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import click
 
-from llmgw.cli.common import Settings, api_path, call, pass_settings
+from llmgw.api_types import (
+    Deleted,
+    MemberRemoved,
+    MembershipView,
+    OrgView,
+    ProjectView,
+    ScopeView,
+    TeamView,
+)
+from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
 ROLES = click.Choice(["admin", "manager", "member"])
@@ -27,7 +36,7 @@ def create(settings: Settings, name: str, title: str, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
-    click.echo(f"Organization {answer['name']} made.")
+    click.echo(f"Organization {decoded(answer, OrgView).name} made.")
 
 
 @org.command("list")
@@ -39,7 +48,7 @@ def list_(settings: Settings, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
-    rows = [[o["name"], o["title"]] for o in answer]
+    rows = [[o.name, o.title] for o in decoded(answer, list[OrgView])]
     echo_table(["NAME", "TITLE"], rows, "No organizations yet: `llmgw org create NAME`.")
 
 
@@ -55,17 +64,20 @@ def show(settings: Settings, name: str, as_json: bool) -> None:
     if as_json:
         echo_json({"teams": teams, "projects": projects, "members": members})
         return
-    echo_table(["TEAM", "TITLE"], [[t["name"], t["title"]] for t in teams], "No teams.")
+    rows = [[t.name, t.title] for t in decoded(teams, list[TeamView])]
+    echo_table(["TEAM", "TITLE"], rows, "No teams.")
     click.echo()
-    rows = [[p["name"], p["team"] or "-", p["title"]] for p in projects]
+    rows = [[p.name, p.team or "-", p.title] for p in decoded(projects, list[ProjectView])]
     echo_table(["PROJECT", "TEAM", "TITLE"], rows, "No projects.")
     click.echo()
-    rows = [[m["user"], _where(m["scope"]), m["role"], m["set_by"]] for m in members]
+    rows = [
+        [m.user, _where(m.scope), m.role, m.set_by] for m in decoded(members, list[MembershipView])
+    ]
     echo_table(["USER", "IN", "ROLE", "SET BY"], rows, "No members.")
 
 
-def _where(scope: dict[str, str]) -> str:
-    return scope["org"] if scope["kind"] == "org" else f"{scope['kind']} {scope['name']}"
+def _where(scope: ScopeView) -> str:
+    return scope.org if scope.kind == "org" else f"{scope.kind} {scope.name}"
 
 
 @org.command()
@@ -73,8 +85,8 @@ def _where(scope: dict[str, str]) -> str:
 @pass_settings
 def delete(settings: Settings, name: str) -> None:
     """Delete the organization NAME with its teams, projects and memberships."""
-    call(settings, "DELETE", api_path("orgs", name))
-    click.echo(f"Organization {name} deleted.")
+    gone = decoded(call(settings, "DELETE", api_path("orgs", name)), Deleted)
+    click.echo(f"Organization {gone.name} deleted.")
 
 
 @org.command()
@@ -85,11 +97,12 @@ def delete(settings: Settings, name: str) -> None:
 def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
     """Make the team NAME in ORG (or, with --delete, delete it)."""
     if remove:
-        call(settings, "DELETE", api_path("orgs", org_name, "teams", name))
-        click.echo(f"Team {org_name}/{name} deleted.")
+        answer = call(settings, "DELETE", api_path("orgs", org_name, "teams", name))
+        click.echo(f"Team {org_name}/{decoded(answer, Deleted).name} deleted.")
         return
-    call(settings, "POST", api_path("orgs", org_name, "teams"), {"name": name})
-    click.echo(f"Team {org_name}/{name} made.")
+    answer = call(settings, "POST", api_path("orgs", org_name, "teams"), {"name": name})
+    made = decoded(answer, TeamView)
+    click.echo(f"Team {made.org}/{made.name} made.")
 
 
 @org.command()
@@ -101,12 +114,13 @@ def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
 def project(settings: Settings, org_name: str, name: str, team_name: str, remove: bool) -> None:
     """Make the project NAME in ORG (or, with --delete, delete it)."""
     if remove:
-        call(settings, "DELETE", api_path("orgs", org_name, "projects", name))
-        click.echo(f"Project {org_name}/{name} deleted.")
+        answer = call(settings, "DELETE", api_path("orgs", org_name, "projects", name))
+        click.echo(f"Project {org_name}/{decoded(answer, Deleted).name} deleted.")
         return
     body = {"name": name, "team": team_name}
-    call(settings, "POST", api_path("orgs", org_name, "projects"), body)
-    click.echo(f"Project {org_name}/{name} made.")
+    answer = call(settings, "POST", api_path("orgs", org_name, "projects"), body)
+    made = decoded(answer, ProjectView)
+    click.echo(f"Project {made.org}/{made.name} made.")
 
 
 def _members_path(org_name: str, team_name: str, project_name: str, user: str) -> str:
@@ -138,8 +152,8 @@ def member(
     """Give USER (a name or id) ROLE in ORG, or in one of its teams or projects; a role set
     here is never rewritten by a group rule."""
     path = _members_path(org_name, team_name, project_name, user)
-    answer = call(settings, "PUT", path, {"role": role})
-    click.echo(f"{user} is {answer['role']} of {_where(answer['scope'])}.")
+    kept = decoded(call(settings, "PUT", path, {"role": role}), MembershipView)
+    click.echo(f"{user} is {kept.role} of {_where(kept.scope)}.")
 
 
 @org.command()
@@ -152,6 +166,7 @@ def unmember(
     settings: Settings, org_name: str, user: str, team_name: str, project_name: str
 ) -> None:
     """Take USER's role in ORG (or in one of its teams or projects) away."""
-    call(settings, "DELETE", _members_path(org_name, team_name, project_name, user))
+    answer = call(settings, "DELETE", _members_path(org_name, team_name, project_name, user))
+    decoded(answer, MemberRemoved)
     where = "/".join(n for n in (org_name, team_name or project_name) if n)
     click.echo(f"{user} left {where}.")

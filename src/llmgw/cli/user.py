@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from llmgw.cli.common import Settings, api_path, call, pass_settings
+from llmgw.api_types import StaffView, UserDeleted, UserView
+from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, when
 
 
@@ -24,7 +25,8 @@ def create(settings: Settings, name: str, email: str, as_json: bool) -> None:
     if as_json:
         echo_json(answer)
         return
-    click.echo(f"User {answer['name']} made (id {answer['id']}).")
+    made = decoded(answer, UserView)
+    click.echo(f"User {made.name} made (id {made.id}).")
 
 
 @user.command("list")
@@ -37,9 +39,9 @@ def list_(settings: Settings, as_json: bool) -> None:
         echo_json(answer)
         return
     rows = [
-        [u["id"], u["name"], u["email"], u["source"], "active" if u["active"] else "inactive",
-         when(u["created_at"])]
-        for u in answer
+        [u.id, u.name, u.email, u.source, "active" if u.active else "inactive",
+         when(u.created_at)]
+        for u in decoded(answer, list[UserView])
     ]  # fmt: skip
     headers = ["ID", "NAME", "EMAIL", "SOURCE", "STATE", "CREATED"]
     echo_table(headers, rows, "No users yet: `llmgw user create NAME`.")
@@ -53,8 +55,8 @@ def delete(settings: Settings, name: str) -> None:
     keys go, and their keys are refused at once. A user from OIDC or SCIM comes back as a
     new user at their next sign-in or provisioning; to stop one, deactivate them instead
     (the identity provider's SCIM, or PATCH /api/v1/users/NAME {"active": false})."""
-    answer = call(settings, "DELETE", api_path("users", name))
-    click.echo(f"User {name} deleted (id {answer['user']}); their keys are revoked.")
+    gone = decoded(call(settings, "DELETE", api_path("users", name)), UserDeleted)
+    click.echo(f"User {name} deleted (id {gone.user}); their keys are revoked.")
 
 
 @user.command()
@@ -65,5 +67,5 @@ def staff(settings: Settings, name: str, role: str) -> None:
     """Give the user NAME a cluster staff role: admin (everything), operator (models, nodes,
     mirror, Slurm), viewer (reads everything), or none."""
     body = {"role": None if role == "none" else role}
-    call(settings, "PUT", api_path("users", name, "staff"), body)
-    click.echo(f"{name}: staff role {role}.")
+    now = decoded(call(settings, "PUT", api_path("users", name, "staff"), body), StaffView)
+    click.echo(f"{name}: staff role {now.staff or 'none'}.")
