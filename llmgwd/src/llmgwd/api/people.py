@@ -20,7 +20,6 @@ from llmgw.api_types import (
     Name,
     OrgView,
     ProjectView,
-    ScopeView,
     StaffView,
     TeamView,
     Title,
@@ -125,48 +124,27 @@ def _scope(request: web.Request) -> Scope:
 
 def org_view(org: Org) -> OrgView:
     """An organization as answered."""
-    return OrgView(name=org.name, title=org.title, created_at=org.created_at)
+    return msgspec.convert(org, OrgView, from_attributes=True)
 
 
 def team_view(team: Team) -> TeamView:
     """A team as answered."""
-    return TeamView(org=team.org, name=team.name, title=team.title, created_at=team.created_at)
+    return msgspec.convert(team, TeamView, from_attributes=True)
 
 
 def project_view(project: Project) -> ProjectView:
     """A project as answered."""
-    return ProjectView(
-        org=project.org,
-        name=project.name,
-        team=project.team,
-        title=project.title,
-        created_at=project.created_at,
-    )
+    return msgspec.convert(project, ProjectView, from_attributes=True)
 
 
 def membership_view(m: Membership) -> MembershipView:
     """A membership as answered."""
-    return MembershipView(
-        user=m.user,
-        scope=ScopeView(org=m.scope.org, kind=m.scope.kind, name=m.scope.name),
-        role=m.role,
-        set_by=m.set_by,
-        group=m.group,
-        sources=dict(m.sources),
-        updated_at=m.updated_at,
-    )
+    return msgspec.convert(m, MembershipView, from_attributes=True)
 
 
 def user_view(user: User) -> UserView:
     """A user as answered."""
-    return UserView(
-        id=user.id,
-        name=user.name,
-        email=user.email,
-        source=user.source,
-        active=user.active,
-        created_at=user.created_at,
-    )
+    return msgspec.convert(user, UserView, from_attributes=True)
 
 
 # Organizations, teams, projects
