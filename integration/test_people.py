@@ -83,7 +83,9 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def device_login(node: Node, issuer: str, home: Path, sub: str) -> dict[str, Any]:
+def device_login(
+    node: Node, issuer: str, home: Path, sub: str, name: str = "ada"
+) -> dict[str, Any]:
     """`llmgw login --device` as the person runs it; the code confirmed at the provider's page
     as they would; the session it keeps."""
     server = f"http://127.0.0.1:{node.client_port}"
@@ -106,7 +108,7 @@ def device_login(node: Node, issuer: str, home: Path, sub: str) -> dict[str, Any
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, shown + out
-    assert "signed in as ada until" in out, out
+    assert f"signed in as {name} until" in out, out
     session: dict[str, Any] = json.loads((home / "llmgw" / "session.json").read_text())
     return session
 
@@ -188,6 +190,36 @@ def test_scim_deactivation_stops_the_members_keys_at_once(
     # A token that is not the SCIM token gets nowhere near /scim/v2.
     with http(node) as c:
         assert c.get("/scim/v2/Users", headers=bearer(key)).status_code == 401
+
+
+def test_a_person_provisioned_by_scim_signs_in_as_that_user(
+    node: Node, issuer: str, tmp_path: Path
+) -> None:
+    """The identity provider provisions Bea by SCIM (externalId: her subject there) before
+    she ever signs in; her first `llmgw login` is that user, whatever name the token gives."""
+    token = node.llmgw("scim", "token", "--json")["token"]
+    doc = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": "bea",
+           "externalId": "bea-sub", "emails": [{"value": "bea@physics.example"}]}  # fmt: skip
+    with http(node) as c:
+        headers = bearer(token) | {"Content-Type": "application/scim+json"}
+        r = c.post("/scim/v2/Users", json=doc, headers=headers)
+    assert r.status_code == 201, r.text
+    made = r.json()
+    claims = {"preferred_username": "b.lovelace", "email": "bea@physics.example"}
+    npm_oidc.put_account(issuer, "bea-sub", claims | {"groups": ["physics-all"]})
+    session = device_login(node, issuer, tmp_path, "bea-sub", name="bea")
+    assert session["user"] == made["id"]
+    users = {u["name"]: u for u in node.llmgw("user", "list", "--json")}
+    assert "b.lovelace" not in users  # no second user made for her
+    assert (users["bea"]["source"], users["bea"]["external_id"]) == ("scim", "bea-sub")
+    assert models_status(node, session["key"]) == 200
+    # Staff make Cy with the external id his sign-in will carry: his first login is Cy.
+    cy = node.llmgw("user", "create", "cy", "--external-id", "cy-sub", "--json")
+    (tmp_path / "cy").mkdir()
+    npm_oidc.put_account(issuer, "cy-sub", {"preferred_username": "cyrus",
+                                            "groups": ["physics-all"]})  # fmt: skip
+    assert device_login(node, issuer, tmp_path / "cy", "cy-sub", name="cy")["user"] == cy["id"]
+    assert "cyrus" not in {u["name"] for u in node.llmgw("user", "list", "--json")}
 
 
 def chat(c: httpx.Client, key: str) -> httpx.Response:

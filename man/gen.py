@@ -61,6 +61,13 @@ SETTINGS = {
         "project if one is named, set by the group; a membership set by hand is never "
         "rewritten, and one set by a group the person has left is taken away."
     ),
+    "server.oidc.link_claim": (
+        "The ID token's claim that names a person made by staff or provisioned by SCIM: a "
+        "first sign-in whose claim equals such a user's external_id (SCIM's externalId; "
+        "`llmgw user create --external-id`) is that user, linked for good (sub by default; "
+        "oid for Microsoft Entra, whose sub differs per application). Never a name or an email, "
+        "which some providers let a person choose. Empty: such users cannot sign in."
+    ),
     "server.oidc.session_ttl_s": (
         "How long the key that `llmgw login` gets is good for, in seconds (60 to 30 days)."
     ),

@@ -22,6 +22,16 @@ Email = Annotated[
     ),
 ]
 Title = Annotated[str, msgspec.Meta(max_length=200)]
+ExternalId = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=256,
+        pattern=r"^(|[^\s\x00-\x1f\x7f](.*[^\s\x00-\x1f\x7f])?)$",
+        description="the person's id at the identity provider (SCIM's externalId): their "
+        "first OIDC sign-in whose link claim (oidc.link_claim, by default sub) equals it is "
+        "theirs; at most 256 printable characters, unpadded",
+    ),
+]
 
 
 class ErrorBody(msgspec.Struct, omit_defaults=True):
@@ -509,6 +519,7 @@ class UserView(msgspec.Struct, kw_only=True):
     source: Literal["oidc", "scim", "staff"] = "staff"
     active: bool = True
     created_at: float = 0.0
+    external_id: str = ""  # who they are at the identity provider; "": none
 
 
 class StaffView(msgspec.Struct, kw_only=True):

@@ -124,6 +124,9 @@ class Oidc(Strict):
     groups_claim: str = "groups"  # the ID token's claim listing the person's groups
     allowed_groups: tuple[str, ...] = ()  # sign-in only for these groups' people; (): anyone
     rules: tuple[GroupRule, ...] = ()  # group -> membership (a role set by hand is kept)
+    # a first sign-in is the user made by staff or SCIM whose external_id (SCIM's externalId)
+    # equals this claim of the ID token ("": never; then such a user cannot sign in)
+    link_claim: str = "sub"
     session_ttl_s: Annotated[int, msgspec.Meta(ge=60, le=30 * 86400)] = 12 * 3600  # key's life
 
     def __post_init__(self) -> None:

@@ -57,6 +57,7 @@ COMMANDS = [
     ["scim", "token"],
     ["user", "create", "ann"],
     ["user", "list"],
+    ["user", "set", "ann", "--email", "a@acme.org"],
     ["user", "delete", "ann"],
     ["user", "staff", "ann", "viewer"],
     ["org", "create", "acme"],

@@ -66,3 +66,16 @@ def test_a_user_deleted_leaves_their_organization(cli: Callable[..., Result]) ->
     assert "manager" not in _ok(cli("org", "show", "acme"))
     r = cli("user", "delete", "ann")
     assert r.exit_code != 0 and "ann" in r.output
+
+
+def test_staff_set_who_a_user_is_at_the_identity_provider(cli: Callable[..., Result]) -> None:
+    made = json.loads(_ok(cli("user", "create", "bea", "--external-id", "00u1bea", "--json")))
+    assert made["external_id"] == "00u1bea"
+    out = _ok(cli("user", "set", "bea", "--external-id", "00u2bea", "--email", "b@uni.example"))
+    assert out.strip() == "User bea: b@uni.example, active, external id 00u2bea."
+    assert "inactive, external id none" in _ok(cli("user", "set", "bea", "--inactive",
+                                                   "--external-id", ""))  # fmt: skip
+    r = cli("user", "set", "bea")
+    assert r.exit_code == 2 and "nothing to change" in r.output
+    r = cli("user", "set", "bea", "--external-id", " padded")
+    assert r.exit_code != 0 and "external_id" in r.output

@@ -123,6 +123,21 @@ async def test_a_user_changed_twice_keeps_both_changes(
     assert status == 200 and staff["staff"] == "viewer"
 
 
+async def test_staff_give_a_user_the_external_id_their_sign_in_links_by(
+    api_port: tuple[str, str, Directory],
+) -> None:
+    body = {"name": "bea", "external_id": "00u1bea"}
+    status, bea = await _call(api_port, "POST", "/users", body)
+    assert status == 201 and bea["external_id"] == "00u1bea"
+    status, bea = await _call(api_port, "PATCH", "/users/bea", {"external_id": "00u2bea"})
+    assert status == 200 and bea["external_id"] == "00u2bea"
+    assert (await api_port[2].user("bea")) is not None
+    for bad in (" 00u2", "x" * 257, "a\nb"):
+        status, err = await _call(api_port, "PATCH", "/users/bea", {"external_id": bad})
+        assert status == 400 and err["error"]["param"] == "external_id", err
+    assert (await _call(api_port, "GET", "/users/bea"))[1]["external_id"] == "00u2bea"
+
+
 async def test_a_team_manager_gives_no_role_above_their_own(
     api_port: tuple[str, str, Directory],
 ) -> None:

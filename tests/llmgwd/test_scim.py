@@ -141,6 +141,19 @@ async def test_every_error_is_scim_s_error_body(
     assert answer.get("scimType", "") == scim_type
 
 
+async def test_a_user_s_external_id_is_the_one_their_sign_in_links_by(scim: Scim) -> None:
+    body = {"schemas": [], "userName": "bea", "externalId": "00u1bea"}
+    status, bea = await scim.call("POST", "/Users", body)
+    assert status == 201 and bea["externalId"] == "00u1bea"
+    user = await scim.people.user(bea["id"])
+    assert user is not None and user.external_id == "00u1bea" and user.source == "scim"
+    await scim.call("PUT", f"/Users/{bea['id']}", {"schemas": [], "userName": "bea"})
+    user = await scim.people.user(bea["id"])
+    assert user is not None and user.external_id == ""  # a PUT without it takes it away
+    status, err = await scim.call("PATCH", f"/Users/{bea['id']}", _op("add", "externalId", 7))
+    assert status == 400 and err["scimType"] == "invalidValue"
+
+
 async def test_a_user_name_taken_is_a_uniqueness_conflict(scim: Scim) -> None:
     assert (await scim.call("POST", "/Users", {"userName": "ann"}))[0] == 201
     status, body = await scim.call("POST", "/Users", {"userName": "ANN"})

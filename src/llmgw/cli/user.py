@@ -1,4 +1,5 @@
-"""llmgw user create|list|delete|staff: people made by staff, and the cluster's staff roles."""
+"""llmgw user create|list|set|delete|staff: people made by staff, and the cluster's staff
+roles."""
 
 from __future__ import annotations
 
@@ -14,14 +15,23 @@ def user() -> None:
     """People (users) and their cluster staff roles."""
 
 
+EXTERNAL_ID_HELP = (
+    "Who they are at the identity provider (by default their OIDC subject: the ID token's "
+    "sub, oidc.link_claim in llmgw.yaml(5)): their first `llmgw login` is this user."
+)
+
+
 @user.command()
 @click.argument("name")
 @click.option("--email", default="", help="Their email address.")
+@click.option("--external-id", default="", help=EXTERNAL_ID_HELP)
 @json_option
 @pass_settings
-def create(settings: Settings, name: str, email: str, as_json: bool) -> None:
-    """Make the user NAME (people signed in through OIDC or provisioned by SCIM come later)."""
-    answer = call(settings, "POST", api_path("users"), {"name": name, "email": email})
+def create(settings: Settings, name: str, email: str, external_id: str, as_json: bool) -> None:
+    """Make the user NAME (people signed in through OIDC or provisioned by SCIM come later;
+    with --external-id, their sign-in is this user)."""
+    body = {"name": name, "email": email, "external_id": external_id}
+    answer = call(settings, "POST", api_path("users"), body)
     if as_json:
         echo_json(answer)
         return
@@ -45,6 +55,30 @@ def list_(settings: Settings, as_json: bool) -> None:
     ]  # fmt: skip
     headers = ["ID", "NAME", "EMAIL", "SOURCE", "STATE", "CREATED"]
     echo_table(headers, rows, "No users yet: `llmgw user create NAME`.")
+
+
+@user.command("set")
+@click.argument("name")
+@click.option("--email", default=None, help="Their email address.")
+@click.option("--external-id", default=None, help=EXTERNAL_ID_HELP + ' "" takes it away.')
+@click.option("--active/--inactive", default=None, help="Deactivate (their keys stop at once).")
+@pass_settings
+def set_(
+    settings: Settings,
+    name: str,
+    email: str | None,
+    external_id: str | None,
+    active: bool | None,
+) -> None:
+    """Change the user NAME (a name or an id): the options given change."""
+    given = {"email": email, "external_id": external_id, "active": active}
+    body = {k: v for k, v in given.items() if v is not None}
+    if not body:
+        raise click.UsageError("nothing to change: give --email, --external-id or --active")
+    now = decoded(call(settings, "PATCH", api_path("users", name), body), UserView)
+    state = "active" if now.active else "inactive"
+    click.echo(f"User {now.name}: {now.email or 'no email'}, {state}, external id "
+               f"{now.external_id or 'none'}.")  # fmt: skip
 
 
 @user.command()

@@ -15,6 +15,7 @@ from llmgw.api_types import (
     NAME_RULE,
     Deleted,
     Email,
+    ExternalId,
     MemberRemoved,
     MembershipView,
     Name,
@@ -70,6 +71,7 @@ class UserIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: Name
     email: Email = ""
+    external_id: ExternalId = ""  # their first OIDC sign-in with it is theirs
 
 
 class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -77,6 +79,7 @@ class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     email: Email | None = None
     active: bool | None = None
+    external_id: ExternalId | None = None
 
 
 class RoleIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -284,9 +287,9 @@ async def list_users(request: web.Request, _who: Principal) -> web.Response:
 
 
 async def create_user(request: web.Request, who: Principal) -> web.Response:
-    """POST /users {name, email?}: a user made by staff."""
+    """POST /users {name, email?, external_id?}: a user made by staff."""
     body = await read_body(request, UserIn)
-    user = await _dir(request).create_user(body.name, body.email, "staff")
+    user = await _dir(request).create_user(body.name, body.email, "staff", body.external_id)
     log.info("user %s (%s) made by %s", user.id, user.name, who.label)
     return json_response(user_view(user), 201)
 
@@ -297,7 +300,7 @@ async def get_user(request: web.Request, _who: Principal) -> web.Response:
 
 
 async def change_user(request: web.Request, who: Principal) -> web.Response:
-    """PATCH /users/{user} {email?, active?}"""
+    """PATCH /users/{user} {email?, active?, external_id?}"""
     body = await read_body(request, UserChange)
     changes = {k: v for k, v in msgspec.structs.asdict(body).items() if v is not None}
     user = await _dir(request).change_user((await _user(request)).id, **changes)

@@ -37,7 +37,8 @@ TEAMS = ROOT + "teams/"  # + org/team
 PROJECTS = ROOT + "projects/"  # + org/project
 MEMBERS = ROOT + "members/"  # + org/kind/name-or-"-"/user
 STAFF = ROOT + "staff/"  # + user
-OIDC_LINKS = ROOT + "oidc/"  # + sha256(issuer, subject): the user's id (people.signin)
+OIDC_LINKS = ROOT + "oidc/"  # + sha256(issuer, subject): the user's id (people.links)
+OIDC_LINKED = ROOT + "oidc-linked/"  # + a user's id: their link's key (one sign-in a user)
 SCIM_USERS = ROOT + "scim/users/"  # + a user's id: SCIM's attributes beside it (llmgwd.scim)
 
 R = TypeVar("R", bound=msgspec.Struct)
@@ -109,7 +110,9 @@ class Directory:
 
     # Users
 
-    async def create_user(self, name: str, email: str = "", source: Source = "staff") -> User:
+    async def create_user(
+        self, name: str, email: str = "", source: Source = "staff", external_id: str = ""
+    ) -> User:
         """A new user; a name taken is a conflict."""
         user = User(
             id=secrets.token_hex(6),
@@ -117,6 +120,7 @@ class Directory:
             email=rules.check_email(email),
             source=source,
             created_at=time.time(),
+            external_id=rules.check_external_id(external_id),
         )
         login = Put(LOGINS + name, user.id.encode())
         res = await self._store.txn(
@@ -140,9 +144,12 @@ class Directory:
         return await self._list(User, USERS)
 
     async def change_user(self, user_id: str, **changes: Any) -> User:
-        """Change a user's email or active flag; concurrent changes are each kept."""
+        """Change a user's email, external id or active flag; concurrent changes are each
+        kept."""
         if "email" in changes:
             rules.check_email(str(changes["email"]))
+        if "external_id" in changes:
+            rules.check_external_id(str(changes["external_id"]))
         return await self._change(
             User, USERS + user_id, lambda u: msgspec.structs.replace(u, **changes), "user"
         )
@@ -162,6 +169,7 @@ class Directory:
                 Delete(LOGINS + user.name),
                 Delete(STAFF + user_id),
                 Delete(SCIM_USERS + user_id),
+                Delete(OIDC_LINKED + user_id),
                 Delete(lv.LEVELS + lv.user_level(user_id)),
                 *[Delete(m.key) for m in members if _dec(Membership, m).user == user_id],
                 *[Delete(link.key) for link in links if link.value.decode() == user_id],

@@ -27,6 +27,9 @@ class User(msgspec.Struct, frozen=True, kw_only=True):
     source: Source = "staff"
     active: bool = True  # False: deactivated (SCIM, staff); their keys stop
     created_at: float = 0.0
+    # who they are at the identity provider (SCIM's externalId, or set by staff): the first
+    # OIDC sign-in whose oidc.link_claim equals it is theirs (people.links); "": none
+    external_id: str = ""
 
 
 class Org(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,6 +13,7 @@ from llmgwd.people.records import MEMBER_ROLES, GroupSource, MemberRole, Members
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # as a model's name: safe in a store key
 EMAIL_RE = re.compile(r"[^@\s]{1,64}@[^@\s]{1,255}")
 MAX_TITLE = 200
+MAX_EXTERNAL_ID = 256
 
 Kind = Literal["invalid", "not_found", "conflict", "forbidden"]
 
@@ -47,6 +48,14 @@ def check_email(value: str) -> str:
     """An email address ("" for none), loosely checked: one @, no spaces."""
     if value and not EMAIL_RE.fullmatch(value):
         raise PeopleError("invalid", "email: must look like name@domain", "email")
+    return value
+
+
+def check_external_id(value: str) -> str:
+    """An identity provider's id for a person ("" for none): printable, at most 256."""
+    if len(value) > MAX_EXTERNAL_ID or not value.isprintable() or value != value.strip():
+        why = f"external_id: must be at most {MAX_EXTERNAL_ID} printable characters, unpadded"
+        raise PeopleError("invalid", why, "external_id")
     return value
 
 

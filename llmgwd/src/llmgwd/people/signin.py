@@ -1,21 +1,20 @@
-"""A verified OIDC sign-in applied to the people: the user found or made (source oidc, by the
-provider's subject), the allowed groups checked, and the group rules turned into memberships
-(set by the group; a role set by hand is never rewritten, one of a group left is removed)."""
+"""A verified OIDC sign-in applied to the people: the user found (by the provider's subject,
+or a provisioned user's external id: people.links) or made (source oidc), the allowed groups
+checked, and the group rules turned into memberships (set by the group; a role set by hand is
+never rewritten, one of a group left is removed)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
 from llmgw.config import GroupRule, Oidc
-from llmgwd.people.directory import OIDC_LINKS, Directory
+from llmgwd.people.directory import Directory
+from llmgwd.people.links import Links, subject_link
 from llmgwd.people.oidc import SignInError
 from llmgwd.people.records import GroupSource, MemberRole, Scope, User
 from llmgwd.people.rules import NAME_RE, PeopleError, rank
 from llmgwd.store import Store
-
-SUBJECTS = OIDC_LINKS  # + sha256(issuer, subject): the user's id
 
 
 def groups_of(claims: dict[str, Any], claim: str) -> set[str]:
@@ -49,22 +48,23 @@ class SignIn:
     def __init__(self, store: Store, settings: Oidc) -> None:
         self._store = store
         self._people = Directory(store)
+        self._links = Links(store, self._people)
         self._settings = settings
 
     async def user_for(self, claims: dict[str, Any]) -> User:
-        """The user of the token's subject: found, or made (source oidc) on first sign-in."""
+        """The user of the token's subject: found (by its link, else as the provisioned user
+        with its external id), or made (source oidc) on first sign-in."""
         groups = groups_of(claims, self._settings.groups_claim)
         allowed = self._settings.allowed_groups
         if allowed and not groups & set(allowed):
             raise SignInError(
                 403, "not_in_allowed_groups", "you are in none of the groups allowed to sign in"
             )
-        subject = f"{self._settings.issuer} {claims['sub']}"
-        link = SUBJECTS + hashlib.sha256(subject.encode()).hexdigest()[:32]
-        kv = await self._store.get(link)
-        user = await self._people.user(kv.value.decode()) if kv is not None else None
+        link = subject_link(self._settings.issuer, str(claims["sub"]))
+        user = await self._links.linked(link)
         if user is None:
-            user = await self._make(claims, link)
+            found = await self._links.provisioned(claims, self._settings.link_claim)
+            user = await (self._links.link(link, found) if found else self._make(claims, link))
         if not user.active:
             raise SignInError(403, "user_deactivated", f"user {user.name} is deactivated")
         email = str(claims.get("email", ""))
@@ -79,10 +79,11 @@ class SignIn:
             user = await self._people.create_user(name, source="oidc")
         except PeopleError:
             raise SignInError(
-                409, "name_taken", f"a user named {name} exists and is not this sign-in's"
-            ) from None
-        await self._store.put(link, user.id.encode())
-        return user
+                409, "name_taken",
+                f"a user named {name} exists and is not this sign-in's (staff can link them: "
+                f"their external_id set to this sign-in's {self._settings.link_claim or 'sub'})",
+            ) from None  # fmt: skip
+        return await self._links.link(link, user)
 
     async def apply_groups(
         self, user: User, groups: set[str], source: GroupSource = "oidc"

@@ -1,7 +1,8 @@
-"""SCIM's /Users over the people directory: a user's userName, active flag and primary email
-are the directory's; the other attributes kept (name, displayName, emails, externalId) lie
-beside it under /people/scim/users/. Deactivating a user stops their keys at once; a DELETE
-deactivates and hides the user (its id is never reused, its name stays taken)."""
+"""SCIM's /Users over the people directory: a user's userName, active flag, primary email and
+externalId are the directory's (their first OIDC sign-in links by externalId); the attributes
+kept as given (name, displayName, emails, externalId) lie beside it under /people/scim/users/.
+Deactivating a user stops their keys at once; a DELETE deactivates and hides the user (its id
+is never reused, its name stays taken)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,14 @@ def _active(doc: Doc) -> bool:
     return value.lower() == "true" if isinstance(value, str) else bool(value)
 
 
+def _external_id(doc: Doc) -> str:
+    """The identity provider's id for the person (their OIDC sign-in links by it)."""
+    value = doc.get("externalId")
+    if value is not None and not isinstance(value, str):
+        fail(400, "externalId: must be a string", "invalidValue")
+    return value or ""
+
+
 def _user_name(doc: Doc) -> str:
     name = doc.get("userName")
     if not isinstance(name, str) or not name.strip():
@@ -96,7 +105,9 @@ async def _save(
     try:
         if user.name != _user_name(doc).lower():
             user = await _dir(request).rename_user(user.id, _user_name(doc).lower())
-        user = await _dir(request).change_user(user.id, active=_active(doc), email=_email(doc))
+        user = await _dir(request).change_user(
+            user.id, active=_active(doc), email=_email(doc), external_id=_external_id(doc)
+        )
     except PeopleError as e:
         conflict = e.kind == "conflict"
         fail(409 if conflict else 400, str(e), "uniqueness" if conflict else "invalidValue")
@@ -128,7 +139,7 @@ async def create_user(request: web.Request) -> web.Response:
     doc = await read_doc(request)
     name = _user_name(doc).lower()
     try:
-        user = await _dir(request).create_user(name, _email(doc), "scim")
+        user = await _dir(request).create_user(name, _email(doc), "scim", _external_id(doc))
     except PeopleError as e:
         fail(409 if e.kind == "conflict" else 400, str(e),
              "uniqueness" if e.kind == "conflict" else "invalidValue")  # fmt: skip
