@@ -43,9 +43,7 @@ class AnthropicError(errors.ApiError):
 
 def shaped(error: errors.ApiError) -> AnthropicError:
     """error in Anthropic's shape (its status, headers and OpenAI code kept for the log)."""
-    d = error.detail
-    return AnthropicError(error.status, d.message, d.type, param=d.param, code=d.code,
-                          headers=error.headers)  # fmt: skip
+    return error.reshaped(AnthropicError)
 
 
 @contextmanager
@@ -53,8 +51,6 @@ def anthropic_shape() -> Iterator[None]:
     """Every ApiError raised in the block leaves it in Anthropic's shape."""
     try:
         yield
-    except AnthropicError:
-        raise
     except errors.ApiError as e:
         raise shaped(e) from None
 

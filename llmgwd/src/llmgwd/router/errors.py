@@ -8,6 +8,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
@@ -44,6 +45,9 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
+E = TypeVar("E", bound="ApiError")
+
+
 class ApiError(Exception):
     """A failure the client is told about in OpenAI's shape."""
 
@@ -61,6 +65,14 @@ class ApiError(Exception):
         self.status = status
         self.detail = ErrorDetail(message=message, type=type_, param=param, code=code)
         self.headers = dict(headers or {})
+
+    def reshaped(self, kind: type[E]) -> E:
+        """This error as kind (a route's own shape), its status, detail and headers kept."""
+        if isinstance(self, kind):
+            return self
+        d = self.detail
+        return kind(self.status, d.message, d.type, param=d.param, code=d.code,
+                    headers=self.headers)  # fmt: skip
 
     def body(self) -> bytes:
         """The JSON body of this error."""

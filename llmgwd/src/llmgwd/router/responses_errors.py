@@ -38,12 +38,7 @@ class ResponsesError(errors.ApiError):
 
 def shaped(error: errors.ApiError, sequence_number: int = 0) -> ResponsesError:
     """error as a ResponsesError (its status, headers and code kept for the log)."""
-    d = error.detail
-    if isinstance(error, ResponsesError):
-        out = error
-    else:
-        out = ResponsesError(error.status, d.message, d.type, param=d.param, code=d.code,
-                             headers=error.headers)  # fmt: skip
+    out = error.reshaped(ResponsesError)
     out.sequence_number = max(out.sequence_number, sequence_number)
     return out
 
