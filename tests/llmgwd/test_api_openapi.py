@@ -226,6 +226,21 @@ async def test_keys_and_path_parameters_say_what_the_handlers_check(
             assert error.param == "name"
 
 
+async def test_a_persons_key_name_says_what_its_handler_checks(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.get("/api/v1/openapi.json", headers=auth) as resp:
+        schemas = (await resp.json())["components"]["schemas"]
+    name = schemas["PersonKeyIn"]["properties"]["name"]
+    assert name["pattern"] == schemas["KeyIn"]["properties"]["name"]["pattern"]
+    assert "printable" in name["description"]
+    for good in ("laptop", "My laptop", "ci/nightly", "x" * 64):
+        assert re.search(name["pattern"], good), good
+    for bad in ("", " ", "0123456789ab", "a\u0001b", "x" * 65):
+        assert not re.search(name["pattern"], bad), bad
+
+
 async def test_a_key_answer_is_the_shared_type(
     api: tuple[aiohttp.ClientSession, dict[str, str]],
 ) -> None:

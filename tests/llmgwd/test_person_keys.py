@@ -105,6 +105,16 @@ async def test_a_member_s_project_key_reaches_its_org_s_reads_and_its_own_projec
     assert all(k["key"] == "" for k in mine)
 
 
+async def test_a_person_s_key_name_is_any_printable_name_but_a_key_id(site: Site) -> None:
+    ann, path = site.keys["ann"], "/orgs/acme/projects/chat/keys"
+    status, made = await site.call(ann, "POST", path, {"name": "My laptop"})
+    assert status == 201 and made["name"] == "My laptop"
+    for bad in ("0123456789ab", "a\u0001b", " ", "x" * 65):
+        status, body = await site.call(ann, "POST", path, {"name": bad})
+        assert status == 400 and body["error"]["param"] == "name", bad
+        assert "printable" in body["error"]["message"] and "regex" not in body["error"]["message"]
+
+
 async def test_an_org_admin_s_project_key_acts_only_in_its_project(site: Site) -> None:
     await site.people.set_member("", site.ids["ann"], Scope(org="acme"), "admin")
     ann = site.keys["ann"]  # narrowed to acme/chat
