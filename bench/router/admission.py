@@ -13,40 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench (a package), llmgwd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from llmgwd.accounting.levels import (
-    LEVELS,
-    LevelLimits,
-    Levels,
-    org_level,
-    project_level,
-    team_level,
-    user_level,
-)
-from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.people.directory import PROJECTS
-from llmgwd.people.records import Project
+from bench.router.five_levels import BIG, levels_of_five, owned
+from llmgwd.catalog import ApiKey, Model
 from llmgwd.router.metering import Meter
 from llmgwd.router.token_bounds import Estimate
 
-BIG = KeyLimits(
-    rpm=10**11, tpm=10**12, budget_tokens=10**12, budget_spend=10**6, budget_spend_per="month"
-)
 MODEL = Model(name="m", source="file:/m.gguf", price_prompt=1.0, price_completion=2.0)
 ASK = Estimate(prompt=200, completion=100)
-
-
-def levels_of_five() -> Levels:
-    levels = Levels()
-    project = Project(org="acme", name="chat", team="ml")
-    levels.apply(f"{PROJECTS}acme/chat", msgspec.json.encode(project))
-    for level in (user_level("u"), org_level("acme"), team_level("acme", "ml"),
-                  project_level("acme", "chat")):  # fmt: skip
-        levels.apply(LEVELS + level, msgspec.json.encode(LevelLimits(limits=BIG)))
-    return levels
 
 
 def per_request_us(meter: Meter, key: ApiKey, n: int) -> float:
@@ -71,16 +46,7 @@ def main() -> None:
         ),
         "five levels": (
             Meter(levels=levels_of_five()),
-            ApiKey(
-                id="k5",
-                name="k",
-                hash="",
-                prefix="",
-                limits=BIG,
-                user="u",
-                org="acme",
-                project="chat",
-            ),
+            owned(ApiKey(id="k5", name="k", hash="", prefix="", limits=BIG)),
         ),
     }
     results: dict[str, list[float]] = {name: [] for name in cases}
