@@ -14,8 +14,13 @@ Prints, for each case: process CPU microseconds a request, the router's share (t
 router less direct), the best of --rounds rounds; and Python function calls a request
 (cProfile's count, client included: it is a few calls), of them in llmgw's code.
 
+`--metrics-both`: two routers in the run, request metrics on and off; `--levels-both`: the
+key with its own limits only, and the same key as a user's in a project of a team of an
+organization, each of the five levels with rpm, tpm, token and spend budgets that never refuse
+(five_levels.py); their CPU and calls ratios.
+
     PYTHONPATH=TREE/llmgwd/src:TREE/src .venv/bin/python bench/router/cpu_per_request.py
-        [--n 2000] [--rounds 5] [--concurrency 16] [--chunks 16] [--metrics-both]
+        [--n 2000] [--rounds 5] [--concurrency 16] [--chunks 16] [--metrics-both|--levels-both]
 """
 
 from __future__ import annotations
@@ -55,17 +60,37 @@ CHAT = b'{"model":"bench","messages":[{"role":"system","content":"You are terse.
 
 
 class Keys:
-    """One key, found by its secret's hash as the catalog finds it."""
+    """One key, found by its secret's hash as the catalog finds it (a user's key only while
+    its user is active)."""
 
-    def __init__(self) -> None:
-        limits = KeyLimits(rpm=HUGE, tpm=HUGE, budget_tokens=HUGE, budget_spend=10**6,
-                           budget_spend_per="month")  # fmt: skip
-        digest = hashlib.sha256(SECRET.encode()).hexdigest()
-        self._by_hash = {digest: ApiKey(id="k1", name="bench", hash=digest, prefix="llmgw",
-                                        limits=limits)}  # fmt: skip
+    def __init__(self, key: ApiKey) -> None:
+        self._by_hash = {key.hash: key}
+        self._active = {key.user} - {""}
 
     def authenticate(self, secret: str) -> ApiKey | None:
-        return self._by_hash.get(hashlib.sha256(secret.encode()).hexdigest())
+        key = self._by_hash.get(hashlib.sha256(secret.encode()).hexdigest())
+        if key is None or (key.user and key.user not in self._active):
+            return None
+        return key
+
+
+def key_and_meter(five_levels: bool) -> tuple[ApiKey, Meter]:
+    """The bench's key, limits and budgets that never refuse, and its Meter; with five_levels,
+    the key is a user's in a project of a team of an organization, each level so limited."""
+    limits = KeyLimits(rpm=HUGE, tpm=HUGE, budget_tokens=HUGE, budget_spend=10**6,
+                       budget_spend_per="month")  # fmt: skip
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    key = ApiKey(id="k1", name="bench", hash=digest, prefix="llmgw", limits=limits)
+    if not five_levels:
+        return key, Meter()
+    # Imported here, so that trees from before levels can still be measured without them;
+    # the repository's root first, where bench is a package (this folder's bench.py is not).
+    sys.path.insert(0, str(HERE.parents[1]))
+    from bench.router.five_levels import levels_of_five, owned
+
+    key, meter = owned(key), Meter(levels=levels_of_five())
+    assert len(meter.levels_of(key, Models.model)) == 5, "the key is not held to five levels"
+    return key, meter
 
 
 class Models:
@@ -187,7 +212,10 @@ async def calls(run: Run, n: int) -> tuple[float, float]:
 
 
 async def router_port(
-    mock_port: int, prefix_balancing: bool = True, request_metrics: bool = True
+    mock_port: int,
+    prefix_balancing: bool = True,
+    request_metrics: bool = True,
+    five_levels: bool = False,
 ) -> tuple[web.AppRunner, int]:
     """llmgwd's client port, built as daemon._serve_client builds it, on a free port."""
     url = f"http://127.0.0.1:{mock_port}"
@@ -195,7 +223,8 @@ async def router_port(
                  for i in (1, 2)]  # fmt: skip
     settings = ClientPort(listen="127.0.0.1:0", prefix_balancing=prefix_balancing,
                           request_metrics=request_metrics)  # fmt: skip
-    router = Router(Keys(), Models(), Pool(endpoints), meter=Meter(),
+    key, meter = key_and_meter(five_levels)
+    router = Router(Keys(key), Models(), Pool(endpoints), meter=meter,
                     prefix_aware=settings.prefix_balancing, registry=CollectorRegistry(),
                     count=settings.request_metrics)  # fmt: skip
     app = web.Application(client_max_size=settings.max_body_bytes)
@@ -243,16 +272,21 @@ async def one_case(ports: list[int], mock_port: int, stream: bool, width: int, n
         " sequential" if width == 1 else f" concurrent x{width}")  # fmt: skip
     line = f"{name:28} {totals[0]:10.0f} {own:7.0f} {totals[0] - own:7.0f} " \
         f"{counted[0][0]:9.0f} {counted[0][1]:8.0f}"  # fmt: skip
-    if len(ports) == 2:  # metrics on, then off
-        on, off = totals[0] - own, totals[1] - own
+    if len(ports) == 2:  # metrics on, then off; or five levels, then the key's own only
+        a, b = totals[0] - own, totals[1] - own
         ratio = counted[0][0] / counted[1][0]
-        line += f" {off:7.0f} {counted[1][0]:9.0f} {on / off:6.3f} {ratio:6.3f}"
+        line += f" {b:7.0f} {counted[1][0]:9.0f} {a / b:6.3f} {ratio:6.3f}"
     return line
 
 
 async def bench(args: argparse.Namespace, mock_port: int) -> None:
-    metrics = [True, False] if args.metrics_both else [not args.metrics_off]
-    runners = [await router_port(mock_port, not args.prefix_off, on) for on in metrics]
+    metrics, five = [not args.metrics_off], [False]  # a router for each (metrics, five)
+    if args.metrics_both:
+        metrics = [True, False]
+    if args.levels_both:
+        five = [True, False]
+    runners = [await router_port(mock_port, not args.prefix_off, on, f)
+               for on in metrics for f in five]  # fmt: skip
     ports = [port for _, port in runners]
     n, rounds = args.n, args.rounds
     where = Path(clientport.__file__).parents[1]
@@ -263,6 +297,10 @@ async def bench(args: argparse.Namespace, mock_port: int) -> None:
     if args.metrics_both:
         head += f" {'off':>7} {'calls off':>9} {'on/off':>6} {'calls':>6}"
         print("metrics on (router, calls/req) and off (off, calls off), the same run, ABBA")
+    if args.levels_both:
+        head += f" {'key':>7} {'calls key':>9} {'5/key':>6} {'calls':>6}"
+        print("five levels (router, calls/req) and the key's own only (key, calls key), "
+              "the same run, ABBA")  # fmt: skip
     print(head)
     try:
         for stream in (False, True):
@@ -282,7 +320,10 @@ def main() -> None:
     parser.add_argument("--prefix-off", action="store_true", help="client.prefix_balancing off")
     parser.add_argument("--metrics-off", action="store_true", help="client.request_metrics off")
     both = "two routers in the run, metrics on and off, and their ratio"
-    parser.add_argument("--metrics-both", action="store_true", help=both)
+    pair = parser.add_mutually_exclusive_group()
+    pair.add_argument("--metrics-both", action="store_true", help=both)
+    five = "two routers in the run, a key in five levels of limits and the key alone, and the ratio"
+    pair.add_argument("--levels-both", action="store_true", help=five)
     parser.add_argument("--no-access-line", action="store_true", help="log level warning")
     args = parser.parse_args()
     stderr = sys.stderr
