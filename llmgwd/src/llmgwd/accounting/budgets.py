@@ -42,13 +42,16 @@ class Budgets:
         self, key_id: str, limits: KeyLimits, tokens: int, picos: int, day: str
     ) -> Exhausted | None:
         """The first budget a request reserving tokens and picos would break, or None."""
+        if not (limits.budget_tokens or limits.budget_spend):
+            return None
+        reserved = self._reserved.get(key_id, (0, 0))
         for what, index, limit, period, need in (
             ("tokens", TOKENS, limits.budget_tokens, limits.budget_tokens_per, tokens),
             ("spend", PICOS, to_pico(limits.budget_spend), limits.budget_spend_per, picos),
         ):
             if limit:
-                used = self.used(key_id, period_id(period, day))[index]
-                used += self._reserved.get(key_id, (0, 0))[index]
+                counts = self._used.get((key_id, period_id(period, day)))
+                used = (counts[index] if counts else 0) + reserved[index]
                 if used + need > limit:
                     return Exhausted(what, period, limit, used, need)
         return None

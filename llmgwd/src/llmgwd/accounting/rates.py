@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmgwd.catalog import KeyLimits
@@ -39,20 +40,23 @@ class Window:
 
     def used(self, now: float) -> int:
         """The sum over the window ending now."""
-        self._advance(int(now))
+        if now >= self._newest + 1:  # a new second: the call only then (the request path)
+            self._advance(int(now))
         return self._total
 
     def add(self, now: float, n: int) -> int:
         """Count n now; returns the second it was counted in."""
         second = int(now)
-        self._advance(second)
+        if second > self._newest:
+            self._advance(second)
         self._buckets[second % SPAN_S] += n
         self._total += n
         return second
 
     def take_back(self, second: int, now: float, n: int) -> None:
         """Uncount n counted during second, unless that second has left the window already."""
-        self._advance(int(now))
+        if now >= self._newest + 1:
+            self._advance(int(now))
         if second > self._newest - SPAN_S:
             self._buckets[second % SPAN_S] -= n
             self._total -= n
@@ -163,3 +167,24 @@ class RateLimits:
                 used = window.used(now)
                 out.append(State(kind, limit, max(0, limit - used), window.empty_in(now)))
         return out
+
+    def strictest(self, levels: Iterable[tuple[str, KeyLimits]], now: float) -> list[State]:
+        """Of each kind of limit, the state of the level with the least remaining (then the
+        smallest limit): the limit that will refuse first, whichever level holds it. Only
+        the chosen level's reset is worked out."""
+        best: dict[str, tuple[int, int, Window]] = {}
+        for ident, limits in levels:
+            if not (limits.rpm or limits.tpm):
+                continue
+            reqs, toks = self._of(ident)
+            for kind, window, limit in (
+                ("requests", reqs, limits.rpm),
+                ("tokens", toks, limits.tpm),
+            ):
+                if limit:
+                    left = max(0, limit - window.used(now))
+                    held = best.get(kind)
+                    if held is None or (left, limit) < (held[0], held[1]):
+                        best[kind] = (left, limit, window)
+        return [State(kind, limit, left, window.empty_in(now))
+                for kind, (left, limit, window) in best.items()]  # fmt: skip

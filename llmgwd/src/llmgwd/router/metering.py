@@ -191,16 +191,7 @@ class Meter:
         """Of each kind of limit (requests, tokens), the level's with the least remaining
         (then the smallest limit): what the x-ratelimit-* headers show, the limit that will
         refuse first whichever level holds it."""
-        if len(levels) == 1:
-            ident, limits = levels[0]
-            return self.limits.states(ident, limits, now)
-        strictest: dict[str, State] = {}
-        for ident, limits in levels:
-            for state in self.limits.states(ident, limits, now):
-                held = strictest.get(state.kind)
-                if held is None or (state.remaining, state.limit) < (held.remaining, held.limit):
-                    strictest[state.kind] = state
-        return list(strictest.values())
+        return self.limits.strictest(levels, now)
 
     def _short(
         self,
