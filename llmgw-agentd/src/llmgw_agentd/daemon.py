@@ -14,7 +14,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from llmgw import localsock, sdnotify, wire
+from llmgw import entry, localsock, sdnotify, wire
 from llmgw.config import AgentConfig
 from llmgw_agentd import dcgm, fwkeep, inventory, link, membw
 from llmgw_agentd.cache import Cache, Mirror
@@ -261,6 +261,7 @@ async def run(config: AgentConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await agent.start()
+    entry.settle_heap()  # what start-up built leaves the collector's generations
     watchdog = asyncio.create_task(sdnotify.watchdog())
     await stop.wait()
     watchdog.cancel()

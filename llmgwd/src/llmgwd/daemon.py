@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from llmgw import localsock, pki, sdnotify
+from llmgw import entry, localsock, pki, sdnotify
 from llmgw.config import ServerConfig
 from llmgwd import clientport, cluster, servers, servers_setup
 from llmgwd.accounting.allotments import Allotments
@@ -351,6 +351,7 @@ async def run(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await daemon.start()
+    entry.settle_heap()  # what start-up built leaves the collector's generations
     await stop.wait()
     await daemon.stop()
     os.environ.pop("NOTIFY_SOCKET", None)
