@@ -107,6 +107,8 @@ mount --rbind /sys "$R/sys"
 # superblock would be the host's; each hierarchy is mounted afresh inside our cgroup
 # namespace, so this systemd sees its own subtree as the root.
 if [ "$3" = . ]; then  # cgroup v2 only: it is /sys/fs/cgroup itself
+  # the host's, brought by the rbind, first: mount(8) refuses a cgroup2 over a cgroup2
+  umount -l "$R/sys/fs/cgroup"
   mount -t cgroup2 -o "$2" cgroup2 "$R/sys/fs/cgroup"; shift 3
 else
   mount -t tmpfs -o mode=0755,nosuid,nodev,noexec tmpfs "$R/sys/fs/cgroup"
