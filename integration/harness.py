@@ -660,10 +660,13 @@ class PrivateSystemd:
     # -- use -------------------------------------------------------------------
 
     def nsenter(self) -> list[str]:
-        """The command prefix that runs a command inside, as systemd's own children see it."""
+        """The command prefix that runs a command inside, as systemd's own children see it.
+        Python there never puts the working directory (systemd's: /) first on its path
+        (PYTHONSAFEPATH): a stray module left in the host's / is not imported instead of an
+        installed one (an `openai/` left there once failed every test that ran the client)."""
         return ["nsenter", "-t", str(self.pid), "-a", "-r", "-w", "--",
                 "env", "-i", f"PATH={CONTAINER_PATH}", "HOME=/root", "LANG=C.UTF-8",
-                "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0"]  # fmt: skip
+                "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0", "PYTHONSAFEPATH=1"]  # fmt: skip
 
     def run(
         self,
