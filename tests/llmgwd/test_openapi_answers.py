@@ -71,18 +71,24 @@ def test_the_people_answers_are_named_types() -> None:
 
 
 RECORD_VIEWS = [
-    (records.Org, api_types.OrgView, people.org_view),
-    (records.Team, api_types.TeamView, people.team_view),
-    (records.Project, api_types.ProjectView, people.project_view),
-    (records.User, api_types.UserView, people.user_view),
-    (records.Membership, api_types.MembershipView, people.membership_view),
+    (records.Org, api_types.OrgView),
+    (records.Team, api_types.TeamView),
+    (records.Project, api_types.ProjectView),
+    (records.User, api_types.UserView),
+    (records.Membership, api_types.MembershipView),
 ]
 EXAMPLES: dict[type, Any] = {
     records.Org: records.Org(name="acme", title="ACME", created_at=1.5),
     records.Team: records.Team(org="acme", name="ml", title="ML", created_at=2.5),
     records.Project: records.Project(org="acme", name="chat", team="ml", title="C", created_at=3.5),
     records.User: records.User(
-        id="a" * 12, name="ann", email="a@b", source="scim", active=False, created_at=4.5
+        id="a" * 12,
+        name="ann",
+        email="a@b",
+        source="scim",
+        active=False,
+        created_at=4.5,
+        external_id="00u1ann",
     ),
     records.Membership: records.Membership(
         user="a" * 12,
@@ -96,12 +102,10 @@ EXAMPLES: dict[type, Any] = {
 }
 
 
-@pytest.mark.parametrize("record, view_type, view", RECORD_VIEWS, ids=lambda x: x.__name__)
-def test_a_people_answer_is_its_record_as_it_was_answered(
-    record: type, view_type: type, view: Any
-) -> None:
+@pytest.mark.parametrize("record, view_type", RECORD_VIEWS, ids=lambda x: x.__name__)
+def test_a_people_answer_is_its_record_as_it_was_answered(record: type, view_type: type) -> None:
     # the handlers answered the stored records themselves: their JSON is the contract
     example = EXAMPLES[record]
-    answered = msgspec.json.decode(msgspec.json.encode(view(example)))
+    answered = msgspec.json.decode(msgspec.json.encode(people.view(example, view_type)))
     assert answered == msgspec.json.decode(msgspec.json.encode(example))
-    assert isinstance(view(example), view_type)
+    assert isinstance(people.view(example, view_type), view_type)

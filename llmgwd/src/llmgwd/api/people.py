@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -31,16 +31,7 @@ from llmgwd import auth
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
-from llmgwd.people.records import (
-    MemberRole,
-    Membership,
-    Org,
-    Project,
-    Scope,
-    StaffRole,
-    Team,
-    User,
-)
+from llmgwd.people.records import MemberRole, Scope, StaffRole, User
 from llmgwd.people.rules import PeopleError, rank
 
 log = logging.getLogger(__name__)
@@ -122,32 +113,12 @@ def _scope(request: web.Request) -> Scope:
     return Scope(org=m["org"])
 
 
-# The answers: each record as its /api/v1 type (llmgw.api_types), field by field.
+V = TypeVar("V", bound=msgspec.Struct)
 
 
-def org_view(org: Org) -> OrgView:
-    """An organization as answered."""
-    return msgspec.convert(org, OrgView, from_attributes=True)
-
-
-def team_view(team: Team) -> TeamView:
-    """A team as answered."""
-    return msgspec.convert(team, TeamView, from_attributes=True)
-
-
-def project_view(project: Project) -> ProjectView:
-    """A project as answered."""
-    return msgspec.convert(project, ProjectView, from_attributes=True)
-
-
-def membership_view(m: Membership) -> MembershipView:
-    """A membership as answered."""
-    return msgspec.convert(m, MembershipView, from_attributes=True)
-
-
-def user_view(user: User) -> UserView:
-    """A user as answered."""
-    return msgspec.convert(user, UserView, from_attributes=True)
+def view(record: msgspec.Struct, kind: type[V]) -> V:
+    """A stored record as its /api/v1 answer type (llmgw.api_types): the same fields."""
+    return msgspec.convert(record, kind, from_attributes=True)
 
 
 # Organizations, teams, projects
@@ -160,11 +131,11 @@ async def list_orgs(request: web.Request, who: Principal) -> web.Response:
     orgs = await people.orgs()
     staff = who.staff or (who.user and not who.project and await people.staff_role(who.user))
     if staff:
-        return json_response([org_view(o) for o in orgs])
+        return json_response([view(o, OrgView) for o in orgs])
     mine = await people.orgs_of(who.user) if who.user else set()
     if who.project:
         mine &= {who.org}
-    return json_response([org_view(o) for o in orgs if o.name in mine])
+    return json_response([view(o, OrgView) for o in orgs if o.name in mine])
 
 
 async def create_org(request: web.Request, who: Principal) -> web.Response:
@@ -172,7 +143,7 @@ async def create_org(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, NamedIn)
     org = await _dir(request).create_org(body.name, body.title)
     log.info("organization %s made by %s", org.name, who.label)
-    return json_response(org_view(org), 201)
+    return json_response(view(org, OrgView), 201)
 
 
 async def get_org(request: web.Request, _who: Principal) -> web.Response:
@@ -181,7 +152,7 @@ async def get_org(request: web.Request, _who: Principal) -> web.Response:
     org = await _dir(request).org(name)
     if org is None:
         raise not_found("organization", name)
-    return json_response(org_view(org))
+    return json_response(view(org, OrgView))
 
 
 async def delete_org(request: web.Request, who: Principal) -> web.Response:
@@ -195,7 +166,7 @@ async def delete_org(request: web.Request, who: Principal) -> web.Response:
 async def list_teams(request: web.Request, _who: Principal) -> web.Response:
     """GET /orgs/{org}/teams"""
     teams = await _dir(request).teams(request.match_info["org"])
-    return json_response([team_view(t) for t in teams])
+    return json_response([view(t, TeamView) for t in teams])
 
 
 async def create_team(request: web.Request, who: Principal) -> web.Response:
@@ -203,7 +174,7 @@ async def create_team(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, NamedIn)
     team = await _dir(request).create_team(request.match_info["org"], body.name, body.title)
     log.info("team %s/%s made by %s", team.org, team.name, who.label)
-    return json_response(team_view(team), 201)
+    return json_response(view(team, TeamView), 201)
 
 
 async def delete_team(request: web.Request, who: Principal) -> web.Response:
@@ -217,7 +188,7 @@ async def delete_team(request: web.Request, who: Principal) -> web.Response:
 async def list_projects(request: web.Request, _who: Principal) -> web.Response:
     """GET /orgs/{org}/projects"""
     projects = await _dir(request).projects(request.match_info["org"])
-    return json_response([project_view(p) for p in projects])
+    return json_response([view(p, ProjectView) for p in projects])
 
 
 async def create_project(request: web.Request, who: Principal) -> web.Response:
@@ -226,7 +197,7 @@ async def create_project(request: web.Request, who: Principal) -> web.Response:
     org = request.match_info["org"]
     project = await _dir(request).create_project(org, body.name, body.team, body.title)
     log.info("project %s/%s made by %s", org, project.name, who.label)
-    return json_response(project_view(project), 201)
+    return json_response(view(project, ProjectView), 201)
 
 
 async def delete_project(request: web.Request, who: Principal) -> web.Response:
@@ -243,7 +214,7 @@ async def delete_project(request: web.Request, who: Principal) -> web.Response:
 async def list_members(request: web.Request, _who: Principal) -> web.Response:
     """GET /orgs/{org}/members: in the organization, its teams and its projects."""
     members = await _dir(request).members(request.match_info["org"])
-    return json_response([membership_view(m) for m in members])
+    return json_response([view(m, MembershipView) for m in members])
 
 
 async def set_member(request: web.Request, who: Principal) -> web.Response:
@@ -254,7 +225,7 @@ async def set_member(request: web.Request, who: Principal) -> web.Response:
     kept = await _dir(request).set_member(who.user, user.id, scope, body.role)
     log.info("%s is %s of %s %s/%s, by %s", user.name, kept.role, scope.kind, scope.org,
              scope.name, who.label)  # fmt: skip
-    return json_response(membership_view(kept))
+    return json_response(view(kept, MembershipView))
 
 
 async def _not_above_own(request: web.Request, who: Principal, role: MemberRole) -> None:
@@ -283,7 +254,7 @@ async def remove_member(request: web.Request, who: Principal) -> web.Response:
 
 async def list_users(request: web.Request, _who: Principal) -> web.Response:
     """GET /users"""
-    return json_response([user_view(u) for u in await _dir(request).users()])
+    return json_response([view(u, UserView) for u in await _dir(request).users()])
 
 
 async def create_user(request: web.Request, who: Principal) -> web.Response:
@@ -291,12 +262,12 @@ async def create_user(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, UserIn)
     user = await _dir(request).create_user(body.name, body.email, "staff", body.external_id)
     log.info("user %s (%s) made by %s", user.id, user.name, who.label)
-    return json_response(user_view(user), 201)
+    return json_response(view(user, UserView), 201)
 
 
 async def get_user(request: web.Request, _who: Principal) -> web.Response:
     """GET /users/{user}: by id or name."""
-    return json_response(user_view(await _user(request)))
+    return json_response(view(await _user(request), UserView))
 
 
 async def change_user(request: web.Request, who: Principal) -> web.Response:
@@ -306,7 +277,7 @@ async def change_user(request: web.Request, who: Principal) -> web.Response:
     user = await _dir(request).change_user((await _user(request)).id, **changes)
     _ctx(request).catalog.note_user(user)  # a deactivated user's keys stop here at once
     log.info("user %s (%s) changed (%s) by %s", user.id, user.name, ", ".join(changes), who.label)
-    return json_response(user_view(user))
+    return json_response(view(user, UserView))
 
 
 async def delete_user(request: web.Request, who: Principal) -> web.Response:

@@ -184,14 +184,9 @@ class Meter:
                 share = (ident, limits, tokens, picos, requests, day)
                 reservation.tickets.append(self.shares.take(*share))
         if reservation.seconds.count(None) < len(reservation.seconds):  # a level has a rate
-            reservation.headers = rate_headers(self._strictest(levels, now))
+            # the headers show, of each kind, the limit that will refuse first at any level
+            reservation.headers = rate_headers(self.limits.strictest(levels, now))
         return reservation
-
-    def _strictest(self, levels: tuple[Level, ...], now: float) -> list[State]:
-        """Of each kind of limit (requests, tokens), the level's with the least remaining
-        (then the smallest limit): what the x-ratelimit-* headers show, the limit that will
-        refuse first whichever level holds it."""
-        return self.limits.strictest(levels, now)
 
     def _short(
         self,
