@@ -1,6 +1,7 @@
 """bench/router/admission.py: the cost of the /v1 admission check (Meter.admit, then settle)
 with a key's own limits only, against five levels (key, user, organization, team, project),
-each level with rpm, tpm, a token budget and a spend budget. Prints figures only.
+each level with rpm, tpm, a token budget and a spend budget: microseconds and Python calls
+(cProfile's count) a request. Prints figures only.
 
     .venv/bin/python bench/router/admission.py [--n 200000] [--rounds 5]
 """
@@ -8,6 +9,8 @@ each level with rpm, tpm, a token budget and a spend budget. Prints figures only
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -34,6 +37,14 @@ def per_request_us(meter: Meter, key: ApiKey, n: int) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+def calls_per_request(meter: Meter, key: ApiKey, n: int = 2000) -> float:
+    """Python function calls per admit + settle, cProfile's count."""
+    prof = cProfile.Profile()
+    prof.runcall(per_request_us, meter, key, n)
+    total: int = pstats.Stats(prof).total_calls  # type: ignore[attr-defined]
+    return (total - 3) / n  # less per_request_us itself and its two clock reads
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=200_000)
@@ -54,8 +65,10 @@ def main() -> None:
         for name, (meter, key) in cases.items():
             results[name].append(per_request_us(meter, key, args.n))
     for name, times in results.items():
+        calls = calls_per_request(*cases[name])
         print(f"{name:24} median {statistics.median(times):6.2f} us/request "
-              f"(min {min(times):.2f}, {args.rounds} rounds of {args.n})")  # fmt: skip
+              f"(min {min(times):.2f}, {args.rounds} rounds of {args.n}), "
+              f"{calls:.0f} calls/request")  # fmt: skip
 
 
 if __name__ == "__main__":
