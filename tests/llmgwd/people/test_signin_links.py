@@ -13,6 +13,7 @@ import pytest
 from llmgw.config import Oidc
 from llmgwd.people.directory import Directory
 from llmgwd.people.oidc import SignInError
+from llmgwd.people.rules import PeopleError
 from llmgwd.people.signin import SignIn
 from llmgwd.store import Store
 from llmgwd.store.sqlite import SqliteStore
@@ -142,5 +143,5 @@ async def test_a_deleted_user_s_external_id_links_the_next_one(store: Store) -> 
 async def test_an_external_id_is_checked(store: Store) -> None:
     people = Directory(store)
     for bad in (" padded", "x" * 257, "tab\there"):
-        with pytest.raises(Exception, match="external_id"):
+        with pytest.raises(PeopleError, match="external_id"):
             await people.create_user("bea", external_id=bad)
