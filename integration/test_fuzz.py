@@ -355,7 +355,7 @@ def test_after_the_fuzz_nothing_died_and_the_engine_kept_its_limit(
     journal = node.ps.journal("llmgwd.service", 5000)
     assert node.key not in journal
     assert "Error handling request" not in journal, "aiohttp's own traceback reached the journal"
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}]}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
     status, _, text = http.request(
         "POST", "/v1/chat/completions", json.dumps(chat).encode(), node.key
     )
