@@ -33,6 +33,7 @@ from aiohttp import web
 from llmgwd.catalog import ApiKey, Model, hash_secret
 from llmgwd.pool import Endpoint
 from llmgwd.router import Router
+from llmgwd.router.engine_client import Answer
 from llmgwd.router.proxy import Upstream
 
 KEY = "sk-llmgw-bench-0123456789abcdef"
@@ -57,11 +58,11 @@ class OneTry(RetryOnly):
         self,
         request: web.Request,
         endpoint: Endpoint,
-        url: str,
+        target: str,
         body: bytes,
         headers: dict[str, str],
-    ) -> aiohttp.ClientResponse:
-        return await self.session().post(url, data=body, headers=headers)
+    ) -> Answer:
+        return await self._client.post(endpoint.url, target, headers, body)
 
 
 VARIANTS: list[tuple[str, type[Upstream]]] = [

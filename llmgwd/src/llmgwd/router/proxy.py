@@ -1,5 +1,5 @@
-"""The upstream call: one shared client session, another replica on a refused connect, a pooled
-connection the engine had closed replaced by a fresh one, streaming passed through chunk by
+"""The upstream call: engine_client's pooled connections, another replica on a refused connect, a
+pooled connection the engine had closed replaced by a fresh one, streaming passed through chunk by
 chunk, the engine's request dropped as soon as the client leaves, and the requests in flight on
 a node that is lost sent to another replica."""
 
@@ -8,19 +8,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Coroutine
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
-from yarl import URL
 
 from llmgwd.pool import Endpoint
 from llmgwd.router import answers, errors, overhead
 from llmgwd.router.balancer import Balancer
+from llmgwd.router.engine_client import (
+    Answer,
+    ConnectFailed,
+    ConnectionLost,
+    EngineClient,
+    EngineError,
+    ReadTimeout,
+)
 from llmgwd.router.prefix import Affinity
 from llmgwd.router.route_errors import for_route
 from llmgwd.router.usage_events import Tally, tally_of
@@ -28,21 +32,14 @@ from llmgwd.router.waitlist import Busy
 
 log = logging.getLogger("llmgwd.router")
 
-# Failures where the engine cannot have seen the request: safe to send it to another replica.
-_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-# How a pooled connection the engine had closed fails before any byte of an answer: its FIN
-# seen (disconnected), or its reset (llama-server closes a connection after every streamed
-# answer while its headers promised keep-alive; any server may close an idle one).
-_STALE_ERRORS = (
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientConnectionResetError,
-    aiohttp.ClientOSError,
-)
+# A pooled connection the engine had closed fails before any byte of an answer (ConnectionLost,
+# not answered): its FIN seen, or its reset (llama-server closes a connection after every
+# streamed answer while its headers promised keep-alive; any server may close an idle one).
 # A pooled connection the engine had closed while idle fails as soon as the request is written
 # (its FIN or reset is already there); one that fails later was read by an engine that then
 # worked on it and died, and must not be sent again (it could kill every replica in turn).
 _STALE_WINDOW_S = 1.0
-_MAX_CACHED = 4096  # replica URLs and engine keys remembered, before they are all forgotten
+_MAX_CACHED = 4096  # engine keys remembered, before they are all forgotten
 _MAX_TAIL = 1 << 20  # a partial SSE event longer than this is passed on anyway
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -113,24 +110,20 @@ class Upstream:
         self,
         balancer: Balancer,
         *,
-        session: aiohttp.ClientSession | None = None,
         connect_timeout_s: float = 3.0,
         read_timeout_s: float = 600.0,
         retry_after_s: int = 5,
         disconnect_poll_s: float = 0.2,
     ) -> None:
         self._balancer = balancer
-        self._session = session
-        self._own_session = session is None
-        # No total timeout: a stream lasts as long as the engine keeps sending.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        # No total timeout: a stream lasts as long as the engine keeps sending. Keep-alive
+        # below llama-server's 5 s, so that a pooled connection is seldom stale.
+        self._client = EngineClient(
+            connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s, keepalive_s=4.0
         )
         self._retry_after_s = retry_after_s
         self._watch = _Watch(disconnect_poll_s)
         self._flights = _Flights()
-        self._fresh: aiohttp.ClientSession | None = None
-        self._urls: dict[tuple[str, str], URL] = {}
         self._bearers: dict[str, str] = {}
 
     def node_lost(self, node: str) -> int:
@@ -141,31 +134,9 @@ class Upstream:
             log.warning("node %s lost with %d request(s) in flight there", node, moved)
         return moved
 
-    def session(self) -> aiohttp.ClientSession:
-        """The one session shared by all requests, made on first use inside the running loop."""
-        if self._session is None:
-            # limit=0: concurrent streams must not queue behind a connection cap;
-            # keep-alive below llama-server's 5 s so a pooled connection is not stale.
-            connector = _PoolConnector(limit=0, keepalive_timeout=4.0)
-            self._session = _session(connector, self._timeout)
-        return self._session
-
-    def fresh_session(self) -> aiohttp.ClientSession:
-        """A session that opens a new connection for every request: for the one retry of a
-        request whose pooled connection was found closed."""
-        if self._fresh is None:
-            connector = aiohttp.TCPConnector(limit=0, force_close=True)
-            self._fresh = _session(connector, self._timeout)
-        return self._fresh
-
     async def close(self) -> None:
-        """Close the sessions this object made."""
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._fresh is not None:
-            await self._fresh.close()
-            self._fresh = None
+        """Close the pooled connections to engines."""
+        await self._client.close()
 
     async def forward(
         self,
@@ -308,13 +279,12 @@ class Upstream:
 
     async def _connect(
         self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
-    ) -> aiohttp.ClientResponse:
+    ) -> Answer:
         """POST to the replica with its own key; the client's headers are never passed on."""
         headers = self._headers(request, endpoint, stream)
-        url = self._url(endpoint.url, path)
         try:
-            return await self._post(request, endpoint, url, body, headers)
-        except _CONNECT_ERRORS as e:
+            return await self._post(request, endpoint, f"/v1/{path}", body, headers)
+        except ConnectFailed as e:
             log.warning(
                 "replica %s of %s on %s unreachable, rid=%s: %s",
                 endpoint.replica_id,
@@ -324,9 +294,9 @@ class Upstream:
                 e,
             )
             raise _Unreachable from e
-        except aiohttp.ServerTimeoutError:
+        except ReadTimeout:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
-        except aiohttp.ClientError as e:
+        except EngineError as e:
             raise _engine_failed(endpoint, e) from None
 
     def _headers(self, request: web.Request, endpoint: Endpoint, stream: bool) -> dict[str, str]:
@@ -338,8 +308,8 @@ class Upstream:
             "Content-Type": request.get(BODY_TYPE, "application/json"),
             "Accept": "text/event-stream" if stream else "application/json",
             "x-request-id": request[errors.REQUEST_ID],
-            # Set here, aiohttp adds neither of its own: no compressed answer to inflate
-            # (the router reads every answer), no library version told to the engine.
+            # No compressed answer to inflate (the router reads every answer), no library
+            # version told to the engine.
             "Accept-Encoding": "identity",
             "User-Agent": "llmgw",
         }
@@ -347,20 +317,11 @@ class Upstream:
             headers["Connection"] = "close"
         return headers
 
-    def _url(self, base: str, path: str) -> URL:
-        """`{base}/v1/{path}`, parsed once per replica and route."""
-        url = self._urls.get((base, path))
-        if url is None:
-            if len(self._urls) > _MAX_CACHED:  # replicas come and go: never a leak
-                self._urls.clear()
-            url = self._urls[base, path] = URL(f"{base.rstrip('/')}/v1/{path}")
-        return url
-
     def _bearer(self, api_key: str) -> str:
         """The engine's Authorization header, made once per key."""
         header = self._bearers.get(api_key)
         if header is None:
-            if len(self._bearers) > _MAX_CACHED:
+            if len(self._bearers) > _MAX_CACHED:  # replicas come and go: never a leak
                 self._bearers.clear()
             header = self._bearers[api_key] = f"Bearer {api_key}"
         return header
@@ -369,42 +330,38 @@ class Upstream:
         self,
         request: web.Request,
         endpoint: Endpoint,
-        url: URL,
+        target: str,
         body: bytes,
         headers: dict[str, str],
-    ) -> aiohttp.ClientResponse:
+    ) -> Answer:
         """The POST on a pooled connection; once more on a fresh one when the pooled one fails
         at once (the engine had closed it: it never had the request, so this is no failure of
         the replica). The retry failing in any way, a refused connect included, is a 502
         counted against the replica, never a move to another replica."""
-        probe = _Probe()
-        reset = _PROBE.set(probe)
         sent = time.monotonic()
         try:
-            return await self.session().post(url, data=body, headers=headers)
-        except _STALE_ERRORS as e:
+            return await self._client.post(endpoint.url, target, headers, body)
+        except ConnectionLost as e:
             quick = time.monotonic() - sent < _STALE_WINDOW_S
-            if not probe.reused or not quick or isinstance(e, _CONNECT_ERRORS):
+            if not e.reused or e.answered or not quick:
                 raise
             log.info(
                 "replica %s of %s on %s: pooled connection found closed (%s); sent again on a "
                 "fresh one, rid=%s",
-                endpoint.replica_id, endpoint.model, endpoint.node, type(e).__name__,
+                endpoint.replica_id, endpoint.model, endpoint.node, e,
                 request[errors.REQUEST_ID],
             )  # fmt: skip
-        finally:
-            _PROBE.reset(reset)
         try:
-            return await self.fresh_session().post(url, data=body, headers=headers)
-        except aiohttp.ServerTimeoutError:
+            return await self._client.post(endpoint.url, target, headers, body, fresh=True)
+        except ReadTimeout:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
-        except aiohttp.ClientError as e:
+        except EngineError as e:
             raise _engine_failed(endpoint, e) from None
 
     async def _relay_whole(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: Answer,
         endpoint: Endpoint,
         path: str,
         tally: Tally,
@@ -414,12 +371,12 @@ class Upstream:
         try:
             data = await upstream.read()
             overhead.engine_answered(request)
-        except aiohttp.ServerTimeoutError:
+        except ReadTimeout:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
-        except aiohttp.ClientError as e:
+        except EngineError as e:
             raise _engine_failed(endpoint, e) from None
         if upstream.status == 200:
-            content_type = upstream.headers.get("Content-Type", "application/json")
+            content_type = upstream.headers.get("content-type", "application/json")
             body = answers.success_body(data, endpoint.model, tally, path)
             return web.Response(status=200, body=body, headers={"Content-Type": content_type})
         error = answers.engine_error(upstream.status, data, endpoint.model, path)
@@ -433,7 +390,7 @@ class Upstream:
     async def _relay_stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: Answer,
         endpoint: Endpoint,
         path: str,
         tally: Tally,
@@ -448,12 +405,12 @@ class Upstream:
         cleaned = answers.Stream(endpoint.model, path, tally)
         while True:
             try:
-                chunk = await upstream.content.readany()
-            except (aiohttp.ClientError, TimeoutError) as e:
+                chunk = await upstream.readany()
+            except EngineError as e:
                 request[errors.OUTCOME] = "upstream_broke"
                 failure = (
                     errors.upstream_timeout("The model's engine stopped sending.")
-                    if isinstance(e, TimeoutError)
+                    if isinstance(e, ReadTimeout)
                     else _engine_failed(endpoint, e)
                 )
                 # the partial event held back is dropped
@@ -554,55 +511,6 @@ def _event_end(data: bytes) -> int:
     """The offset just past the last blank line (event boundary) in data, or 0."""
     ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.rfind(sep)) >= 0]
     return max(ends, default=0)
-
-
-class _Probe:
-    """Whether the request being sent was given a pooled connection."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
-_PROBE: ContextVar[_Probe | None] = ContextVar("llmgw_pool_probe", default=None)
-
-
-class _PoolConnector(aiohttp.TCPConnector):
-    """A connector that marks the current request's probe (_PROBE) when the connection it
-    gives was used before: cheaper than a TraceConfig, which costs every request a dozen
-    awaited signals."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # protocols given out before
-
-    async def connect(
-        self,
-        req: aiohttp.ClientRequest,
-        traces: list[Any],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
-    ) -> Any:
-        """The connection, the probe told whether it is a pooled one."""
-        conn = await super().connect(req, traces, timeout)
-        protocol = conn.protocol
-        if protocol is not None:
-            if protocol in self._used:
-                if (probe := _PROBE.get()) is not None:
-                    probe.reused = True
-            else:
-                self._used.add(protocol)
-        return conn
-
-
-def _session(
-    connector: aiohttp.BaseConnector, timeout: aiohttp.ClientTimeout
-) -> aiohttp.ClientSession:
-    """A session for engines: no cookie kept (an engine's cookie must never go with another
-    client's request)."""
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
-    )
 
 
 def _events(request: web.Request) -> int:

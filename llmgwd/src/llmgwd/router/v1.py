@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import aiohttp
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -107,7 +106,6 @@ class Router:
         pool: Pool,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        session: aiohttp.ClientSession | None = None,
         connect_timeout_s: float = 3.0,
         read_timeout_s: float = 600.0,
         retry_after_s: int = 5,
@@ -142,7 +140,6 @@ class Router:
         self.meter = meter if meter is not None else Meter()
         self._upstream = Upstream(
             self.balancer,
-            session=session,
             connect_timeout_s=connect_timeout_s,
             read_timeout_s=read_timeout_s,
             retry_after_s=retry_after_s,

@@ -1,0 +1,376 @@
+"""The router's HTTP/1.1 client for engines: kept-alive connections pooled per replica, answers
+parsed by httptools, bodies read as they arrive with the socket paused above a high-water mark.
+
+aiohttp's client cost the router about 150 us of CPU a request (bench/router/engine_client.py),
+a quarter of all it spends; this one does the little the router needs (a POST to a replica
+it knows, by IP, in plain HTTP on the cluster's network) for a fraction of that. The router
+decides what to do about each failure (router/proxy.py); this module only names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import cast
+
+import httptools
+
+_HIGH_WATER = 256 * 1024  # body bytes held unread before the socket is paused
+_LOW_WATER = 64 * 1024  # ... and resumed
+_MAX_HEAD = 64 * 1024  # an answer's header section larger than this is refused
+_UNSAFE = re.compile(r"[\r\n\0]")  # in a header, they would let a value write another header
+_NO_BODY = (204, 304)
+_ONE_WRITE = 64 * 1024  # a body shorter than this is sent in one write with the headers
+
+
+class EngineError(Exception):
+    """The exchange with an engine failed; the message names no address and no key."""
+
+
+class ConnectFailed(EngineError):
+    """The connection was refused or timed out: the engine never saw the request."""
+
+
+class ConnectionLost(EngineError):
+    """The connection closed or was reset before the answer ended."""
+
+    def __init__(self, message: str, *, reused: bool, answered: bool) -> None:
+        super().__init__(message)
+        self.reused = reused  # it was a pooled connection
+        self.answered = answered  # some byte of the answer had arrived
+
+
+class ReadTimeout(EngineError):
+    """No byte of the answer came for read_timeout_s."""
+
+
+class BadAnswer(EngineError):
+    """What came back is not HTTP/1.1 as this client reads it."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to an engine; it hands what it reads to the answer being read."""
+
+    def __init__(self, pool: dict[str, list[_Connection]], base: str) -> None:
+        self.pool = pool
+        self.base = base
+        self.transport = cast(asyncio.Transport, None)
+        self.answer: Answer | None = None
+        self.idle_since = 0.0
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer is None:  # bytes nobody asked for: the connection is not to be trusted
+            self.transport.close()
+            return
+        self.answer.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.answer is not None:
+            self.answer.lost(exc)
+            return
+        idle = self.pool.get(self.base)
+        if idle is not None and self in idle:
+            idle.remove(self)
+            if not idle:
+                del self.pool[self.base]
+
+
+class Answer:
+    """An engine's answer: its status and headers once they came, its body read as it comes."""
+
+    def __init__(self, conn: _Connection, reused: bool, poolable: bool, timeout_s: float) -> None:
+        self.status = 0
+        self.content_type = "application/octet-stream"
+        self.reused = reused
+        self._raw: list[tuple[bytes, bytes]] = []
+        self._conn = conn
+        self._poolable = poolable
+        self._timeout_s = timeout_s
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_bytes = 0
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._whole = False  # read() waits for the whole body: never paused
+        self._started = False  # a byte of the answer came
+        self._has_head = False
+        self._until_close = False  # a body that ends when the connection does
+        self._done = False
+        self._closed = False
+        self._error: EngineError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The answer's headers, names lower-cased (the last of a repeated one)."""
+        return {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in self._raw}
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        while not self._done:
+            await self._wait()
+        return self._take()
+
+    async def readany(self) -> bytes:
+        """The body that came since the last read, waited for if none did; b"" at its end."""
+        while not self._chunks and not self._done:
+            await self._wait()
+        return self._take()
+
+    def close(self) -> None:
+        """Done with the answer: its connection goes back to the pool when the answer ended and
+        both sides keep it alive, and is closed otherwise (an engine stops generating then)."""
+        if self._closed:
+            return
+        self._closed = True
+        conn = self._conn
+        if self._done and self._poolable and not conn.lost and not conn.transport.is_closing():
+            conn.answer = None
+            conn.idle_since = asyncio.get_running_loop().time()
+            conn.pool.setdefault(conn.base, []).append(conn)
+        else:
+            conn.transport.close()
+
+    # What the connection hands over.
+
+    def feed(self, data: bytes) -> None:
+        """Bytes read from the connection."""
+        self._started = True
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            cause = e.__context__  # what a callback of ours raised
+            why = f"the engine's answer is not HTTP/1.1 ({type(e).__name__})"
+            self._fail(cause if isinstance(cause, BadAnswer) else BadAnswer(why))
+            self._conn.transport.close()
+
+    def lost(self, exc: Exception | None) -> None:
+        """The connection closed: the end of a body that runs until then, or a failure."""
+        if self._done:
+            return
+        if self._has_head and self._until_close and exc is None:
+            self._poolable = False
+            self.on_message_complete()
+            return
+        why = type(exc).__name__ if exc is not None else "closed"
+        self._fail(
+            ConnectionLost(
+                f"the engine's connection was lost ({why})",
+                reused=self.reused,
+                answered=self._started,
+            )
+        )
+
+    # httptools' callbacks.
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """One header of the answer."""
+        if self._done:  # bytes past the answer's end: the connection is not reused
+            self._poolable = False
+            return
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > _MAX_HEAD:
+            raise BadAnswer("the engine's answer headers are too large")
+        self._raw.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        """The status and headers are in."""
+        if self._done:
+            return
+        parser = self._parser
+        self.status = parser.get_status_code()
+        self._poolable = self._poolable and parser.should_keep_alive()
+        framed = self.status in _NO_BODY or self.status < 200
+        for name, value in self._raw:
+            lower = name.lower()
+            if lower == b"content-type":
+                self.content_type = value.split(b";", 1)[0].strip().decode("latin-1").lower()
+            elif lower in (b"content-length", b"transfer-encoding"):
+                framed = True
+        self._until_close = not framed
+        self._has_head = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        """A piece of the body (chunked encoding already taken off)."""
+        if self._done:
+            return
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._whole and not self._paused:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        """The answer ended."""
+        self._done = True
+        self._wake()
+
+    # Within this module.
+
+    async def head(self) -> None:
+        """Wait for the status and headers."""
+        while not self._has_head:
+            await self._wait()
+
+    def _take(self) -> bytes:
+        chunks = self._chunks
+        if not chunks:
+            if self._error is not None:
+                raise self._error
+            return b""
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._chunks = []
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        return data
+
+    async def _wait(self) -> None:
+        """Until the connection brings something, or read_timeout_s passes."""
+        if self._error is not None:
+            raise self._error
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(self._timeout_s, self._time_out)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        if self._error is not None and not self._chunks:
+            raise self._error
+
+    def _time_out(self) -> None:
+        self._fail(ReadTimeout(f"the engine sent nothing for {self._timeout_s:g} s"))
+
+    def _fail(self, error: EngineError) -> None:
+        if self._error is None and not self._done:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class EngineClient:
+    """POSTs to engine replicas (`http://HOST:PORT`), each on a pooled connection if one is
+    idle there, otherwise on a new one."""
+
+    def __init__(
+        self, *, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float = 4.0
+    ) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._keepalive_s = keepalive_s
+        self._idle: dict[str, list[_Connection]] = {}
+        self._hosts: dict[str, tuple[str, int, str]] = {}
+
+    async def post(
+        self,
+        base: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        fresh: bool = False,
+    ) -> Answer:
+        """POST body to base + path; the answer once its headers came. fresh: on a connection
+        of its own, closed after."""
+        head = _head(self._host(base)[2], path, headers, len(body))
+        conn = None if fresh else self._pooled(base)
+        reused = conn is not None
+        if conn is None:
+            conn = await self._open(base)
+        poolable = not fresh and headers.get("Connection", "").lower() != "close"
+        answer = conn.answer = Answer(conn, reused, poolable, self._read_timeout_s)
+        try:
+            if len(body) < _ONE_WRITE:
+                conn.transport.write(head + body)
+            else:  # not copied
+                conn.transport.writelines((head, body))
+            await answer.head()
+        except BaseException:
+            answer.close()
+            raise
+        return answer
+
+    async def close(self) -> None:
+        """Close every idle connection."""
+        for conns in list(self._idle.values()):
+            for conn in list(conns):
+                conn.transport.close()
+        self._idle.clear()
+
+    def _pooled(self, base: str) -> _Connection | None:
+        """The connection to base used last, if it is still open and not idle too long (the
+        others were idle longer: they are closed then)."""
+        idle = self._idle.get(base)
+        while idle:
+            conn = idle.pop()
+            if conn.lost or conn.transport.is_closing():
+                continue
+            if asyncio.get_running_loop().time() - conn.idle_since > self._keepalive_s:
+                idle.append(conn)
+                break
+            if not idle:
+                del self._idle[base]
+            return conn
+        for conn in self._idle.pop(base, []):  # none left, or all idle too long
+            conn.transport.close()
+        return None
+
+    async def _open(self, base: str) -> _Connection:
+        host, port, _ = self._host(base)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, protocol = await loop.create_connection(
+                    lambda: _Connection(self._idle, base), host, port
+                )
+        except TimeoutError:
+            raise ConnectFailed("the engine did not accept a connection in time") from None
+        except OSError as e:
+            raise ConnectFailed(f"the engine refused the connection ({e.strerror})") from None
+        return protocol
+
+    def _host(self, base: str) -> tuple[str, int, str]:
+        """base's host, port and Host header, worked out once."""
+        known = self._hosts.get(base)
+        if known is None:
+            url = httptools.parse_url(base.encode())
+            if url.schema != b"http" or url.host is None:
+                raise ValueError("an engine's address is http://HOST:PORT")
+            host = url.host.decode()
+            port = url.port or 80
+            if len(self._hosts) > 4096:  # replicas come and go: never a leak
+                self._hosts.clear()
+            known = self._hosts[base] = (host, port, f"{host}:{port}")
+        return known
+
+
+def _head(host: str, path: str, headers: Mapping[str, str], length: int) -> bytes:
+    """The request line and headers; ValueError for a header that would break them."""
+    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if (
+        _UNSAFE.search(path)
+        or _UNSAFE.search("".join(headers))
+        or _UNSAFE.search("".join(headers.values()))
+    ):
+        raise ValueError("a header or path holds CR, LF or NUL")
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{text}Content-Length: {length}\r\n\r\n"
+    return head.encode("latin-1")
