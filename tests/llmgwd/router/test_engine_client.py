@@ -317,9 +317,6 @@ async def test_pauses_shorter_than_the_read_timeout_are_no_timeout() -> None:
         assert got == b"".join(b"data: %d\n\n" % n for n in range(5))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Answer._wait is woken only when the whole head is in, not per byte"
-)
 async def test_a_header_section_that_trickles_in_is_no_timeout() -> None:
     async def reply(seen: Seen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         for line in (b"HTTP/1.1 200 OK\r\n", b"X-A: 1\r\n", b"X-B: 2\r\n", b"X-C: 3\r\n"):
@@ -381,12 +378,7 @@ async def test_fresh_takes_no_pooled_connection_and_is_closed_after(client: Engi
     "name",
     [
         "Connection",
-        pytest.param(
-            "connection",
-            marks=pytest.mark.xfail(
-                strict=True, reason="post() looks up headers['Connection'] case-sensitively"
-            ),
-        ),
+        "connection",
     ],
 )
 async def test_a_request_that_asks_connection_close_is_never_pooled(

@@ -105,6 +105,9 @@ class Answer:
         self._closed = False
         self._error: EngineError | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._heard = 0.0  # when the connection last brought bytes, or a wait began
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -136,7 +139,7 @@ class Answer:
         conn = self._conn
         if self._done and self._poolable and not conn.lost and not conn.transport.is_closing():
             conn.answer = None
-            conn.idle_since = asyncio.get_running_loop().time()
+            conn.idle_since = self._loop.time()
             conn.pool.setdefault(conn.base, []).append(conn)
         else:
             conn.transport.close()
@@ -146,6 +149,7 @@ class Answer:
     def feed(self, data: bytes) -> None:
         """Bytes read from the connection."""
         self._started = True
+        self._heard = self._loop.time()
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
@@ -242,18 +246,25 @@ class Answer:
         """Until the connection brings something, or read_timeout_s passes."""
         if self._error is not None:
             raise self._error
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(self._timeout_s, self._time_out)
+        self._heard = loop.time()
+        self._timer = loop.call_at(self._heard + self._timeout_s, self._time_out)
         try:
             await waiter
         finally:
-            timer.cancel()
+            self._timer.cancel()
             self._waiter = None
         if self._error is not None and not self._chunks:
             raise self._error
 
     def _time_out(self) -> None:
+        """No answer came, or bytes came that did not end the wait (a head trickling in): the
+        timer runs again from them."""
+        due = self._heard + self._timeout_s
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._time_out)
+            return
         self._fail(ReadTimeout(f"the engine sent nothing for {self._timeout_s:g} s"))
 
     def _fail(self, error: EngineError) -> None:
@@ -296,7 +307,7 @@ class EngineClient:
         reused = conn is not None
         if conn is None:
             conn = await self._open(base)
-        poolable = not fresh and headers.get("Connection", "").lower() != "close"
+        poolable = not fresh and not _asks_close(headers)
         answer = conn.answer = Answer(conn, reused, poolable, self._read_timeout_s)
         try:
             if len(body) < _ONE_WRITE:
@@ -361,6 +372,14 @@ class EngineClient:
                 self._hosts.clear()
             known = self._hosts[base] = (host, port, f"{host}:{port}")
         return known
+
+
+def _asks_close(headers: Mapping[str, str]) -> bool:
+    """Whether the request's own headers ask for the connection to close after it."""
+    for name, value in headers.items():
+        if len(name) == 10 and name.lower() == "connection":
+            return value.strip().lower() == "close"
+    return False
 
 
 def _head(host: str, path: str, headers: Mapping[str, str], length: int) -> bytes:
