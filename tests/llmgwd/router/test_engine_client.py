@@ -664,3 +664,130 @@ async def test_a_refused_header_leaves_a_pooled_connection_clean(client: EngineC
             "content-type",
             "host",
         ]
+
+
+# What a review found (each failed before its fix).
+
+
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n",
+    ],
+    ids=["100", "103"],
+)
+async def test_an_interim_answer_is_skipped_for_the_real_one(
+    client: EngineClient, interim: bytes
+) -> None:
+    async def reply(seen: Seen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(interim + fixed(b"answer %d" % seen.nth, head=JSON))
+        await writer.drain()
+        return True
+
+    async with engine(reply) as e:
+        answer, got = await exchange(client, e)
+        assert (answer.status, got, answer.content_type) == (200, b"answer 1", "application/json")
+        assert "link" not in answer.headers
+        answer, got = await exchange(client, e)  # the pooled connection holds nothing stale
+        assert (got, answer.reused) == (b"answer 2", True)
+
+
+async def test_an_abandoned_request_is_not_sent_on_to_an_engine_that_stopped_reading(
+    client: EngineClient,
+) -> None:
+    total = 32 * 2**20
+    received: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only: the body is left unread
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the client gives up meanwhile
+        count = 0
+        with suppress(ConnectionError):
+            while data := await reader.read(2**20):
+                count += len(data)
+        received.set_result(count)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        answer = await client.post(base, PATH, HEADERS, b"x" * total)
+        answer.close()
+        async with asyncio.timeout(5):
+            count = await received
+    finally:
+        server.close()
+    assert count < total // 2  # the rest was dropped, not sent on when the engine read
+
+
+async def test_a_connection_paused_when_its_answer_ended_is_not_pooled_paused() -> None:
+    body = b"y" * (300 * 1024)  # past the high-water mark in the read that ends it
+    async with (
+        engine(replying(fixed(body))) as e,
+        engine_client(read_timeout_s=2.0) as client,
+    ):
+        answer = await post(client, e)
+        await asyncio.sleep(0.2)  # the whole answer comes; nothing of it is read
+        answer.close()
+        async with asyncio.timeout(5):
+            answer, got = await exchange(client, e)
+        assert got == body
+
+
+async def test_a_header_section_that_never_ends_is_bad_answer_at_once() -> None:
+    async def reply(seen: Seen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        with suppress(ConnectionError):
+            writer.write(b"HTTP/1.1 200 OK\r\nX-Big: ")
+            for _ in range(64):  # 4 MiB of one header's value, then nothing
+                writer.write(b"a" * 2**16)
+                await writer.drain()
+            while await reader.read(2**16):
+                pass
+        return True  # the client closed the connection
+
+    async with engine(reply) as e, engine_client(read_timeout_s=10.0) as client:
+        started = time.monotonic()
+        with pytest.raises(BadAnswer):
+            await post(client, e)
+        assert time.monotonic() - started < 5  # not a read timeout, not 4 MiB gathered
+        assert await e.wait_ended(1)
+
+
+async def test_idle_connections_are_closed_after_keepalive_without_another_request() -> None:
+    async with engine(replying(fixed(b"hi"))) as e, engine_client(keepalive_s=0.2) as client:
+        await exchange(client, e)
+        assert not await e.wait_ended(1, within_s=0.1)
+        assert await e.wait_ended(1, within_s=2.0)  # a replica that went away gets no socket
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this host has no IPv6 loopback (::1)")
+async def test_an_ipv6_engine_gets_a_bracketed_host_header(client: EngineClient) -> None:
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(2)
+        writer.write(fixed(b"hi"))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "::1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        _, got = await exchange(client, Engine(replying(b""), base=f"http://[::1]:{port}"))
+    finally:
+        server.close()
+    assert got == b"hi"
+    assert b"\r\nHost: [::1]:%d\r\n" % port in seen[0]

@@ -177,6 +177,14 @@ async def test_an_engine_closing_a_fresh_connection_is_a_502_and_counts() -> Non
         assert router.balancer.ejections.out("r1")
 
 
+async def test_a_replica_address_the_client_cannot_use_is_a_502_in_openais_shape() -> None:
+    # Only plain http is spoken to engines.
+    async with router_to("https://127.0.0.1:1") as (base, _), aiohttp.ClientSession() as http:
+        status, text = await post(http, base, CHAT)
+    assert status == 502
+    assert_error_shape(json.loads(text), "upstream_error")
+
+
 # Engine internals kept back (finding 4) and engine refusals in OpenAI's shape (finding 9).
 
 PATH = "/work/models/SmolLM2-135M-Instruct.Q4_1.gguf"  # what llama.cpp puts in "model"

@@ -52,8 +52,8 @@ class BadAnswer(EngineError):
 class _Connection(asyncio.Protocol):
     """One TCP connection to an engine; it hands what it reads to the answer being read."""
 
-    def __init__(self, pool: dict[str, list[_Connection]], base: str) -> None:
-        self.pool = pool
+    def __init__(self, client: EngineClient, base: str) -> None:
+        self.client = client
         self.base = base
         self.transport = cast(asyncio.Transport, None)
         self.answer: Answer | None = None
@@ -74,11 +74,7 @@ class _Connection(asyncio.Protocol):
         if self.answer is not None:
             self.answer.lost(exc)
             return
-        idle = self.pool.get(self.base)
-        if idle is not None and self in idle:
-            idle.remove(self)
-            if not idle:
-                del self.pool[self.base]
+        self.client._drop(self)
 
 
 class Answer:
@@ -93,13 +89,15 @@ class Answer:
         self._poolable = poolable
         self._timeout_s = timeout_s
         self._parser = httptools.HttpResponseParser(self)
-        self._head_bytes = 0
+        self._head_bytes = 0  # in the headers parsed
+        self._fed = 0  # fed before the head was whole
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._paused = False
         self._whole = False  # read() waits for the whole body: never paused
         self._started = False  # a byte of the answer came
         self._has_head = False
+        self._interim = False  # a 1xx answer is being read: the real one follows it
         self._until_close = False  # a body that ends when the connection does
         self._done = False
         self._closed = False
@@ -137,12 +135,14 @@ class Answer:
             return
         self._closed = True
         conn = self._conn
-        if self._done and self._poolable and not conn.lost and not conn.transport.is_closing():
+        keep = self._poolable and not self._paused and not conn.lost
+        if self._done and keep and not conn.transport.is_closing():
             conn.answer = None
-            conn.idle_since = self._loop.time()
-            conn.pool.setdefault(conn.base, []).append(conn)
-        else:
+            conn.client._put(conn)
+        elif self._done:
             conn.transport.close()
+        else:  # an engine that stopped reading must not keep the unsent request buffered
+            conn.transport.abort()
 
     # What the connection hands over.
 
@@ -157,6 +157,12 @@ class Answer:
             why = f"the engine's answer is not HTTP/1.1 ({type(e).__name__})"
             self._fail(cause if isinstance(cause, BadAnswer) else BadAnswer(why))
             self._conn.transport.close()
+            return
+        if not self._has_head:  # a head that never ends: httptools would gather it all
+            self._fed += len(data)
+            if self._fed > _MAX_HEAD:
+                self._fail(BadAnswer("the engine's answer headers are too large"))
+                self._conn.transport.close()
 
     def lost(self, exc: Exception | None) -> None:
         """The connection closed: the end of a body that runs until then, or a failure."""
@@ -192,9 +198,14 @@ class Answer:
         if self._done:
             return
         parser = self._parser
-        self.status = parser.get_status_code()
+        status = parser.get_status_code()
+        if status < 200:  # 100 Continue, 103 Early Hints: the answer is still to come
+            self._raw = []
+            self._interim = True
+            return
+        self.status = status
         self._poolable = self._poolable and parser.should_keep_alive()
-        framed = self.status in _NO_BODY or self.status < 200
+        framed = status in _NO_BODY
         for name, value in self._raw:
             lower = name.lower()
             if lower == b"content-type":
@@ -217,7 +228,10 @@ class Answer:
         self._wake()
 
     def on_message_complete(self) -> None:
-        """The answer ended."""
+        """The answer ended (or a 1xx one did)."""
+        if self._interim:
+            self._interim = False
+            return
         self._done = True
         self._wake()
 
@@ -290,6 +304,7 @@ class EngineClient:
         self._keepalive_s = keepalive_s
         self._idle: dict[str, list[_Connection]] = {}
         self._hosts: dict[str, tuple[str, int, str]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def post(
         self,
@@ -322,10 +337,41 @@ class EngineClient:
 
     async def close(self) -> None:
         """Close every idle connection."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conns in list(self._idle.values()):
             for conn in list(conns):
                 conn.transport.close()
         self._idle.clear()
+
+    def _put(self, conn: _Connection) -> None:
+        """Pool an idle connection; idle ones are swept keepalive_s after, if still unused."""
+        loop = asyncio.get_running_loop()
+        conn.idle_since = loop.time()
+        self._idle.setdefault(conn.base, []).append(conn)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._keepalive_s, self._sweep)
+
+    def _drop(self, conn: _Connection) -> None:
+        """A pooled connection closed."""
+        idle = self._idle.get(conn.base)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._idle[conn.base]
+
+    def _sweep(self) -> None:
+        """Close the connections idle longer than keepalive_s, at every replica (one that
+        went away never closes its own)."""
+        self._sweeper = None
+        oldest = asyncio.get_running_loop().time() - self._keepalive_s
+        for conns in list(self._idle.values()):
+            for conn in [c for c in conns if c.idle_since <= oldest]:
+                self._drop(conn)
+                conn.transport.close()
+        if self._idle:
+            self._sweeper = asyncio.get_running_loop().call_later(self._keepalive_s, self._sweep)
 
     def _pooled(self, base: str) -> _Connection | None:
         """The connection to base used last, if it is still open and not idle too long (the
@@ -351,7 +397,7 @@ class EngineClient:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, protocol = await loop.create_connection(
-                    lambda: _Connection(self._idle, base), host, port
+                    lambda: _Connection(self, base), host, port
                 )
         except TimeoutError:
             raise ConnectFailed("the engine did not accept a connection in time") from None
@@ -370,7 +416,8 @@ class EngineClient:
             port = url.port or 80
             if len(self._hosts) > 4096:  # replicas come and go: never a leak
                 self._hosts.clear()
-            known = self._hosts[base] = (host, port, f"{host}:{port}")
+            name = f"[{host}]" if ":" in host else host
+            known = self._hosts[base] = (host, port, f"{name}:{port}")
         return known
 
 

@@ -296,7 +296,7 @@ class Upstream:
             raise _Unreachable from e
         except ReadTimeout:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
-        except EngineError as e:
+        except (EngineError, ValueError) as e:  # ValueError: an address or header unfit to send
             raise _engine_failed(endpoint, e) from None
 
     def _headers(self, request: web.Request, endpoint: Endpoint, stream: bool) -> dict[str, str]:
