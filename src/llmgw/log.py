@@ -14,6 +14,7 @@ import traceback
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 FIELDS = ("node", "model", "replica", "request", "key_id", "unit")
+_JOURNAL_FIELDS = [(name, "LLMGW_" + name.upper()) for name in FIELDS]
 
 _PRIORITY = {
     logging.CRITICAL: 2,
@@ -33,34 +34,50 @@ def _field(name: str, value: str) -> bytes:
 
 
 class JournalHandler(logging.Handler):
-    """Writes records to journald's native socket, with llmgw's fields."""
+    """Writes records to journald's native socket, with llmgw's fields. A daemon writes one
+    at every /v1 request: what is the same for every record from one line of code is
+    encoded once."""
 
     def __init__(self, identifier: str, path: str = JOURNAL_SOCKET) -> None:
         super().__init__()
-        self._identifier = identifier
+        self._identifier = _field("SYSLOG_IDENTIFIER", identifier)
         self._path = path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._sites: dict[tuple[int, str, int, str], bytes] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            msg = self.format(record)
+            msg = record.getMessage() if self.formatter is None else self.format(record)
             if record.exc_info:
                 msg += "\n" + "".join(traceback.format_exception(*record.exc_info))
-            parts = [
-                _field("MESSAGE", msg),
-                _field("PRIORITY", str(_PRIORITY.get(record.levelno, 6))),
-                _field("SYSLOG_IDENTIFIER", self._identifier),
-                _field("CODE_FILE", record.pathname),
-                _field("CODE_LINE", str(record.lineno)),
-                _field("LOGGER", record.name),
-            ]
-            for name in FIELDS:
-                value = record.__dict__.get(name)
+            parts = [_field("MESSAGE", msg), self._site(record)]
+            values = record.__dict__
+            for name, journal_name in _JOURNAL_FIELDS:
+                value = values.get(name)
                 if value is not None:
-                    parts.append(_field("LLMGW_" + name.upper(), str(value)))
+                    parts.append(_field(journal_name, str(value)))
             self._sock.sendto(b"".join(parts), self._path)
         except Exception:
             self.handleError(record)
+
+    def _site(self, record: logging.LogRecord) -> bytes:
+        """PRIORITY, SYSLOG_IDENTIFIER, CODE_FILE, CODE_LINE and LOGGER, encoded once for
+        each line of code and level (a bounded set: the code's own log calls)."""
+        site = (record.levelno, record.pathname, record.lineno, record.name)
+        encoded = self._sites.get(site)
+        if encoded is None:
+            if len(self._sites) > 4096:
+                self._sites.clear()
+            encoded = self._sites[site] = b"".join(
+                [
+                    _field("PRIORITY", str(_PRIORITY.get(record.levelno, 6))),
+                    self._identifier,
+                    _field("CODE_FILE", record.pathname),
+                    _field("CODE_LINE", str(record.lineno)),
+                    _field("LOGGER", record.name),
+                ]
+            )
+        return encoded
 
     def close(self) -> None:
         self._sock.close()
@@ -74,8 +91,7 @@ def setup(identifier: str, level: str = "info") -> None:
     root.setLevel(level.upper())
     handler: logging.Handler
     if os.environ.get("JOURNAL_STREAM") and os.path.exists(JOURNAL_SOCKET):
-        handler = JournalHandler(identifier)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler = JournalHandler(identifier)  # no formatter: the message as it is
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
