@@ -791,3 +791,92 @@ async def test_an_ipv6_engine_gets_a_bracketed_host_header(client: EngineClient)
         server.close()
     assert got == b"hi"
     assert b"\r\nHost: [::1]:%d\r\n" % port in seen[0]
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        "127.0.0.1:8080",  # no scheme
+        "https://127.0.0.1:8443",  # engines are plain HTTP on the cluster's network
+        "http://127.0.0.1:99999",  # no such port
+        "http://127.0.0.1:0",
+        "http://[::1",
+        "http://:8080",
+    ],
+)
+async def test_an_address_the_client_cannot_use_is_a_value_error(
+    client: EngineClient, base: str
+) -> None:
+    with pytest.raises(ValueError, match=r"http://HOST:PORT"):
+        await client.post(base, PATH, HEADERS, b"{}")
+
+
+async def test_an_early_answer_with_the_body_unsent_leaves_no_connection_to_reuse() -> None:
+    total = 32 * 2**20  # more than the socket buffers take: the rest stays in the client's
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the head only: it answers and reads no more
+        writer.write(fixed(b"too large", status=b"413 Payload Too Large"))
+        await writer.drain()
+        with suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with engine_client(read_timeout_s=2.0) as client:
+            answers = []
+            for _ in range(2):
+                answer = await client.post(base, PATH, HEADERS, b"x" * total)
+                answers.append((answer.status, await answer.read(), answer.reused))
+                answer.close()
+    finally:
+        server.close()
+    assert answers == [(413, b"too large", False)] * 2  # the second on a new connection
+
+
+async def test_an_answer_closed_after_the_client_closed_is_not_pooled() -> None:
+    async with engine(replying(fixed(b"hi"))) as e, engine_client() as client:
+        answer = await post(client, e)
+        assert await answer.read() == b"hi"
+        await client.close()  # the router stops while an answer is still held
+        answer.close()
+        assert await e.wait_ended(1, within_s=1.0)  # not kept for a sweep that never comes
+
+
+def test_a_client_used_on_a_second_loop_still_closes_idle_connections() -> None:
+    client = EngineClient(connect_timeout_s=1.0, read_timeout_s=5.0, keepalive_s=0.2)
+
+    async def once(wait: bool) -> bool:
+        async with engine(replying(fixed(b"hi"))) as e:
+            await exchange(client, e)
+            return await e.wait_ended(1, within_s=2.0) if wait else True
+
+    asyncio.run(once(wait=False))  # this loop ends with its sweep still to come
+    assert asyncio.run(once(wait=True))  # that sweep is gone with it: this loop sweeps its own
+
+
+async def test_bytes_after_the_answer_leave_the_connection_unused() -> None:
+    stray = b"HTTP/1.1 200 OK\r\n\r\n"  # a second answer, no headers, in the same write
+    async with engine(replying(fixed(b"hi") + stray)) as e, engine_client() as client:
+        first, _ = await exchange(client, e)
+        second, got = await exchange(client, e)
+        assert (got, first.reused, second.reused) == (b"hi", False, False)
+        assert await e.wait_ended(1)
+
+
+async def test_each_idle_connection_is_closed_about_keepalive_after_its_last_use() -> None:
+    keepalive_s = 1.0
+    async with (
+        engine(replying(fixed(b"a"))) as a,
+        engine(replying(fixed(b"b"))) as b,
+        engine_client(keepalive_s=keepalive_s) as client,
+    ):
+        await exchange(client, a)  # arms the sweep
+        await asyncio.sleep(keepalive_s / 2)
+        await exchange(client, b)
+        idle_from = time.monotonic()
+        assert await b.wait_ended(1, within_s=3 * keepalive_s)
+        # Swept when its own keepalive_s ran out, not at the next sweep after a's (1.5 x).
+        assert time.monotonic() - idle_from < 1.35 * keepalive_s

@@ -135,14 +135,18 @@ class Answer:
             return
         self._closed = True
         conn = self._conn
+        transport = conn.transport
+        # A request body still unsent (an engine that answered early and stopped reading)
+        # would be sent before the next request, or kept for as long as the engine stays.
+        sent = transport.get_write_buffer_size() == 0
         keep = self._poolable and not self._paused and not conn.lost
-        if self._done and keep and not conn.transport.is_closing():
+        if self._done and sent and keep and not transport.is_closing():
             conn.answer = None
             conn.client._put(conn)
-        elif self._done:
-            conn.transport.close()
-        else:  # an engine that stopped reading must not keep the unsent request buffered
-            conn.transport.abort()
+        elif self._done and sent:
+            transport.close()
+        else:
+            transport.abort()
 
     # What the connection hands over.
 
@@ -182,6 +186,11 @@ class Answer:
         )
 
     # httptools' callbacks.
+
+    def on_message_begin(self) -> None:
+        """A message starts: after the answer's end, bytes nobody asked for."""
+        if self._done:
+            self._poolable = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """One header of the answer."""
@@ -305,6 +314,8 @@ class EngineClient:
         self._idle: dict[str, list[_Connection]] = {}
         self._hosts: dict[str, tuple[str, int, str]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the pool's, and the sweeper's
+        self._closed = False  # close() was called: nothing is pooled after it
 
     async def post(
         self,
@@ -336,7 +347,8 @@ class EngineClient:
         return answer
 
     async def close(self) -> None:
-        """Close every idle connection."""
+        """Close every idle connection; answers closed later close theirs."""
+        self._closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -347,11 +359,24 @@ class EngineClient:
 
     def _put(self, conn: _Connection) -> None:
         """Pool an idle connection; idle ones are swept keepalive_s after, if still unused."""
-        loop = asyncio.get_running_loop()
+        if self._closed:
+            conn.transport.close()
+            return
+        loop = self._own_loop()
         conn.idle_since = loop.time()
         self._idle.setdefault(conn.base, []).append(conn)
         if self._sweeper is None:
-            self._sweeper = loop.call_later(self._keepalive_s, self._sweep)
+            self._sweeper = loop.call_at(conn.idle_since + self._keepalive_s, self._sweep)
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop; the pool and sweeper of another (a loop that ended) are forgotten:
+        their sockets and timer belong to it."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._idle = {}
+            self._sweeper = None
+        return loop
 
     def _drop(self, conn: _Connection) -> None:
         """A pooled connection closed."""
@@ -365,23 +390,26 @@ class EngineClient:
         """Close the connections idle longer than keepalive_s, at every replica (one that
         went away never closes its own)."""
         self._sweeper = None
-        oldest = asyncio.get_running_loop().time() - self._keepalive_s
+        loop = asyncio.get_running_loop()
+        oldest = loop.time() - self._keepalive_s
         for conns in list(self._idle.values()):
             for conn in [c for c in conns if c.idle_since <= oldest]:
                 self._drop(conn)
                 conn.transport.close()
-        if self._idle:
-            self._sweeper = asyncio.get_running_loop().call_later(self._keepalive_s, self._sweep)
+        if self._idle:  # again when the longest idle of those left reaches keepalive_s
+            since = min(c.idle_since for conns in self._idle.values() for c in conns)
+            self._sweeper = loop.call_at(since + self._keepalive_s, self._sweep)
 
     def _pooled(self, base: str) -> _Connection | None:
         """The connection to base used last, if it is still open and not idle too long (the
         others were idle longer: they are closed then)."""
+        now = self._own_loop().time()
         idle = self._idle.get(base)
         while idle:
             conn = idle.pop()
             if conn.lost or conn.transport.is_closing():
                 continue
-            if asyncio.get_running_loop().time() - conn.idle_since > self._keepalive_s:
+            if now - conn.idle_since > self._keepalive_s:
                 idle.append(conn)
                 break
             if not idle:
@@ -409,11 +437,14 @@ class EngineClient:
         """base's host, port and Host header, worked out once."""
         known = self._hosts.get(base)
         if known is None:
-            url = httptools.parse_url(base.encode())
-            if url.schema != b"http" or url.host is None:
+            try:
+                url = httptools.parse_url(base.encode())
+            except httptools.HttpParserInvalidURLError:
+                url = None
+            if url is None or url.schema != b"http" or not url.host or url.port == 0:
                 raise ValueError("an engine's address is http://HOST:PORT")
             host = url.host.decode()
-            port = url.port or 80
+            port = 80 if url.port is None else url.port
             if len(self._hosts) > 4096:  # replicas come and go: never a leak
                 self._hosts.clear()
             name = f"[{host}]" if ":" in host else host
