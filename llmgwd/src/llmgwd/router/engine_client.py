@@ -71,6 +71,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        # The transport holds this protocol: without this, each closed connection would be
+        # a reference cycle for the collector (nothing uses the transport once lost).
+        self.transport = cast(asyncio.Transport, None)
         if self.answer is not None:
             self.answer.lost(exc)
             return
@@ -88,7 +91,7 @@ class Answer:
         self._conn = conn
         self._poolable = poolable
         self._timeout_s = timeout_s
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._head_bytes = 0  # in the headers parsed
         self._fed = 0  # fed before the head was whole
         self._chunks: list[bytes] = []
@@ -116,8 +119,7 @@ class Answer:
         """The whole body."""
         self._whole = True
         if self._paused:
-            self._paused = False
-            self._conn.transport.resume_reading()
+            self._resume()
         while not self._done:
             await self._wait()
         return self._take()
@@ -135,13 +137,18 @@ class Answer:
             return
         self._closed = True
         conn = self._conn
+        # Neither the connection nor the parser (which holds this answer's callbacks) keeps
+        # the answer past its end: no reference cycle a request for the collector to find.
+        conn.answer = None
+        self._parser = None
+        if conn.lost:
+            return
         transport = conn.transport
         # A request body still unsent (an engine that answered early and stopped reading)
         # would be sent before the next request, or kept for as long as the engine stays.
         sent = transport.get_write_buffer_size() == 0
-        keep = self._poolable and not self._paused and not conn.lost
+        keep = self._poolable and not self._paused
         if self._done and sent and keep and not transport.is_closing():
-            conn.answer = None
             conn.client._put(conn)
         elif self._done and sent:
             transport.close()
@@ -152,10 +159,13 @@ class Answer:
 
     def feed(self, data: bytes) -> None:
         """Bytes read from the connection."""
+        parser = self._parser
+        if parser is None:  # closed: nobody reads this
+            return
         self._started = True
         self._heard = self._loop.time()
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
             cause = e.__context__  # what a callback of ours raised
             why = f"the engine's answer is not HTTP/1.1 ({type(e).__name__})"
@@ -207,6 +217,7 @@ class Answer:
         if self._done:
             return
         parser = self._parser
+        assert parser is not None  # it is calling
         status = parser.get_status_code()
         if status < 200:  # 100 Continue, 103 Early Hints: the answer is still to come
             self._raw = []
@@ -261,9 +272,13 @@ class Answer:
         self._chunks = []
         self._buffered = 0
         if self._paused:
-            self._paused = False
-            self._conn.transport.resume_reading()
+            self._resume()
         return data
+
+    def _resume(self) -> None:
+        self._paused = False
+        if not self._conn.lost:
+            self._conn.transport.resume_reading()
 
     async def _wait(self) -> None:
         """Until the connection brings something, or read_timeout_s passes."""
@@ -277,7 +292,7 @@ class Answer:
             await waiter
         finally:
             self._timer.cancel()
-            self._waiter = None
+            self._timer = self._waiter = None  # the timer holds this answer: no cycle
         if self._error is not None and not self._chunks:
             raise self._error
 
