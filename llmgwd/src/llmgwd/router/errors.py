@@ -372,8 +372,8 @@ def middleware(ended: Ended | None = None) -> Middleware:
             if ended is not None:
                 ended(request, 499, None, started)
             raise
-        except ApiError as e:
-            error = e
+        except ApiError as e:  # its traceback holds this frame, which would hold it: a cycle
+            error = e.with_traceback(None)  # a request's worth for the collector to find
         except web.HTTPException as e:
             if e.status < 400:  # a redirect is not a failure
                 if ended is not None:
