@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from llmgwd.router.errors import ApiError
 from tests.llmgwd.router.test_router_v1 import (  # noqa: F401 (engine, gw: fixtures)
     CHAT,
     MODEL,
@@ -28,8 +27,9 @@ WRONG = {"Authorization": "Bearer sk-llmgw-not-a-key"}
 
 
 def ours(obj: Any) -> bool:
-    """An object of the router's making: an error, or a frame of llmgwd's code."""
-    if isinstance(obj, ApiError):
+    """An object of the router's making (an error, an engine's answer, its parser), or a
+    frame of llmgwd's code."""
+    if type(obj).__module__.startswith(("llmgwd.", "httptools.")):
         return True
     return isinstance(obj, FrameType) and "/llmgwd/" in obj.f_code.co_filename
 
@@ -55,13 +55,22 @@ def cycles_found() -> Iterator[list[Any]]:
     "path, body, headers, status",
     [
         ("/v1/chat/completions", CHAT, BEARER, 200),
+        ("/v1/chat/completions", {**CHAT, "stream": True}, BEARER, 200),
         ("/v1/chat/completions", CHAT, WRONG, 401),
         ("/v1/chat/completions", {**CHAT, "model": "no-such-model"}, BEARER, 404),
         ("/v1/chat/completions", {**CHAT, "messages": "hi"}, BEARER, 400),
         ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": []}, WRONG, 401),
         ("/v1/responses", {"model": "no-such-model", "input": "hi"}, BEARER, 404),
     ],
-    ids=["chat", "bad-key", "no-model", "bad-body", "messages-bad-key", "responses-no-model"],
+    ids=[
+        "chat",
+        "stream",
+        "bad-key",
+        "no-model",
+        "bad-body",
+        "messages-bad-key",
+        "responses-no-model",
+    ],
 )
 async def test_a_request_leaves_no_reference_cycle(
     gw: Gateway,  # noqa: F811 (the fixture imported above)
