@@ -910,3 +910,16 @@ async def test_an_exchange_leaves_nothing_for_the_cyclic_collector(raw: bytes, k
             gc.garbage.clear()
             gc.enable()
     assert ours == []
+
+
+async def test_closing_an_answer_another_task_reads_tells_that_reader_at_once() -> None:
+    async with engine(stalling(CHUNKED_HEAD + chunk(b"a"))) as e, engine_client() as client:
+        answer = await post(client, e)
+        assert await answer.readany() == b"a"
+        reader = asyncio.ensure_future(answer.readany())
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        answer.close()
+        with pytest.raises(ConnectionLost):
+            await reader
+        assert time.monotonic() - started < 1  # not the read timeout (5 s)

@@ -141,6 +141,14 @@ class Answer:
         # the answer past its end: no reference cycle a request for the collector to find.
         conn.answer = None
         self._parser = None
+        if not self._done:  # a reader still waiting is told now, not at its read timeout
+            self._fail(
+                ConnectionLost(
+                    "the answer was closed before its end",
+                    reused=self.reused,
+                    answered=self._started,
+                )
+            )
         if conn.lost:
             return
         transport = conn.transport
@@ -406,9 +414,9 @@ class EngineClient:
         went away never closes its own)."""
         self._sweeper = None
         loop = asyncio.get_running_loop()
-        oldest = loop.time() - self._keepalive_s
-        for conns in list(self._idle.values()):
-            for conn in [c for c in conns if c.idle_since <= oldest]:
+        now, keepalive_s = loop.time(), self._keepalive_s
+        for conns in list(self._idle.values()):  # the due time's own sum: no float mismatch
+            for conn in [c for c in conns if c.idle_since + keepalive_s <= now]:
                 self._drop(conn)
                 conn.transport.close()
         if self._idle:  # again when the longest idle of those left reaches keepalive_s
