@@ -6,6 +6,8 @@ Fields such as LLMGW_NODE, LLMGW_MODEL, LLMGW_REPLICA and LLMGW_REQUEST come fro
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import socket
@@ -15,6 +17,11 @@ import traceback
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 FIELDS = ("node", "model", "replica", "request", "key_id", "unit")
 _JOURNAL_FIELDS = [(name, "LLMGW_" + name.upper()) for name in FIELDS]
+
+# sendto's errors for a record too large for one datagram (over the socket's send buffer, about
+# 208 KiB by default): such a record goes in a sealed memfd, as sd_journal_sendv does.
+_TOO_LARGE = (errno.EMSGSIZE, errno.ENOBUFS, errno.EAGAIN)
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
 _PRIORITY = {
     logging.CRITICAL: 2,
@@ -56,9 +63,30 @@ class JournalHandler(logging.Handler):
                 value = values.get(name)
                 if value is not None:
                     parts.append(_field(journal_name, str(value)))
-            self._sock.sendto(b"".join(parts), self._path)
+            datagram = b"".join(parts)
+            try:
+                self._sock.sendto(datagram, self._path)
+            except OSError as e:
+                if e.errno not in _TOO_LARGE:
+                    raise
+                self._send_memfd(datagram)
         except Exception:
             self.handleError(record)
+
+    def _send_memfd(self, record: bytes) -> None:
+        """A record too large for a datagram: written to a sealed memfd whose descriptor goes
+        to journald on an empty datagram, which journald reads as the record."""
+        fd = os.memfd_create("llmgw-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            view = memoryview(record)
+            while view:
+                view = view[os.write(fd, view) :]
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            # sendmsg, not socket.send_fds: that drops its address argument (Python 3.11)
+            rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))
+            self._sock.sendmsg([], [rights], 0, self._path)
+        finally:
+            os.close(fd)
 
     def _site(self, record: logging.LogRecord) -> bytes:
         """PRIORITY, SYSLOG_IDENTIFIER, CODE_FILE, CODE_LINE and LOGGER, encoded once for

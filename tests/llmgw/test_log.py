@@ -3,8 +3,10 @@ and decoded by the native protocol's rules."""
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +103,42 @@ def test_a_message_of_several_lines_and_a_traceback_arrive_whole(
     assert message.startswith("first\nsecond\nTraceback (most recent call last):")
     assert "RuntimeError: boom" in message
     assert fields["PRIORITY"] == "3"
+
+
+@pytest.mark.parametrize("size", [300_000, 2_000_000])
+def test_a_record_too_large_for_a_datagram_arrives_whole_in_a_sealed_memfd(
+    journal: tuple[logging.Logger, socket.socket], size: int
+) -> None:
+    """journald takes a record over the datagram limit (~208 KiB) as an empty datagram that
+    passes a sealed memfd holding it, as sd_journal_sendv sends it."""
+    logger, sock = journal
+    body = ("0123456789abcdef" * (size // 16 + 1))[:size]
+    logger.error("a body: %s\nend", body, extra={"request": "ab12"})
+    datagram, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+    assert datagram == b""
+    assert len(fds) == 1
+    with open(fds[0], "rb") as memfd:
+        seals = fcntl.fcntl(memfd.fileno(), fcntl.F_GET_SEALS)
+        want = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        assert seals & want == want
+        memfd.seek(0)  # the sender wrote through the same open file: journald maps it
+        fields = decode(memfd.read())
+    assert fields["MESSAGE"] == f"a body: {body}\nend"
+    assert fields["PRIORITY"] == "3"
+    assert fields["LLMGW_REQUEST"] == "ab12"
+    assert fields["SYSLOG_IDENTIFIER"] == "llmgwd"
+
+
+def test_a_small_record_after_a_large_one_is_still_a_plain_datagram(
+    journal: tuple[logging.Logger, socket.socket],
+) -> None:
+    logger, sock = journal
+    logger.info("x" * 400_000)
+    logger.info("small")
+    datagram, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+    for fd in fds:
+        os.close(fd)
+    assert (datagram, len(fds)) == (b"", 1)
+    datagram, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+    assert fds == []
+    assert decode(datagram)["MESSAGE"] == "small"
