@@ -8,7 +8,7 @@ from llmgwd.accounting.periods import month_of, period_id
 from llmgwd.accounting.pricing import to_pico
 from llmgwd.catalog import KeyLimits, Period
 
-TOKENS, PICOS = 0, 1  # the two counts of each entry
+TOKENS, PICOS, HELD = 0, 1, 2  # an entry's two counts, and a reservation's requests in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class Budgets:
 
     def __init__(self) -> None:
         self._used: dict[tuple[str, str], list[int]] = {}  # (key id, period id): counts
-        self._reserved: dict[str, list[int]] = {}  # key id: counts in flight
+        self._reserved: dict[str, list[int]] = {}  # key id: counts and requests in flight
         self._day = ""
 
     def check(
@@ -60,21 +60,29 @@ class Budgets:
         """Reserve a request's most tokens and picos."""
         held = self._reserved.get(key_id)
         if held is None:
-            self._reserved[key_id] = [tokens, picos]
+            self._reserved[key_id] = [tokens, picos, 1]
         else:
             held[TOKENS] += tokens
             held[PICOS] += picos
+            held[HELD] += 1
 
     def settle(
         self, key_id: str, reserved: tuple[int, int], tokens: int, picos: int, day: str
     ) -> None:
-        """Release a reservation and count what the request used on day."""
+        """Release a reservation and count what the request used on day. The entry goes when
+        its last request does (not when its counts reach zero: a request may reserve none)."""
         held = self._reserved[key_id]
         held[TOKENS] -= reserved[TOKENS]
         held[PICOS] -= reserved[PICOS]
-        if not (held[TOKENS] or held[PICOS]):
+        held[HELD] -= 1
+        if not held[HELD]:
             del self._reserved[key_id]
         self.add(key_id, day, tokens, picos)
+
+    def reserved(self, key_id: str) -> tuple[int, int]:
+        """Tokens and picos set aside by the key's requests in flight."""
+        held = self._reserved.get(key_id)
+        return (held[TOKENS], held[PICOS]) if held else (0, 0)
 
     def add(self, key_id: str, day: str, tokens: int, picos: int) -> None:
         """Count usage of day (also how the usage stored before a restart comes back)."""
