@@ -349,9 +349,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # What a request's end is told to (the router's metrics): its status, its error if any, when
 # its handling began (perf_counter).
 Ended = Callable[[web.Request, int, "ApiError | None", float], None]
+# An error the handler did not shape itself (a bug's 500, aiohttp's own refusals) put in its
+# route's shape (router/route_errors.py).
+Shape = Callable[[web.Request, "ApiError"], "ApiError"]
 
 
-def middleware(ended: Ended | None = None) -> Middleware:
+def middleware(ended: Ended | None = None, shape: Shape | None = None) -> Middleware:
     """The outermost /v1 middleware (error_middleware), ended told of each request as it ends:
     one middleware, not two, on every request's path."""
 
@@ -380,9 +383,11 @@ def middleware(ended: Ended | None = None) -> Middleware:
                     ended(request, e.status, None, started)
                 raise
             error = from_http_exception(request, e)
+            error = error if shape is None else shape(request, error)
         except Exception as e:  # a daemon never dies of a request
             unexpected = e
             error = internal_error(request[REQUEST_ID])
+            error = error if shape is None else shape(request, error)
         if error is not None:
             response = await _answer(request, error)
         if ended is not None:  # a stream that failed counts with its error's status

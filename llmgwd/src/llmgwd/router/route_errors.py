@@ -3,7 +3,10 @@ on /v1/messages, the Responses API's on /v1/responses, OpenAI's chat shape elsew
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from llmgwd.router import anthropic_errors, errors, responses_errors
+from llmgwd.router.usage_events import tally_of
 
 
 def for_route(path: str, error: errors.ApiError, events: int = 0) -> errors.ApiError:
@@ -14,3 +17,10 @@ def for_route(path: str, error: errors.ApiError, events: int = 0) -> errors.ApiE
     if path == "responses":
         return responses_errors.shaped(error, events)
     return error
+
+
+def for_request(request: web.Request, error: errors.ApiError) -> errors.ApiError:
+    """error in the shape of the /v1 route request is on (its path after /v1/)."""
+    tally = tally_of(request)
+    events = tally.events or 0 if tally is not None else 0
+    return for_route(request.path.partition("/v1/")[2], error, events)

@@ -25,6 +25,7 @@ from llmgwd.router import (
     prefix,
     rerank,
     responses,
+    route_errors,
     transcriptions,
 )
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
@@ -155,7 +156,7 @@ class Router:
             self.meter.on_settled = self.metrics.settled
             self.balancer.on_waited = self.metrics.waited
             ended = self.metrics.ended
-        app = web.Application(middlewares=[errors.middleware(ended)])
+        app = web.Application(middlewares=[errors.middleware(ended, route_errors.for_request)])
         app.on_response_prepare.append(_answer_headers)
         app.on_cleanup.append(self._on_cleanup)
         app.router.add_get("/models", self._list_models)
