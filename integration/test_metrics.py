@@ -1,6 +1,8 @@
-"""Debian's real Prometheus scrapes llmgwd's /metrics while /v1 traffic runs: its HTTP API
-then says the requests the test sent, the tokens the engine reported and the replicas ready;
-`promtool check metrics` accepts what llmgwd serves."""
+"""Debian's real Prometheus scrapes llmgwd's /metrics with the scrape token (`llmgw metrics
+token`, in its credentials_file as llmgwd(8) shows) while /v1 traffic runs: its HTTP API then
+says the requests the test sent, the tokens the engine reported and the replicas ready;
+`promtool check metrics` accepts what llmgwd serves, which a loopback peer without the token
+is not given."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -31,19 +34,32 @@ def node(systemd: PrivateSystemd) -> Iterator[Node]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def scrape_token(node: Node) -> str:
+    """The scrape token, made as an operator would (`llmgw metrics token`)."""
+    r = node.llmgw("metrics", "token")
+    assert r.returncode == 0, r.stderr
+    return str(r.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory, scrape_token: str) -> Iterator[str]:
     """Prometheus on this host (the private systemd shares its network), scraping llmgwd's
-    client port from the loopback every second."""
+    client port from the loopback every second with the token in its credentials_file."""
     if shutil.which("prometheus") is None:
         pytest.skip("Debian's prometheus is not installed (apt-get install prometheus)")
     d = tmp_path_factory.mktemp("prometheus")
+    token = d / "llmgw.token"
+    token.write_text(scrape_token + "\n")  # as `llmgw metrics token > FILE` writes it
+    auth = f"    authorization: {{credentials_file: {token}}}\n"
     config = d / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         f"  - job_name: llmgw\n    static_configs: [{{targets: ['127.0.0.1:{CLIENT_PORT}']}}]\n"
+        f"{auth}"
         f"  - job_name: engines\n    metrics_path: /metrics/engines\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{CLIENT_PORT}']}}]\n"
+        f"{auth}"
     )
     log = (d / "prometheus.log").open("w")
     proc = subprocess.Popen(
@@ -59,8 +75,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-def metrics(node: Node, path: str = "/metrics") -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.client_port}{path}", timeout=10) as r:
+def metrics(node: Node, token: str, path: str = "/metrics") -> str:
+    url = f"http://127.0.0.1:{node.client_port}{path}"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as r:
         assert r.headers["Content-Type"].startswith("text/plain")
         return str(r.read().decode())
 
@@ -116,12 +134,15 @@ def test_prometheus_reads_the_requests_tokens_and_replicas_sent(
     until(prometheus, f"{engine} >= bool {completion}", 1)
 
 
-def test_promtool_accepts_every_endpoint(node: Node, tmp_path: Path) -> None:
+def test_promtool_accepts_every_endpoint(node: Node, scrape_token: str, tmp_path: Path) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("Debian's prometheus is not installed (apt-get install prometheus)")
     node.wait_ready(1)
     for path, family in (("/metrics", "llmgw_replicas_ready"), ("/metrics/engines", "llamacpp_")):
-        text = metrics(node, path)
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the loopback without the token
+            urllib.request.urlopen(f"http://127.0.0.1:{node.client_port}{path}", timeout=10)
+        assert refused.value.code == 401, path
+        text = metrics(node, scrape_token, path)
         assert family in text, path
         r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
                            text=True, timeout=30)  # fmt: skip

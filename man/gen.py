@@ -140,6 +140,12 @@ SETTINGS = {
         "refusals, waits). false: none of those series is kept (the cluster's and the GPUs' "
         "still are); for measuring what counting costs."
     ),
+    "server.metrics.loopback_open": (
+        "Let any peer on the loopback read /metrics and /metrics/engines on the client port "
+        "with no credential. false: every scrape shows the scrape token (`llmgw metrics "
+        "token`) or a staff key; a reverse proxy on the host would otherwise open them to "
+        "whoever reaches the proxy. See llmgwd(8) for Prometheus' scrape_config."
+    ),
     "server.cluster.listen": (
         "HOST:PORT of the cluster port, which agents dial: mutual TLS with the cluster's own CA."
     ),

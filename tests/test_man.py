@@ -87,3 +87,22 @@ def test_page_lints_clean(page: Path) -> None:
         linted = True
     if not linted:
         pytest.skip("neither mandoc nor groff is installed (apt-get install mandoc)")
+
+
+def test_llmgwd_8_s_prometheus_config_is_one_promtool_accepts(tmp_path: Path) -> None:
+    """llmgwd(8)'s sample scrape_config, as printed, with its token file made here."""
+    if shutil.which("promtool") is None:
+        pytest.skip("Debian's prometheus is not installed (apt-get install prometheus)")
+    page = (MAN / "llmgwd.8").read_text()
+    sample = re.search(r"\.EX\n(scrape_configs:\n.*?)\.EE\n", page, re.S)
+    assert sample is not None, "llmgwd(8) has no Prometheus scrape_config"
+    text = sample.group(1).replace("\\-", "-").replace("\\(aq", "'")
+    assert text.count("credentials_file: /etc/prometheus/llmgw.token") == 2
+    assert "metrics_path: /metrics/engines" in text
+    token = tmp_path / "llmgw.token"
+    token.write_text("metrics-llmgw-x\n")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(text.replace("/etc/prometheus/llmgw.token", str(token)))
+    r = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -261,6 +261,14 @@ class ScimTokenView(msgspec.Struct, kw_only=True):
     path: str = "/scim/v2"
 
 
+class MetricsTokenView(msgspec.Struct, kw_only=True):
+    """POST /metrics/token: Prometheus' new scrape token, this once (the old one stops); it
+    reads /metrics and /metrics/engines on the client port and nothing else."""
+
+    token: str
+    path: str = "/metrics"
+
+
 # GET /nodes, DELETE /nodes/{name}: the nodes as the cluster state reports them.
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     """One node as the cluster state knows it (the GET /nodes item)."""

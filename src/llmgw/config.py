@@ -140,6 +140,13 @@ class Oidc(Strict):
             raise ValueError("scopes: must include openid")
 
 
+class Metrics(Strict):
+    """Who scrapes /metrics and /metrics/engines on the client port besides the scrape token's
+    and staff keys' bearers."""
+
+    loopback_open: bool = False  # any peer on the loopback, with no credential
+
+
 class ServerConfig(Strict):
     """/etc/llmgw/server.yaml"""
 
@@ -152,6 +159,7 @@ class ServerConfig(Strict):
     mirror: Mirror = msgspec.field(default_factory=Mirror)
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     oidc: Oidc = msgspec.field(default_factory=Oidc)
+    metrics: Metrics = msgspec.field(default_factory=Metrics)
     join_token_ttl_s: int = 3600
     node_grace_s: int = 60  # how long a silent node's replicas stay in the pool
     # The lease of a control plane's record and leadership: a leader killed is replaced

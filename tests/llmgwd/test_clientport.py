@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from llmgw import pki
-from llmgw.config import ClientPort, ClusterPort, ServerConfig
+from llmgw.config import ClientPort, ClusterPort, Metrics, ServerConfig
 from llmgwd import clientport
 from llmgwd.clientgate import ConnectionGate
 from llmgwd.daemon import Daemon
@@ -42,12 +42,15 @@ class Port:
 
 
 @asynccontextmanager
-async def llmgwd(tmp_path: Path, **client: Any) -> AsyncIterator[Port]:
+async def llmgwd(
+    tmp_path: Path, metrics: Metrics | None = None, /, **client: Any
+) -> AsyncIterator[Port]:
     config = ServerConfig(
         state_dir=str(tmp_path / "state"),
         socket=str(tmp_path / "llmgwd.sock"),
         client=ClientPort(listen="127.0.0.1:0", **client),
         cluster=ClusterPort(listen="127.0.0.1:0", advertise="https://127.0.0.1:17710"),
+        metrics=metrics or Metrics(),
     )
     d = Daemon(config)
     await d.start()

@@ -22,6 +22,7 @@ from llmgwd.metrics import endpoint
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Fixed, Scraper
+from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw_agentd.nvml_inventory import load, recorded
 from tests.llmgwd.router.test_router_slots import HEADERS, body, gateway, replica
 from tests.llmgwd.router.test_router_v1 import MODEL, STREAM_PROMPT_TOKENS, FakeEngine, running
@@ -152,12 +153,17 @@ class Keys:
 
 
 async def test_a_scrape_from_elsewhere_without_a_staff_key_is_refused() -> None:
-    handler = endpoint.client_handler(endpoint.of(CollectorRegistry()), Keys())
-    request = make_mocked_request("GET", "/metrics", headers={"Authorization": "Bearer nope"})
-    answer = await handler(request)  # a mocked request has no loopback peer
-    assert answer.status == 401
-    assert isinstance(answer, web.Response) and answer.body is not None
-    assert b"nope" not in bytes(answer.body)  # type: ignore[arg-type]
+    store = await SqliteStore.open(":memory:")
+    handler = endpoint.client_handler(endpoint.of(CollectorRegistry()), Keys(), store, True)
+    for secret in ("nope", "metrics-llmgw-nope"):
+        request = make_mocked_request(
+            "GET", "/metrics", headers={"Authorization": f"Bearer {secret}"}
+        )
+        answer = await handler(request)  # a mocked request has no loopback peer
+        assert answer.status == 401
+        assert isinstance(answer, web.Response) and answer.body is not None
+        assert secret.encode() not in bytes(answer.body)  # type: ignore[arg-type]
+    await store.close()
 
 
 # What llama-server --metrics answers (its format: `llamacpp:` names, HELP and TYPE each).

@@ -24,6 +24,7 @@ from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_subapp
 from llmgwd.auth import Principal
 from llmgwd.catalog import Catalog
+from llmgwd.metrics import endpoint
 from llmgwd.mirror import hub_server, peers, setup
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
@@ -100,7 +101,8 @@ async def port(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
     await server.start_server()
     _, user = await catalog.create_key("u", "user")
     _, admin = await catalog.create_key("a", "admin")
-    secrets = {"user": user, "admin": admin, "scim": await token.mint(store)}
+    secrets = {"user": user, "admin": admin, "scim": await token.mint(store),
+               "metrics": await endpoint.TOKEN.mint(store)}  # fmt: skip
     yield str(server.make_url("")), secrets
     await server.close()
     await mirror.close()
@@ -150,6 +152,13 @@ async def test_the_scim_token_is_no_api_key(
 ) -> None:
     base, secrets = port
     assert await _status(base, method, path, secrets["scim"]) == 401
+
+
+async def test_the_metrics_token_opens_no_route(port: tuple[str, dict[str, str]]) -> None:
+    """The scrape token reads /metrics and nothing here: every /api/v1, /hf and SCIM route."""
+    base, secrets = port
+    for method, path in API_ROUTES + HF_ROUTES + SCIM_ROUTES:
+        assert await _status(base, method, path, secrets["metrics"]) == 401, (method, path)
 
 
 async def test_every_scim_route_is_in_its_table_with_the_token_s_rule() -> None:

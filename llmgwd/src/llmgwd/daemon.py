@@ -281,9 +281,10 @@ class Daemon:
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
         scim_ctx = ScimContext(self.catalog, self.config.oidc.rules)  # groups by oidc.rules
         app.add_subapp(scim.PREFIX, scim.scim_app(scim_ctx))  # its own token, no key
+        store, open_ = self.catalog.store, self.config.metrics.loopback_open
         for path, render in ((metrics.PATH, self.scraper.render),
                              (metrics.ENGINES_PATH, self.engine_metrics.render)):  # fmt: skip
-            app.router.add_get(path, metrics.client_handler(render, self.catalog))
+            app.router.add_get(path, metrics.client_handler(render, self.catalog, store, open_))
         host, port = split_listen(cfg.listen)
         self.client_runner = await clientport.serve(app, cfg, host, port)
         self._runners.append(self.client_runner)

@@ -9,6 +9,7 @@ from llmgw.cli import (
     key,
     level_limits,
     login,
+    metrics,
     mirror,
     model,
     node,
@@ -74,3 +75,4 @@ main.add_command(usage.usage)
 main.add_command(mirror.mirror)
 main.add_command(slurm.slurm)
 main.add_command(scim.scim)
+main.add_command(metrics.metrics)

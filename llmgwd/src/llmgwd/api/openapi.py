@@ -15,6 +15,7 @@ from llmgw.api_types import (
     ErrorAnswer,
     MemberRemoved,
     MembershipView,
+    MetricsTokenView,
     ModelRemoved,
     NodeFlagsView,
     NodeRemoved,
@@ -90,6 +91,7 @@ SHAPES: dict[tuple[str, str], tuple[Any, Any]] = {
     ("POST", "/servers/leave"): (servers.RemoveIn, ServerRemoved),
     ("DELETE", "/servers/{name}"): (servers.RemoveIn, ServerRemoved),
     ("POST", "/scim/token"): (None, ScimTokenView),
+    ("POST", "/metrics/token"): (None, MetricsTokenView),
     ("GET", "/orgs"): (None, list[OrgView]),
     ("POST", "/orgs"): (people.NamedIn, OrgView),
     ("GET", "/orgs/{org}"): (None, OrgView),
@@ -130,7 +132,7 @@ CREATED = {
         "/models", "/tokens", "/keys", "/mirror/import", "/mirror/peers", "/orgs",
         "/orgs/{org}/teams", "/orgs/{org}/projects", "/users", "/me/keys",
         "/orgs/{org}/projects/{project}/keys", "/orgs/{org}/projects/{project}/service-keys",
-        "/scim/token",
+        "/scim/token", "/metrics/token",
     )
 } | {("PUT", "/mirror/uploads/{sha256}")}  # fmt: skip
 

@@ -16,10 +16,10 @@ from llmgwd.api import (
     people,
     person_keys,
     plans,
-    scim_token,
     servers,
     slurm,
     status,
+    stored_tokens,
     tokens,
     usage,
 )
@@ -74,7 +74,8 @@ TABLE: list[Route] = [
     ("POST", "/servers/leave", servers.leave, ADMIN),
     # Not tokens or leave, the literal routes above (a name that would be refused at join).
     ("DELETE", "/servers/{name:(?!(?:tokens|leave)$)[^/]+}", servers.remove_server, ADMIN),
-    ("POST", "/scim/token", scim_token.create_scim_token, ADMIN),
+    ("POST", "/scim/token", stored_tokens.create_scim_token, ADMIN),
+    ("POST", "/metrics/token", stored_tokens.create_metrics_token, ADMIN),
 ]
 
 

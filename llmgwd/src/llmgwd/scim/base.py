@@ -3,7 +3,6 @@ context (the catalog, whose active users stop keys, and the settings' group rule
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from aiohttp.typedefs import Handler
 from llmgw.config import GroupRule
 from llmgwd.catalog import Catalog
 from llmgwd.scim import token
+from llmgwd.stored_token import bearer
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 @web.middleware
 async def token_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Only the SCIM token passes (`Authorization: Bearer TOKEN`): no API key does."""
-    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
-    kept = await token.stored_hash(ctx(request).catalog.store)
-    given = token.hash_of(secret.strip()) if scheme.lower() == "bearer" and secret else ""
-    if not kept or not given or not hmac.compare_digest(kept, given):
+    if not await token.SCIM.matches(ctx(request).catalog.store, bearer(request)):
         fail(401, "the SCIM bearer token is missing or not valid")
     return await handler(request)
 
