@@ -328,6 +328,70 @@ async def test_resolve_answers_ranges(hub: Hub) -> None:
     assert (r.status, len(body)) == (200, BIG)
 
 
+HUGE = "9" * 4400  # more digits than int() reads (4,300)
+WHOLE = (200, 0, BIG)  # the Range ignored: the whole file
+# Range as written -> (status, first byte, bytes sent); 416: none sent, Content-Range */size.
+RANGES: dict[str, tuple[int, int, int]] = {
+    f"bytes={HUGE}-": (416, 0, 0),
+    f"bytes={HUGE[:4000]}-{HUGE[:4001]}": (416, 0, 0),  # (aiohttp reads 8,190 bytes of a header)
+    f"bytes=0-{HUGE}": (206, 0, BIG),  # the last position past the end: up to the end
+    f"bytes=-{HUGE}": (206, 0, BIG),  # a suffix longer than the file: all of it
+    f"bytes={'0' * 4000}5-{'0' * 4000}9": (206, 5, 5),  # leading zeros are the same number
+    "BYTES=3-3": (206, 3, 1),  # the unit is case-insensitive
+    "bytes=-0": (416, 0, 0),  # the last 0 bytes
+    f"bytes={BIG}-{BIG + 9}": (416, 0, 0),
+    "bytes=5-3": WHOLE,  # last before first: invalid, ignored
+    f"bytes={HUGE}-{HUGE[:3000]}": WHOLE,
+    "bytes=0005-03": WHOLE,
+    "bytes=-5-10": WHOLE,
+    "bytes=--5": WHOLE,
+    "bytes=0-1,5-6": WHOLE,  # several ranges
+    "bytes=\u00b2-": WHOLE,  # not an ASCII digit
+    "bytes=": WHOLE,
+    "bytes=-": WHOLE,
+    "items=0-5": WHOLE,
+    "garbage": WHOLE,
+}
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize("header", list(RANGES), ids=lambda h: h[:24])
+async def test_any_range_is_answered_or_ignored_never_a_500(
+    hub: Hub, method: str, header: str
+) -> None:
+    status, first, count = RANGES[header]
+    data, path = CONTENTS["model.safetensors"], f"/{REPO}/resolve/main/model.safetensors"
+    r, body = await fetch(hub, method, path, Range=header)
+    assert r.status == status, body[:200]
+    if status == 416:
+        assert r.headers["Content-Range"] == f"bytes */{BIG}"
+        assert len(r.headers["X-Error-Message"]) < 200  # the header is not echoed
+    else:
+        assert r.headers["Content-Length"] == str(count)
+        assert body == (b"" if method == "HEAD" else data[first : first + count])
+    if status == 206:
+        assert r.headers["Content-Range"] == f"bytes {first}-{first + count - 1}/{BIG}"
+
+
+async def test_two_range_fields_are_several_ranges_ignored(hub: Hub) -> None:
+    url = URL(f"{hub.url}/{REPO}/resolve/main/config.json", encoded=True)
+    headers = [("Authorization", f"Bearer {KEY}"), ("Range", "bytes=0-1"), ("Range", "bytes=3-4")]
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
+        assert (r.status, await r.read()) == (200, CONTENTS["config.json"])
+
+
+async def test_if_range_of_another_version_gets_the_whole_file(hub: Hub) -> None:
+    """RFC 9110 13.1.5: a client resuming a file that changed since must not get a piece of
+    the new one spliced onto the old (main may name another commit by then)."""
+    data, path = CONTENTS["model.safetensors"], f"/{REPO}/resolve/main/model.safetensors"
+    etag = f'"{hashlib.sha256(data).hexdigest()}"'
+    r, body = await fetch(hub, "GET", path, Range="bytes=10-19", **{"If-Range": etag})
+    assert (r.status, body) == (206, data[10:20])
+    for other in ('"0123"', f"W/{etag}", "Wed, 01 May 2024 10:00:00 GMT", "garbage"):
+        r, body = await fetch(hub, "GET", path, Range="bytes=10-19", **{"If-Range": other})
+        assert (r.status, len(body)) == (200, BIG), other
+
+
 async def test_a_quoted_revision_is_decoded_once(hub: Hub) -> None:
     r, body = await fetch(hub, "GET", f"/{REPO}/resolve/refs%2Fpr%2F1/config.json")
     assert (r.status, body) == (200, CONTENTS["config.json"])
@@ -349,6 +413,9 @@ async def test_a_quoted_revision_is_decoded_once(hub: Hub) -> None:
         f"/api/models/{REPO}/revision/ma%20in",
         f"/api/models/{REPO}/tree/main/%2E%2E",
         f"/api/models/{REPO}/tree/main?cursor=x",
+        f"/api/models/{REPO}/tree/main?cursor={'9' * 4400}",
+        f"/api/models/{REPO}/tree/main?cursor=%C2%B2",  # a digit to str.isdigit, not to int()
+        f"/api/models/{REPO}/tree/main?cursor=-1",
     ],
 )
 async def test_bad_input_is_a_400_in_the_hubs_shape(hub: Hub, path: str) -> None:

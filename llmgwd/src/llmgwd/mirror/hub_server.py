@@ -61,7 +61,10 @@ MAX_PATH = 1024
 _BAD_CREDENTIALS = "Invalid credentials in Authorization header"
 _LFS_SPEC = "https://git-lfs.github.com/spec/v1"
 _KEPT_HEADERS = ("Allow", "WWW-Authenticate")  # of an HTTPException, into the hub's shape
-_RANGE_RE = re.compile(r"bytes=(\d*)-(\d*)", re.ASCII)
+# One byte range (RFC 9110 14.1.2); the unit is case-insensitive, the digits ASCII only.
+_RANGE_RE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII | re.IGNORECASE)
+_CURSOR_RE = re.compile(r"[0-9]{1,12}", re.ASCII)
+_FAR = 1 << 62  # a position past the end of any file (a range's number of more digits)
 
 
 class HubError(Exception):
@@ -276,7 +279,7 @@ async def tree(request: web.Request) -> web.Response:
     path = request.match_info.get("path", "").strip("/")
     entries = tree_entries(snap, _path(path) if path else "", _flag(request, "recursive"))
     cursor = request.query.get("cursor", "0")
-    if not cursor.isdigit() or int(cursor) > len(entries):
+    if not _CURSOR_RE.fullmatch(cursor) or int(cursor) > len(entries):
         raise HubError(400, f"{cursor[:40]!r} is not a cursor of this listing")
     start, size = int(cursor), request.app[PAGE_SIZE]
     headers = {}
@@ -289,29 +292,50 @@ async def tree(request: web.Request) -> web.Response:
 # Files.
 
 
-def _range(header: str | None, size: int) -> tuple[int, int] | None:
-    """(start, count) of a single byte range; None to send the whole file (no range, or one
-    the server may ignore: malformed or several); HubError 416 when it cannot be satisfied."""
-    match = _RANGE_RE.fullmatch((header or "").strip())
+def _position(digits: str) -> int:
+    """A range's number as written (leading zeros stripped): past the end of any file when it
+    has more digits than a file's size can (int() would refuse over 4,300, and need not read
+    them)."""
+    return int(digits or "0") if len(digits) <= 18 else _FAR
+
+
+def _range(fields: list[str], size: int) -> tuple[int, int] | None:
+    """(start, count) of the one byte range asked for; None to send the whole file: no Range,
+    or one a server may ignore (RFC 9110 14.2: malformed, several ranges or Range fields, a
+    last position before the first); HubError 416 when it cannot be satisfied (it starts at or
+    past the end, or asks for the last 0 bytes)."""
+    if len(fields) != 1:
+        return None
+    match = _RANGE_RE.fullmatch(fields[0].strip())
     if match is None or match.group(1) == match.group(2) == "":
         return None
-    first, last = match.group(1), match.group(2)
-    if not first:  # the last N bytes
-        start = max(size - int(last), 0)
-        if int(last) == 0 or size == 0:
-            raise _unsatisfiable(header, size)
+    first, last = (g.lstrip("0") or ("0" if g else "") for g in match.groups())
+    if not first:  # the last N bytes: the whole file when it is shorter
+        suffix = _position(last)
+        if suffix == 0 or size == 0:
+            raise _unsatisfiable(size)
+        start = max(size - suffix, 0)
         return start, size - start
-    start = int(first)
-    if last and int(last) < start:
+    if last and (len(last), last) < (len(first), first):  # compared as written: any length
         return None
+    start = _position(first)
     if start >= size:
-        raise _unsatisfiable(header, size)
-    end = min(int(last), size - 1) if last else size - 1
+        raise _unsatisfiable(size)
+    end = min(_position(last), size - 1) if last else size - 1
     return start, end - start + 1
 
 
-def _unsatisfiable(header: str | None, size: int) -> HubError:
-    message = f"range {header!r} is outside the file ({size} bytes)"
+def _ranges(request: web.Request, etag: str) -> list[str]:
+    """The Range fields to answer: none when If-Range names another version (RFC 9110 13.1.5:
+    another ETag, a weak one, or a date, as no Last-Modified is sent: the whole file then)."""
+    if_range = request.headers.get("If-Range")
+    if if_range is not None and if_range.strip() != etag:
+        return []
+    return request.headers.getall("Range", [])
+
+
+def _unsatisfiable(size: int) -> HubError:
+    message = f"the range asked for is outside the file ({size} bytes)"
     return HubError(416, message, headers={"Content-Range": f"bytes */{size}"})
 
 
@@ -381,9 +405,10 @@ async def resolve(request: web.Request) -> web.StreamResponse:
     if blob is None:
         message = f"{path!r} of {snap.repo} is not yet mirrored; try again later"
         raise HubError(503, message, headers=commit | {"Retry-After": str(RETRY_AFTER_S)})
-    span = _range(request.headers.get("Range"), f.size)
+    headers = file_headers(snap, f)
+    span = _range(_ranges(request, headers["ETag"]), f.size)
     start, count = span if span is not None else (0, f.size)
-    response = web.StreamResponse(status=206 if span else 200, headers=file_headers(snap, f))
+    response = web.StreamResponse(status=206 if span else 200, headers=headers)
     response.content_length = count
     if span is not None:
         response.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{f.size}"
