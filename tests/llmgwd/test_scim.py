@@ -6,6 +6,7 @@ in SCIM's error body."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -41,8 +42,9 @@ class Scim:
             return r.status, await r.json() if r.status != 204 else None
 
 
-@pytest.fixture
-async def scim() -> AsyncIterator[Scim]:
+@asynccontextmanager
+async def serving() -> AsyncIterator[Scim]:
+    """/scim/v2 served in-process over a fresh store, with its token made."""
     store = await SqliteStore.open(":memory:")
     catalog = Catalog(store)
     await catalog.load()
@@ -57,9 +59,17 @@ async def scim() -> AsyncIterator[Scim]:
     app.add_subapp(PREFIX, scim_app(ScimContext(catalog, rules)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
-    yield Scim(str(server.make_url(PREFIX)), await token.mint(store), catalog)
-    await server.close()
-    await store.close()
+    try:
+        yield Scim(str(server.make_url(PREFIX)), await token.mint(store), catalog)
+    finally:
+        await server.close()
+        await store.close()
+
+
+@pytest.fixture
+async def scim() -> AsyncIterator[Scim]:
+    async with serving() as s:
+        yield s
 
 
 def _op(op: str, path: str, value: object = None) -> dict[str, object]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw.config import GroupRule
@@ -25,7 +26,10 @@ SEARCH = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
 PATCH_OP = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
 USER = "urn:ietf:params:scim:schemas:core:2.0:User"
 GROUP = "urn:ietf:params:scim:schemas:core:2.0:Group"
+# A body's bounds, kept by read_doc (a sub-app's client_max_size is not applied); SCIM's
+# deepest body (a PATCH of emails) nests 6 deep.
 MAX_BODY_BYTES = 1024 * 1024
+MAX_DEPTH = 16
 
 Doc = dict[str, Any]
 
@@ -70,6 +74,13 @@ def error_answer(e: ScimError) -> web.Response:
     return response
 
 
+def require_schema(body: Doc, urn: str, what: str) -> None:
+    """400 invalidSyntax unless the body's schemas is a list that names urn."""
+    schemas = body.get("schemas")
+    if not isinstance(schemas, list) or urn not in schemas:
+        fail(400, f"{what} names the schema {urn}", "invalidSyntax")
+
+
 def ctx(request: web.Request) -> ScimContext:
     """The SCIM app's context."""
     return request.config_dict[CTX]
@@ -81,6 +92,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except ScimError as e:
+        log.info("SCIM %s %s refused: %s %s", request.method, request.path, e.status, e.detail)
         return error_answer(e)
     except web.HTTPException as e:
         if e.status < 400:
@@ -101,14 +113,53 @@ async def token_auth(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 async def read_doc(request: web.Request) -> Doc:
-    """The request's JSON object (RFC 7644: application/scim+json or application/json)."""
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        fail(413, f"the body is larger than {MAX_BODY_BYTES} bytes", "tooMany")
+    """The request's JSON object (RFC 7644: application/scim+json or application/json), at
+    most MAX_BODY_BYTES (413) and MAX_DEPTH deep (400 invalidSyntax)."""
+    raw = await _read(request)
     try:
-        doc = json.loads(raw)
+        doc = json.loads(raw, parse_constant=_not_json)
+    except RecursionError:
+        fail(400, f"the body nests deeper than {MAX_DEPTH} levels", "invalidSyntax")
     except ValueError:
         fail(400, "the body is not JSON", "invalidSyntax")
     if not isinstance(doc, dict):
         fail(400, "the body is not a JSON object", "invalidSyntax")
+    if _deeper(doc, MAX_DEPTH):
+        fail(400, f"the body nests deeper than {MAX_DEPTH} levels", "invalidSyntax")
     return doc
+
+
+def _not_json(word: str) -> NoReturn:
+    raise ValueError(f"{word} is not JSON")  # Python's json takes NaN and Infinity
+
+
+def _deeper(doc: object, limit: int) -> bool:
+    """Whether doc nests objects and lists more than limit deep (doc itself is level 1)."""
+    level: list[object] = [doc]
+    for _ in range(limit):
+        level = [v for c in level if isinstance(c, dict | list)
+                 for v in (c.values() if isinstance(c, dict) else c)]  # fmt: skip
+        if not level:
+            return False
+    return any(isinstance(c, dict | list) for c in level)
+
+
+async def _read(request: web.Request) -> bytes:
+    """The body, refused with 413 as soon as it passes MAX_BODY_BYTES (declared or counted):
+    content.read(n) answers what has come so far, so it is read to its end here."""
+    too_large = f"the body is larger than {MAX_BODY_BYTES} bytes, SCIM's limit"
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        fail(413, too_large)
+    body = bytearray()
+    try:
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                fail(413, too_large)
+    except HttpProcessingError as e:  # a stalled upload (408), a broken chunked encoding
+        if e.code == 408:
+            fail(408, "the upload stalled")
+        fail(400, "the body could not be read", "invalidSyntax")
+    except ConnectionError:
+        fail(400, "the client left before the body was sent", "invalidSyntax")
+    return bytes(body)

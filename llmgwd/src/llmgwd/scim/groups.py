@@ -13,7 +13,7 @@ from aiohttp import web
 from llmgw.config import Oidc
 from llmgwd.people.directory import ROOT, Directory
 from llmgwd.people.signin import SignIn
-from llmgwd.scim import query
+from llmgwd.scim import bounds, query
 from llmgwd.scim.base import GROUP, Doc, answer, ctx, fail, read_doc
 from llmgwd.scim.discovery import GROUP_ATTRS
 from llmgwd.scim.patch import apply
@@ -63,9 +63,7 @@ async def _apply_rules(request: web.Request, users: set[str]) -> None:
 
 
 async def _save(request: web.Request, doc: Doc, old: Doc | None) -> Doc:
-    name = doc.get("displayName")
-    if not isinstance(name, str) or not name.strip():
-        fail(400, "displayName: required", "invalidValue")
+    name = str(bounds.group(doc)["displayName"])
     people = Directory(ctx(request).catalog.store)
     members = []
     for m in doc.get("members") or []:
@@ -110,7 +108,7 @@ async def list_groups(request: web.Request) -> web.Response:
 
 async def create_group(request: web.Request) -> web.Response:
     """POST /Groups"""
-    doc = await read_doc(request)
+    doc = bounds.group(await read_doc(request))
     name = doc.get("displayName")
     if any(g["displayName"] == name for g in await _all(request)):
         fail(409, f"a group named {name!r} exists", "uniqueness")

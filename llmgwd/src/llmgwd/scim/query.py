@@ -10,21 +10,29 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgwd.scim.base import LIST, SEARCH, Doc, fail, read_doc
+from llmgwd.scim.base import LIST, SEARCH, Doc, fail, read_doc, require_schema
 from llmgwd.scim.discovery import MAX_RESULTS
 from llmgwd.scim.patch import canonical
 
 _EQ = re.compile(r'^\s*([\w.:$-]+)\s+eq\s+("(?:[^"\\]|\\.)*"|true|false)\s*$', re.IGNORECASE)
 ALWAYS = ("schemas", "id", "meta")  # answered whatever attributes asks
+MAX_FILTER = 1024  # characters of a filter, in the URL or a .search body
+MAX_PARAM = 1024  # characters of a .search body's other parameters (the URL's are bounded)
+_ONLY = 'the filter supported is ATTRIBUTE eq "VALUE" (a JSON string) or eq true|false'
 
 
 def matcher(text: str, names: list[str]) -> Callable[[Doc], bool]:
     """The filter's test of a document: `attr eq "value"` (userName case-insensitively)."""
+    if len(text) > MAX_FILTER:
+        fail(400, f"the filter is longer than {MAX_FILTER} characters", "invalidFilter")
     m = _EQ.match(text)
     if m is None:
-        fail(400, 'the filter supported is ATTRIBUTE eq "VALUE"', "invalidFilter")
+        fail(400, _ONLY, "invalidFilter")
     attr = canonical(m.group(1), names)
-    want: Any = json.loads(m.group(2).lower() if m.group(2)[0] != '"' else m.group(2))
+    try:
+        want: Any = json.loads(m.group(2).lower() if m.group(2)[0] != '"' else m.group(2))
+    except ValueError:  # a bad escape (\q, \u12) or a control character
+        fail(400, f"{_ONLY}: the value is not a JSON string", "invalidFilter")
 
     def test(doc: Doc) -> bool:
         got = doc.get(attr)
@@ -43,13 +51,18 @@ async def params(request: web.Request) -> Params:
     if request.method != "POST":
         return request.query
     body = await read_doc(request)
-    if SEARCH not in body.get("schemas", []):
-        fail(400, f"a search names the schema {SEARCH}", "invalidSyntax")
+    require_schema(body, SEARCH, "a search")
     out = {}
-    for key in ("filter", "startIndex", "count", "attributes", "excludedAttributes"):
+    if body.get("filter") is not None:
+        if not isinstance(body["filter"], str):
+            fail(400, "filter: must be a string", "invalidFilter")
+        out["filter"] = body["filter"]
+    for key in ("startIndex", "count", "attributes", "excludedAttributes"):
         value = body.get(key)
         if value is not None:
             out[key] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            if len(out[key]) > MAX_PARAM:
+                fail(400, f"{key}: at most {MAX_PARAM} characters", "invalidValue")
     return out
 
 

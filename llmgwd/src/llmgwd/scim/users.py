@@ -16,7 +16,7 @@ from aiohttp import web
 from llmgwd.people.directory import SCIM_USERS, Directory
 from llmgwd.people.records import User
 from llmgwd.people.rules import PeopleError
-from llmgwd.scim import query
+from llmgwd.scim import bounds, query
 from llmgwd.scim.base import USER, Doc, answer, ctx, fail, read_doc
 from llmgwd.scim.discovery import USER_ATTRS
 from llmgwd.scim.patch import apply
@@ -136,7 +136,7 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def create_user(request: web.Request) -> web.Response:
     """POST /Users: a user (source scim), 409 uniqueness for a name taken."""
-    doc = await read_doc(request)
+    doc = bounds.user(await read_doc(request))
     name = _user_name(doc).lower()
     try:
         user = await _dir(request).create_user(name, _email(doc), "scim", _external_id(doc))
@@ -159,7 +159,7 @@ async def get_user(request: web.Request) -> web.Response:
 async def replace_user(request: web.Request) -> web.Response:
     """PUT /Users/{id}: every attribute as given (one left out is removed)."""
     user, _ = await _found(request)
-    user = await _save(request, user, await read_doc(request))
+    user = await _save(request, user, bounds.user(await read_doc(request)))
     out = view(request, user, await _side(request, user.id))
     return answer(query.shaped(request.query, out, NAMES))
 
@@ -167,7 +167,7 @@ async def replace_user(request: web.Request) -> web.Response:
 async def patch_user(request: web.Request) -> web.Response:
     """PATCH /Users/{id}: a PatchOp (`active` false deactivates, and the keys stop)."""
     user, side = await _found(request)
-    doc = apply(view(request, user, side), await read_doc(request), NAMES)
+    doc = bounds.user(apply(view(request, user, side), await read_doc(request), NAMES))
     user = await _save(request, user, doc, patched=True)
     out = view(request, user, await _side(request, user.id))
     return answer(query.shaped(request.query, out, NAMES))
