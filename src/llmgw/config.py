@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -26,6 +27,19 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 
+def _check_listen(listen: str) -> None:
+    """HOST:PORT, [V6]:PORT or PORT, as the daemon binds it; else a ValueError naming it."""
+    port = listen.rpartition(":")[2]
+    if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"listen: {listen!r} is not HOST:PORT")
+
+
+def _check_log_level(level: str) -> None:
+    """One of logging's level names, in any case, as log.setup takes it."""
+    if level.upper() not in logging.getLevelNamesMapping():
+        raise ValueError(f"log_level: {level!r} is not debug, info, warning, error or critical")
+
+
 class ClientPort(Strict):
     """The port people and their OpenAI clients use: /v1, /api/v1."""
 
@@ -44,6 +58,7 @@ class ClientPort(Strict):
     request_metrics: bool = True  # /metrics counts each /v1 request (false: to measure its cost)
 
     def __post_init__(self) -> None:
+        _check_listen(self.listen)
         for net in self.uncapped_addresses:
             try:
                 ipaddress.ip_network(net, strict=False)
@@ -61,6 +76,9 @@ class ClusterPort(Strict):
 
     listen: str = "0.0.0.0:7710"
     advertise: str = ""  # https://HOST:7710 as nodes reach it; empty: derived at init
+
+    def __post_init__(self) -> None:
+        _check_listen(self.listen)
 
 
 class Mirror(Strict):
@@ -170,6 +188,9 @@ class ServerConfig(Strict):
     store_grace_s: Annotated[int, msgspec.Meta(ge=0)] = 30
     log_level: str = "info"
 
+    def __post_init__(self) -> None:
+        _check_log_level(self.log_level)
+
 
 class LlamaCpp(Strict):
     """How this node runs llama.cpp."""
@@ -223,6 +244,7 @@ class AgentConfig(Strict):
     dcgm_exporter: str = ""  # a dcgm-exporter's /metrics on the loopback, for counters GPM lacks
 
     def __post_init__(self) -> None:
+        _check_log_level(self.log_level)
         if self.dcgm_exporter and not (
             urlsplit(self.dcgm_exporter).scheme == "http" and _loopback_url(self.dcgm_exporter)
         ):
@@ -243,6 +265,8 @@ def load(path: Path, schema: type[C], *, missing_ok: bool = False) -> C:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
     return parse(text, schema, str(path))
 
 
@@ -256,6 +280,8 @@ def parse(text: str, schema: type[C], name: str = "<config>") -> C:
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"{name}{where}: not valid YAML: {problem}") from None
+    except RecursionError:  # PyYAML's parser recurses at every level of nesting
+        raise ConfigError(f"{name}: not valid YAML: nested too deeply") from None
     if data is None:
         data = {}
     try:
@@ -277,10 +303,20 @@ def _explain(message: str, root: yaml.Node | None, name: str) -> str:
     if unknown:
         parts.append(unknown.group("k"))
         text = "unknown key"
+    # A section's own check ("listen: 'x' is not HOST:PORT") names a key of that section:
+    # the file's line and dotted key are that key's.
+    own = re.match(r"(?P<k>[a-z_]+): (?P<why>.+)", text, re.DOTALL)
+    if own and _is_key(_find(root, [*parts, own["k"]]), own["k"]):
+        parts.append(own["k"])
+        text = own["why"]
     node = _find(root, parts)
     line = f":{node.start_mark.line + 1}" if node is not None else ""
     key = ".".join(parts) or "(top level)"
     return f"{name}{line}: {key}: {text}"
+
+
+def _is_key(node: yaml.Node | None, key: str) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.value == key
 
 
 def _find(node: yaml.Node | None, parts: list[str]) -> yaml.Node | None:

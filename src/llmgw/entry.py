@@ -40,18 +40,23 @@ def run_daemon(
     *,
     missing_ok: bool = False,
 ) -> None:
-    """Parse arguments, load the config (exit 78 naming key and line when it is wrong), run."""
+    """Parse arguments, load the config (exit 78 naming key and line when it is wrong), run.
+    missing_ok: the default file may be absent (the defaults then); a file named by --config
+    must always be there."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", type=Path, default=default_config, help="config file to read")
+    parser.add_argument(
+        "--config", type=Path, help=f"config file to read (default {default_config})"
+    )
     parser.add_argument("--check", action="store_true", help="check the config and exit")
     args = parser.parse_args(argv)
+    path: Path = args.config or default_config
     try:
-        config = load(args.config, schema, missing_ok=missing_ok)
+        config = load(path, schema, missing_ok=missing_ok and args.config is None)
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         sys.exit(EX_CONFIG)
     if args.check:
-        print(f"{args.config}: ok")
+        print(f"{path}: ok" if path.exists() else f"{path}: ok (no such file: the defaults)")
         return
     log.setup(prog, getattr(config, "log_level", "info"))
     try:
