@@ -52,7 +52,9 @@ def boot(make_systemd: MakeSystemd, make_lan: MakeLan, label: str, prefix: str) 
     lan.attach(a.ps, 10)
     a.install(binary, address=a_ip)
     a.init_server(host=a_ip, agent=False)
-    a_key = a.llmgw("key", "create", "upstream", "--json")["key"]
+    # A staff key: B's upstream and the official client see every set A holds, the imported
+    # one included, which no model of A's uses (a user key would see only its models' sets).
+    a_key = a.llmgw("key", "create", "upstream", "--admin", "--json")["key"]
     small = source_dir()
     for path, text in small.items():
         a.ps.write_file(f"/srv/import/{path}", text)

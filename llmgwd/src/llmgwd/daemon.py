@@ -278,7 +278,7 @@ class Daemon:
         app.add_subapp("/v1", self.router.app)
         app.add_subapp(login.PREFIX, login.login_app(self.catalog, self.config.oidc))  # no key
         app.add_subapp(API_PREFIX, api_subapp(ctx, key_auth(self.catalog)))
-        app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog))
+        app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog, self.meter.allows))
         scim_ctx = ScimContext(self.catalog, self.config.oidc.rules)  # groups by oidc.rules
         app.add_subapp(scim.PREFIX, scim.scim_app(scim_ctx))  # its own token, no key
         store, open_ = self.catalog.store, self.config.metrics.loopback_open

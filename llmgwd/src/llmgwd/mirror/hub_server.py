@@ -20,6 +20,12 @@ headers: the client then downloads over plain HTTP. Its headers: X-Repo-Commit (
 also for a branch name), ETag (the sha256 of an LFS file, the git blob id of another), X-Linked-Etag
 and X-Linked-Size (LFS files), Content-Length, Accept-Ranges, Content-Type application/octet-stream.
 
+Who sees what: the auth middleware sets each request's Scope (SCOPE); a key that may use only some
+models sees only the snapshots backing them, narrowed to their files, and anything else is a 404
+RepoNotFound, EntryNotFound or RevisionNotFound as if it did not exist (the hub's answer to a
+private repository). A request with no Scope set sees every snapshot (an auth with no keys: a
+stand-in upstream in tests). "gated" is always false: what a caller sees it may download.
+
 Errors have the hub's shape: {"error": MESSAGE} with X-Error-Message, and X-Error-Code RepoNotFound,
 RevisionNotFound or EntryNotFound, which the client turns into its own exceptions. Malformed input
 (a repository name, revision or path the hub would never have) is a 400. A file the snapshot lists
@@ -47,12 +53,13 @@ from aiohttp.typedefs import Handler, Middleware
 from llmgw.sources import REPO_RE, REV_RE
 from llmgw.wire import ModelFile
 from llmgwd.api.base import ApiError
-from llmgwd.mirror.snapshot import Snapshot, SnapshotSource
+from llmgwd.mirror.snapshot import EVERY, Scope, Snapshot, SnapshotSource
 
 log = logging.getLogger(__name__)
 
 SOURCE: web.AppKey[SnapshotSource] = web.AppKey("hub_source")
 PAGE_SIZE: web.AppKey[int] = web.AppKey("hub_page_size")
+SCOPE = web.RequestKey("hub_scope", Scope)  # set by the auth middleware; EVERY when not set
 TREE_PAGE_SIZE = 1000  # the hub's page of a tree listing
 RETRY_AFTER_S = 2  # what a 503 "not yet mirrored" asks the client to wait
 MAX_PATH = 1024
@@ -115,16 +122,23 @@ def _flag(request: web.Request, name: str) -> bool:
     return request.query.get(name, "").lower() in ("1", "true")
 
 
+def scope_of(request: web.Request) -> Scope:
+    """What the caller may see (EVERY where the auth middleware set no Scope)."""
+    scope: Scope = request.get(SCOPE, EVERY)
+    return scope
+
+
 def _snapshot(request: web.Request) -> Snapshot:
-    """The snapshot the request names, or the hub's RepoNotFound / RevisionNotFound."""
+    """The snapshot the request names as the caller sees it, or the hub's RepoNotFound /
+    RevisionNotFound (also for one the caller may not see: as if it did not exist)."""
     repo = _repo(request.match_info["org"], request.match_info["repo"])
     revision = _revision(request.match_info.get("revision", "main"))
-    source = request.app[SOURCE]
-    snap = source.snapshot(repo, revision)
+    source, scope = request.app[SOURCE], scope_of(request)
+    snap = scope.view(source.snapshot(repo, revision))
     if snap is not None:
         return snap
     # The source says only "none": a repository it knows at main has the revision missing.
-    if revision != "main" and source.snapshot(repo, "main") is not None:
+    if revision != "main" and scope.view(source.snapshot(repo, "main")) is not None:
         raise HubError(
             404, f"revision {revision!r} of {repo} is not in the mirror", "RevisionNotFound"
         )
@@ -218,7 +232,7 @@ def info_body(snap: Snapshot, blobs: bool) -> dict[str, object]:
         "sha": snap.commit,
         "private": False,
         "disabled": False,
-        "gated": False,  # the mirror serves it to any llmgw key
+        "gated": False,  # a caller sees only what it may download (see the module's doc)
         "downloads": 0,
         "likes": 0,
         "tags": [],

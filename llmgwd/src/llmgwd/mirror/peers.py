@@ -15,10 +15,10 @@ from aiohttp.typedefs import Handler
 from llmgw import download, sources
 from llmgw.blobstore import BlobStoreError
 from llmgw.wire import ModelFile
-from llmgwd.mirror import hub_client
+from llmgwd.mirror import hub_client, hub_server
 from llmgwd.mirror.records import Peer
 from llmgwd.mirror.service import Mirror
-from llmgwd.mirror.snapshot import Snapshot
+from llmgwd.mirror.snapshot import EVERY, Scope, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,11 @@ class Listed(msgspec.Struct, frozen=True, kw_only=True):
     last_modified: str = ""
 
 
-def whole(mirror: Mirror) -> list[Listed]:
-    """The sets this mirror holds whole, for its peers."""
+def whole(mirror: Mirror, scope: Scope = EVERY) -> list[Listed]:
+    """The sets this mirror holds whole, for its peers: of those a scope narrows, the files
+    it shows (a user key: its models' sets)."""
     out = []
-    for snap in mirror.records.snapshots():
+    for snap in filter(None, map(scope.view, mirror.records.snapshots())):
         if snap.files and all(f.sha256 and mirror.store.has(f.sha256) for f in snap.files):
             refs = sorted(
                 r for r, c in mirror.records.refs_of(snap.repo).items() if c == snap.commit
@@ -61,12 +62,11 @@ def whole(mirror: Mirror) -> list[Listed]:
 
 
 def listing_handler(mirror: Mirror) -> Handler:
-    """GET /hf/api/llmgw/snapshots"""
+    """GET /hf/api/llmgw/snapshots: what the caller may see (hub_server.scope_of)."""
 
-    async def handler(_: web.Request) -> web.Response:
-        return web.Response(
-            body=msgspec.json.encode(whole(mirror)), content_type="application/json"
-        )
+    async def handler(request: web.Request) -> web.Response:
+        listed = whole(mirror, hub_server.scope_of(request))
+        return web.Response(body=msgspec.json.encode(listed), content_type="application/json")
 
     return handler
 

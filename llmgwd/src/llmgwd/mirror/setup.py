@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,14 +13,16 @@ from aiohttp import web
 from llmgw import pki, sources
 from llmgw.config import ServerConfig
 from llmgw.wire import HeldFile, ModelFile, Sweep
-from llmgwd.catalog import Catalog, CatalogError
+from llmgwd import auth
+from llmgwd.catalog import ApiKey, Catalog, CatalogError
 from llmgwd.cluster import ClusterState
 from llmgwd.mirror import fleet, hub_auth, hub_server, peers
 from llmgwd.mirror.holders import Holders
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
 from llmgwd.mirror.shapes import shape_of_set
-from llmgwd.store import Store
+from llmgwd.people.directory import Directory
+from llmgwd.store import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +137,35 @@ class NodeFilesOf:
         return await self._cluster.holdings.swept(node, sweep_id, timeout)
 
 
-def hub(mirror: Mirror, catalog: Catalog) -> web.Application:
+def hub(
+    mirror: Mirror, catalog: Catalog, allows: Callable[[ApiKey, str], bool] | None = None
+) -> web.Application:
     """/hf: the hub's protocol over the mirror, for any live llmgw key, and the listing of
-    its whole sets that its peers copy from."""
-    app: web.Application = hub_server.hub_app(mirror, hub_auth.key_auth(catalog))
+    its whole sets that its peers copy from. Staff keys see every set; another key the sets of
+    the models it may use: allows (the router's Meter.allows; None: every model)."""
+    scopes = hub_auth.KeyScopes(catalog, allows or _every_model, staff_check(catalog.store))
+    app: web.Application = hub_server.hub_app(mirror, hub_auth.key_auth(catalog, scopes))
     app.router.add_get(peers.LISTING, peers.listing_handler(mirror))
     return app
+
+
+def _every_model(_key: ApiKey, _model: str) -> bool:
+    return True
+
+
+def staff_check(store: Store) -> Callable[[ApiKey], Awaitable[bool]]:
+    """Whether a key is staff's (any staff role), as /api/v1 decides it (auth.allowed): an
+    admin key of no maker, or a staff user's own key (not narrowed to a project), whose role
+    is looked up now; the store not answering is a 503 (never a narrower or a wider view)."""
+    directory = Directory(store)
+
+    async def is_staff(key: ApiKey) -> bool:
+        try:
+            return await auth.allowed(auth.of_key(key), auth.STAFF_READ, {}, directory)
+        except StoreUnavailable:
+            raise hub_server.HubError(503, "the store cannot be reached", headers=_RETRY) from None
+
+    return is_staff
+
+
+_RETRY = {"Retry-After": str(hub_server.RETRY_AFTER_S)}

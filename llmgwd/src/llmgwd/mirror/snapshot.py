@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +33,27 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
             if f.path == path:
                 return f
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What one caller of /hf may read: every snapshot whole (sets None: staff, a node's peer),
+    or of the snapshots named (repo, commit) only the files named (a user key: its models' sets).
+    """
+
+    sets: Mapping[tuple[str, str], frozenset[str]] | None = None
+
+    def view(self, snap: Snapshot | None) -> Snapshot | None:
+        """The snapshot as this caller sees it (its files narrowed), or None: hidden from it."""
+        if snap is None or self.sets is None:
+            return snap
+        paths = self.sets.get((snap.repo, snap.commit))
+        if paths is None:
+            return None
+        return msgspec.structs.replace(snap, files=[f for f in snap.files if f.path in paths])
+
+
+EVERY = Scope()
 
 
 class SnapshotSource(Protocol):

@@ -25,6 +25,7 @@ MAX_INPUTS = 2048  # texts in one embeddings request, as OpenAI allows
 MAX_STOP = 4  # stop sequences, as OpenAI allows
 MAX_TOOLS = 128  # as OpenAI allows
 MAX_LOGIT_BIAS = 300  # tokens biased in one request
+_BASE64 = re.compile(r"[A-Za-z0-9+/=_\-\s]*")  # base64, standard or URL-safe, maybe wrapped
 
 # OpenAI fields the engines have nothing for: refused with that said, not as unknown.
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions",
@@ -98,7 +99,14 @@ class ImageUrl(Struct):
 
 
 class AudioPart(Struct, tag_field="type", tag="input_audio"):
-    input_audio: Object
+    input_audio: InputAudio
+
+
+class InputAudio(Struct, forbid_unknown_fields=True):
+    """Audio inline: base64 data (or a data: URL), never a link (an engine reads `url` too)."""
+
+    data: str
+    format: str | None = None
 
 
 Content = str | list[TextPart | ImagePart | AudioPart] | None
@@ -203,16 +211,40 @@ def chat(doc: Document) -> str:
 
 
 def _inline_images(message: Message, param: str) -> None:
-    """Refuse an image given by URL: the engine would fetch it from the node, so a request
-    body would choose where the cluster connects. Only data: URLs (inline images) pass."""
+    """Refuse an image or audio given by URL: the engine would fetch it from the node, so a
+    request body would choose where the cluster connects. Only inline data passes."""
     if not isinstance(message.content, list):
         return
     for j, part in enumerate(message.content):
-        if isinstance(part, ImagePart) and not part.image_url.url.startswith("data:"):
-            name = f"{param}[{j}].image_url.url"
-            message_text = (f"'{name}' is not a data: URL: images must be sent inline as data: "
-                            "URLs (base64), never as links.")  # fmt: skip
-            raise errors.invalid_value(name, message_text)
+        if isinstance(part, ImagePart):
+            inline_url(part.image_url.url, f"{param}[{j}].image_url.url", "images")
+        elif isinstance(part, AudioPart):
+            inline_data(part.input_audio.data, f"{param}[{j}].input_audio.data", "audio")
+
+
+def inline_url(url: str, param: str, what: str) -> None:
+    """400 unless url is a data: URL (what: "images", "files", as the message names them)."""
+    if not url.startswith("data:"):
+        message = (f"'{param}' is not a data: URL: {what} must be sent inline as data: URLs "
+                   "(base64), never as links.")  # fmt: skip
+        raise errors.invalid_value(param, message)
+
+
+def inline_data(data: str, param: str, what: str) -> None:
+    """400 unless data is base64 or a data: URL (engines read anything else as a link)."""
+    linked = data.startswith("http") or _BASE64.fullmatch(data) is None  # llama.cpp: "http..."
+    if not data.startswith("data:") and linked:
+        message = (f"'{param}' is not base64 data: {what} must be sent inline as base64 or a "
+                   "data: URL, never as links.")  # fmt: skip
+        raise errors.invalid_value(param, message)
+
+
+def refuse_link(param: str, what: str, how: str) -> errors.ApiError:
+    """The 400 for content given by a link or a stored file's id (param), which the router
+    never lets an engine fetch; how: what to send instead."""
+    message = (f"'{param}' is not supported: {what} must be sent inline ({how}), never as "
+               "links or stored files' ids.")  # fmt: skip
+    return errors.invalid_value(param, message)
 
 
 def completion(doc: Document) -> str:
@@ -298,7 +330,8 @@ _RANGE = re.compile(r"^Expected `(?P<type>[^`]*)` (?P<rule>.*)$")
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\.\.\.\]")
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
                "array": "an array", "object": "an object", "null": "null"}  # fmt: skip
-_CHOICES = {  # the values a field takes, by its path with the indices left out
+Values = dict[str, tuple[str, ...]]
+_CHOICES: Values = {  # the values a field takes, by its path with the indices left out
     "messages[].role": get_args(Role),
     "messages[].content[].type": ("text", "image_url", "input_audio"),
     "messages[].tool_calls[].type": ("function",),
@@ -311,19 +344,20 @@ _CHOICES = {  # the values a field takes, by its path with the indices left out
 }
 
 
-def checked(doc: Document, kind: type[R]) -> R:
-    """doc as kind (an allow-list of fields), or the 400 that names what is wrong."""
-    return _convert(doc, kind)
+def checked(doc: Document, kind: type[R], choices: Values | None = None) -> R:
+    """doc as kind (an allow-list of fields), or the 400 that names what is wrong; choices:
+    the values a field of the route takes, by its path without indices (as _CHOICES)."""
+    return _convert(doc, kind, _CHOICES if choices is None else choices)
 
 
-def _convert(doc: Document, kind: type[R]) -> R:
+def _convert(doc: Document, kind: type[R], choices: Values = _CHOICES) -> R:
     try:
         return msgspec.convert(doc, kind)
     except msgspec.ValidationError as e:
-        raise _refusal(str(e), doc) from None
+        raise _refusal(str(e), doc, choices) from None
 
 
-def _refusal(text: str, doc: Document) -> errors.ApiError:
+def _refusal(text: str, doc: Document, choices: Values) -> errors.ApiError:
     """msgspec's "Expected `int` <= 20 - at `$.top_logprobs`" as an ApiError naming the param."""
     match = _MESSAGE.match(text)
     assert match is not None  # the pattern matches any text
@@ -347,9 +381,9 @@ def _refusal(text: str, doc: Document) -> errors.ApiError:
     message = f"Invalid value for '{param}'"
     if isinstance(value, str):
         message += f": '{errors.quote(value)}'"
-    choices = _CHOICES.get(re.sub(r"\[\d+\]", "[]", param))
-    if choices:
-        message += ". Supported values are: " + ", ".join(f"'{c}'" for c in choices)
+    values = choices.get(re.sub(r"\[\d+\]", "[]", param))
+    if values:
+        message += ". Supported values are: " + ", ".join(f"'{c}'" for c in values)
     return errors.invalid_value(param, message + ".")
 
 

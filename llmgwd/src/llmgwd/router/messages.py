@@ -4,7 +4,7 @@ sees them, their usage read for the meter."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from msgspec import Meta, Struct
 
@@ -21,9 +21,78 @@ Document = dict[str, Any]
 _CACHED = ("cache_read_input_tokens", "cache_creation_input_tokens")
 
 
+# Content blocks: an allow-list of block and source types. An image comes inline (base64):
+# given a source of type url, llama.cpp passes the URL on and fetches it from the node.
+
+
+ImageType = Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+
+
+class Base64Source(Struct, tag_field="type", tag="base64", forbid_unknown_fields=True):
+    media_type: ImageType  # the engine makes the data: URL of it
+    data: str
+
+
+class UrlSource(Struct, tag_field="type", tag="url"):  # read to be refused by name
+    url: str
+
+
+class FileSource(Struct, tag_field="type", tag="file"):  # Anthropic's Files API: none here
+    file_id: str
+
+
+Source = Base64Source | UrlSource | FileSource
+
+
+class TextBlock(Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageBlock(Struct, tag_field="type", tag="image", forbid_unknown_fields=True):
+    source: Source
+    cache_control: Object | None = None
+
+
+class ToolUseBlock(Struct, tag_field="type", tag="tool_use"):
+    id: str
+    name: str
+    input: Object
+
+
+class ToolResultBlock(Struct, tag_field="type", tag="tool_result"):
+    tool_use_id: str
+    content: str | list[TextBlock | ImageBlock] | None = None
+    is_error: bool | None = None
+
+
+class ThinkingBlock(Struct, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Struct, tag_field="type", tag="redacted_thinking"):
+    data: str
+
+
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
+_CHOICES: fields.Values = {
+    "messages[].role": ("user", "assistant"),
+    "messages[].content[].type": ("text", "image", "tool_use", "tool_result", "thinking",
+                                  "redacted_thinking"),
+    "messages[].content[].content[].type": ("text", "image"),
+    "messages[].content[].source.type": ("base64",),
+    "messages[].content[].content[].source.type": ("base64",),
+    "messages[].content[].source.media_type": get_args(ImageType),
+    "messages[].content[].content[].source.media_type": get_args(ImageType),
+    "system[].type": ("text",),
+}  # fmt: skip
+
+
 class AnthropicMessage(Struct):
     role: Literal["user", "assistant"]
-    content: str | list[Object]
+    content: str | list[Block]
 
 
 class CountRequest(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -31,7 +100,7 @@ class CountRequest(Struct, forbid_unknown_fields=True, kw_only=True):
 
     model: Text
     messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
-    system: str | list[Object] | None = None
+    system: str | list[TextBlock] | None = None
     tools: Annotated[list[Object], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Object | None = None
     thinking: Object | None = None
@@ -52,12 +121,34 @@ class MessagesRequest(CountRequest, forbid_unknown_fields=True, kw_only=True):
 
 def check(doc: Document) -> str:
     """The route's fields; returns the model's name."""
-    return fields.checked(doc, MessagesRequest).model
+    return _inline(fields.checked(doc, MessagesRequest, _CHOICES))
 
 
 def check_count(doc: Document) -> str:
     """count_tokens' fields; returns the model's name."""
-    return fields.checked(doc, CountRequest).model
+    return _inline(fields.checked(doc, CountRequest, _CHOICES))
+
+
+def _inline(request: CountRequest) -> str:
+    """Refuse an image given by link or file id, a tool result's too; returns the model."""
+    for i, message in enumerate(request.messages):
+        if isinstance(message.content, str):
+            continue
+        for j, block in enumerate(message.content):
+            param = f"messages[{i}].content[{j}]"
+            if isinstance(block, ImageBlock):
+                _inline_source(block.source, f"{param}.source")
+            elif isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+                for k, part in enumerate(block.content):
+                    if isinstance(part, ImageBlock):
+                        _inline_source(part.source, f"{param}.content[{k}].source")
+    return request.model
+
+
+def _inline_source(source: Source, param: str) -> None:
+    if not isinstance(source, Base64Source):
+        name = "url" if isinstance(source, UrlSource) else "file_id"
+        raise fields.refuse_link(f"{param}.{name}", "images", "a source of type 'base64'")
 
 
 def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:

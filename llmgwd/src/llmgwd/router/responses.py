@@ -3,12 +3,13 @@ and its answers and stream events as a client sees them, their usage read for th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
 from llmgwd.catalog import Model
-from llmgwd.router import fields
+from llmgwd.router import errors, fields
 from llmgwd.router.fields import MAX_TOOLS, Count, Object, Temperature, Text, Unit
 from llmgwd.router.token_bounds import Estimate, check_context, one_limit
 from llmgwd.router.usage_events import Tally
@@ -25,12 +26,78 @@ _USAGE = ("input_tokens", "output_tokens", "total_tokens")
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
+# Input items and their content parts: an allow-list of types. Images and files come inline
+# (data: URLs): given a link, the engine would fetch it from the node.
+
+
+class InputText(Struct, tag_field="type", tag="input_text"):
+    text: str
+
+
+class InputImage(Struct, tag_field="type", tag="input_image", forbid_unknown_fields=True):
+    image_url: str | None = None
+    file_id: str | None = None  # read to be refused by name
+    detail: Literal["auto", "low", "high"] | None = None
+    prompt_cache_breakpoint: Object | None = None
+
+
+class InputFile(Struct, tag_field="type", tag="input_file", forbid_unknown_fields=True):
+    file_data: str | None = None
+    file_id: str | None = None  # read to be refused by name
+    file_url: str | None = None  # read to be refused by name
+    filename: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+    prompt_cache_breakpoint: Object | None = None
+
+
+class OutputText(Struct, tag_field="type", tag="output_text"):
+    text: str
+
+
+class Refusal(Struct, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+Part = InputText | InputImage | InputFile | OutputText | Refusal
+
+
+class MessageItem(Struct, tag_field="type", tag="message"):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Part]
+
+
+class FunctionCallItem(Struct, tag_field="type", tag="function_call"):
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(Struct, tag_field="type", tag="function_call_output"):
+    call_id: str
+    output: str | list[InputText | InputImage | InputFile]
+
+
+class ReasoningItem(Struct, tag_field="type", tag="reasoning"):
+    summary: list[Object]
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+_PARTS = ("input_text", "input_image", "input_file")
+_CHOICES: fields.Values = {
+    "input[].type": ("message", "function_call", "function_call_output", "reasoning"),
+    "input[].role": ("user", "assistant", "system", "developer"),
+    "input[].content[].type": (*_PARTS, "output_text", "refusal"),
+    "input[].output[].type": _PARTS,
+    "tool_choice": ("none", "auto", "required"),
+}
+
+
 class ResponsesRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/responses: what llama.cpp's and vLLM's Responses routes take (no stored
     conversations: previous_response_id is refused as unknown)."""
 
     model: Text
-    input: str | Annotated[list[Object], Meta(min_length=1)]
+    input: str | Annotated[list[Item], Meta(min_length=1)]
     instructions: str | None = None
     stream: bool | None = None
     max_output_tokens: Count | None = None
@@ -47,8 +114,42 @@ class ResponsesRequest(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 def check(doc: Document) -> str:
-    """The route's fields; returns the model's name."""
-    return fields.checked(doc, ResponsesRequest).model
+    """The route's fields; returns the model's name. A message item may leave out its type
+    (OpenAI's EasyInputMessage): "message" is written in, which engines read alike."""
+    items = doc.get("input")
+    if isinstance(items, list):
+        for item in items:
+            if isinstance(item, dict) and "role" in item and "type" not in item:
+                item["type"] = "message"
+    request = fields.checked(doc, ResponsesRequest, _CHOICES)
+    if isinstance(request.input, list):
+        for i, item in enumerate(request.input):
+            if isinstance(item, MessageItem | FunctionCallOutputItem):
+                parts = item.content if isinstance(item, MessageItem) else item.output
+                where = "content" if isinstance(item, MessageItem) else "output"
+                _inline(parts, f"input[{i}].{where}")
+    return request.model
+
+
+def _inline(parts: str | Sequence[Part], param: str) -> None:
+    """Refuse an image or file given by link or stored file id: only data: URLs pass."""
+    if isinstance(parts, str):
+        return
+    for j, part in enumerate(parts):
+        at = f"{param}[{j}]"
+        if isinstance(part, InputImage):
+            if part.file_id is not None:
+                raise fields.refuse_link(f"{at}.file_id", "images", "as data: URLs in image_url")
+            if part.image_url is None:
+                raise errors.missing_parameter(f"{at}.image_url")
+            fields.inline_url(part.image_url, f"{at}.image_url", "images")
+        elif isinstance(part, InputFile):
+            for name in ("file_id", "file_url"):
+                if getattr(part, name) is not None:
+                    raise fields.refuse_link(f"{at}.{name}", "files", "as data: URLs in file_data")
+            if part.file_data is None:
+                raise errors.missing_parameter(f"{at}.file_data")
+            fields.inline_url(part.file_data, f"{at}.file_data", "files")
 
 
 def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
@@ -56,8 +157,9 @@ def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Esti
     in when absent, so the engine holds to what was reserved)."""
     context = model.context or placed
     check_context(doc, context, body_bytes)
-    return Estimate(prompt=body_bytes, completion=one_limit(doc, model, context,
-                                                            "max_output_tokens"))
+    return Estimate(
+        prompt=body_bytes, completion=one_limit(doc, model, context, "max_output_tokens")
+    )
 
 
 def clean(doc: Document, model: str, tally: Tally) -> Document | None:
