@@ -258,8 +258,9 @@ class Catalog:
         return [self._models[n] for n in sorted(self._models)]
 
     def authenticate(self, secret: str) -> ApiKey | None:
-        """The live key whose hash matches secret, or None."""
-        if not secret.startswith(KEY_PREFIX):
+        """The live key whose hash matches secret, or None (a key is ASCII: a header's bytes
+        that are not UTF-8 come as surrogates, which str.encode refuses)."""
+        if not secret.startswith(KEY_PREFIX) or not secret.isascii():
             return None
         key = self._keys_by_hash.get(hash_secret(secret))
         if key is None or (key.user and key.user not in self._active):

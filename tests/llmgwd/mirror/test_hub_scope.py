@@ -214,3 +214,13 @@ async def test_huggingface_hub_downloads_a_user_its_sets_and_finds_no_other(hub:
     }
     got = await python(hub, "sam", CLIENT % [UNUSED])
     assert got == {UNUSED: ["secret.gguf"]}
+
+
+async def test_a_key_of_bytes_not_utf8_is_refused_not_a_500(hub: Hub) -> None:
+    url = URL(hub.url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    request = f"GET {url.path}/{TINY}/resolve/main/config.json HTTP/1.1\r\nHost: x\r\n"
+    writer.write(request.encode() + b"Authorization: Bearer sk-llmgw-\xff\xfe\r\n\r\n")
+    status = await reader.readline()
+    writer.close()
+    assert status.split()[1] == b"401", status
