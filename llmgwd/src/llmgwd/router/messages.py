@@ -159,8 +159,10 @@ def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Esti
 
 
 def bound_count(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
-    """Counting tokens generates none: one request, no tokens to reserve."""
-    return Estimate(prompt=0, completion=0)
+    """Counting generates nothing, but the engine reads the whole prompt: its bound (the
+    body's bytes) is held against the key's tokens per minute, so a prompt larger than that
+    limit is refused before an engine tokenizes it. Not billed (Estimate.billed)."""
+    return Estimate(prompt=body_bytes, completion=0, billed=False)
 
 
 def clean(doc: Document, model: str, tally: Tally) -> Document | None:

@@ -40,11 +40,15 @@ _LIMIT_PARAMS = ("max_tokens", "max_completion_tokens")
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """The most tokens a request may use: its prompt's and all its choices' completions; and
-    how many requests it counts as against a requests-per-minute limit (one per prompt)."""
+    how many requests it counts as against a requests-per-minute limit (one per prompt).
+    billed: whether its tokens are meant for budgets and spend too, not only for the tokens per
+    minute (counting a prompt's tokens is not billed, as Anthropic bills none; the Meter does
+    not read it yet, so such a request's bound is still held against budgets while it runs)."""
 
     prompt: int
     completion: int
     requests: int = 1
+    billed: bool = True
 
     @property
     def total(self) -> int:
