@@ -3,7 +3,8 @@ what was spent and the share each control plane holds, and the one step that cha
 
 A pot is one store key, changed only by compare-and-set on its mod_revision. Invariant, kept
 by step(): spent (plus, for a rate, what was reported in the last minute) plus every holder's
-share never exceeds the limit the step was given, so what the cluster can admit never does.
+share never exceeds the limit the step was given, so what the cluster can admit never does;
+a dead holder's share is never freed, only counted as spent (or, a rate's, as recent use).
 """
 
 from __future__ import annotations
@@ -88,17 +89,19 @@ def step(ledger: Ledger, move: Move, dead: set[str]) -> tuple[Ledger, int]:
     others), or what it needs now if that is more and free; a refill never takes away what it
     holds unused (requests are admitted on it while the step is under way).
 
-    A dead holder's budget share comes back whole (what it used and never reported is lost,
-    as its unflushed usage is); its rate share is counted as used for a window from now,
-    since it may have admitted requests from it until its lease ran out.
+    A dead holder's budget share is counted as spent, whole: it may have admitted requests
+    on all of it and never reported them (it died between steps), so giving it back could
+    overspend the budget; what it left unused is lost to the period. Its rate share is
+    counted as used for a window from now, for the same reason.
     """
     now = move.now
     shares = {h: n for h, n in ledger.shares.items() if h not in dead}
     recent = [(n, until) for n, until in ledger.recent if until > now]
+    gone = [ledger.shares[h] for h in dead if ledger.shares.get(h)]
     if move.rate:
-        recent += [(ledger.shares[h], now + WINDOW_S) for h in dead if ledger.shares.get(h)]
+        recent += [(n, now + WINDOW_S) for n in gone]
     mine = max(0, shares.pop(move.holder, 0) - move.consumed)  # what it holds unused now
-    spent = ledger.spent
+    spent = ledger.spent if move.rate else ledger.spent + sum(gone)
     if move.consumed:
         if move.rate:
             recent.append((move.consumed, now + WINDOW_S))

@@ -9,15 +9,16 @@ when the share falls under its low-water mark (half of the share it aims at: lea
 recent use, at least four of its largest request and a 64th of the limit; never more than
 half of what is free), reporting what it used and taking more. It gives back what it holds
 after idle_s without a request, and on stop. Shares are tied to a store lease: a control
-plane that dies holding one costs the others at most that share until the lease runs out
-(ttl_s), then the share comes back (a rate's is counted as used for one more window, as it
-may have admitted requests from it). A control plane spends its shares only until TRUST of
-the TTL after the last renewal it sent, so a paused or cut-off one cannot spend a share that
-was taken back.
+plane that dies holding one may have admitted requests on all of it and reported none, so when
+its lease runs out (ttl_s) the next step on the pot counts a budget's share as spent, whole
+(what it left unused is lost to the period), and a rate's as used for one more window. A
+control plane spends its shares only until TRUST of the TTL after the last renewal it sent, so
+a paused or cut-off one cannot spend a share that was taken back; if its lease did run out, it
+takes a new one and reports nothing more of what it used of the old share (counted already).
 
 Bounds. Budgets: the sum of every share and every reported use never exceeds the budget, so
-the cluster never spends more than it, except by what a control plane that died had used of
-its share and not reported (at most that share; lost as its unflushed usage is). Rates: a
+the cluster never spends more than it, a dead control plane's share included (except by what
+a request used past its reservation on a share counted whole). Rates: a
 request counts from its admission until a window after its control plane reported it (at a
 later step), and shares held count in full, so any 60 s window admits at most N requests (or
 tokens) through all control planes together, plus what the clocks' skew between control
@@ -78,6 +79,7 @@ class Pot:
     seen_spent: int = 0  # a budget's use reported by every holder, at the last step
     seen_next: float = 0.0  # a rate's: wall time its oldest reported use leaves the window
     returning: bool = False  # a give-back is under way: nothing is taken meanwhile
+    lost: int = 0  # times a budget's share was taken back as a dead holder's (counted spent)
     refill: asyncio.Task[None] | None = None
 
     @property
@@ -88,8 +90,9 @@ class Pot:
         return self.held - self.consumed - self.reserved
 
 
-# What one request reserved: (pot, amount, what settles it: 0 tokens, 1 picos, 2 requests).
-Ticket = list[tuple[Pot, int, int]]
+# What one request reserved: (pot, amount, what settles it: 0 tokens, 1 picos, 2 requests,
+# the pot's lost count when reserved).
+Ticket = list[tuple[Pot, int, int, int]]
 
 
 class Allotments:
@@ -132,9 +135,13 @@ class Allotments:
 
     async def stop(self, *, give_back: bool = True) -> None:
         """Stop tending; give every share back and end the lease (unless give_back is False:
-        as a control plane killed outright, whose shares come back when its lease expires)."""
+        as a control plane killed outright, whose steps under way die with it and whose shares
+        are taken back when its lease expires)."""
         for task in self._tasks:
             task.cancel()
+        for pot in self._pots.values():
+            if pot.refill and not give_back:
+                pot.refill.cancel()
         for task in [*self._tasks, *(p.refill for p in self._pots.values() if p.refill)]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -163,7 +170,7 @@ class Allotments:
         now = time.monotonic()
         usable = now < self._valid_until
         pending = []
-        for pot, need, _ in self._needs(key_id, limits, tokens, picos, requests, day):
+        for pot, need, _, _ in self._needs(key_id, limits, tokens, picos, requests, day):
             if usable and not pot.returning and pot.available() >= need:
                 continue
             if pot.dry_until > now and not pot.returning:
@@ -180,7 +187,7 @@ class Allotments:
         """Reserve the request on every share it needs (after check said it fits)."""
         now = time.monotonic()
         ticket = self._needs(key_id, limits, tokens, picos, requests, day)
-        for pot, need, _ in ticket:
+        for pot, need, _, _ in ticket:
             pot.reserved += need
             pot.taken += need
             pot.biggest = max(pot.biggest, need)
@@ -192,9 +199,11 @@ class Allotments:
     def settle(self, ticket: object, tokens: int, picos: int) -> None:
         """Release a ticket's reservations and count what its request used."""
         assert isinstance(ticket, list)
-        for pot, need, which in ticket:
+        for pot, need, which, lost in ticket:
             pot.reserved -= need
-            pot.consumed += (tokens, picos, need)[which]
+            used = (tokens, picos, need)[which]
+            # On a share since counted as spent, whole: only what it used past its reservation.
+            pot.consumed += used if lost == pot.lost else max(0, used - need)
 
     def _needs(
         self, key_id: str, limits: KeyLimits, tokens: int, picos: int, requests: int, day: str
@@ -203,14 +212,15 @@ class Allotments:
         out: Ticket = []
         if limits.budget_tokens:
             pot = self._budget(key_id, "tokens", limits.budget_tokens_per, day)
-            out.append((self._limit(pot, limits.budget_tokens), tokens, 0))
+            out.append((self._limit(pot, limits.budget_tokens), tokens, 0, pot.lost))
         if limits.budget_spend:
             pot = self._budget(key_id, "spend", limits.budget_spend_per, day)
-            out.append((self._limit(pot, to_pico(limits.budget_spend)), picos, 1))
+            out.append((self._limit(pot, to_pico(limits.budget_spend)), picos, 1, pot.lost))
         if limits.rpm:
-            out.append((self._limit(self._rate(key_id, "requests"), limits.rpm), requests, 2))
+            pot = self._limit(self._rate(key_id, "requests"), limits.rpm)
+            out.append((pot, requests, 2, 0))
         if limits.tpm:
-            out.append((self._limit(self._rate(key_id, "tokens"), limits.tpm), tokens, 0))
+            out.append((self._limit(self._rate(key_id, "tokens"), limits.tpm), tokens, 0, 0))
         return out
 
     def _budget(self, key_id: str, what: str, period: Period, day: str) -> Pot:
@@ -279,15 +289,15 @@ class Allotments:
 
     async def _try_step(self, pot: Pot, want: int, need: int) -> bool:
         """One compare-and-set round; whether it held (or had nothing to change)."""
-        store = self._store
+        store, holder = self._store, self.holder
         kv = await store.get(pot.key)
         ledger = ledgers.decode(kv.value) if kv else ledgers.Ledger(spent=await self._before(pot))
-        dead = {h for h in ledger.shares if h != self.holder and await self._dead(h)}
+        if pot.held and holder not in ledger.shares and not pot.rate:
+            _lost(pot)  # taken back (so counted as spent) while this plane's lease had lapsed
+        dead = {h for h in ledger.shares if h != holder and await self._dead(h)}
         consumed, wall, had = pot.consumed, self._wall(), pot.held - pot.consumed
         least = min(want, pot.held - consumed + need)
-        move = ledgers.Move(
-            self.holder, consumed, pot.reserved, want, least, pot.limit, pot.rate, wall
-        )
+        move = ledgers.Move(holder, consumed, pot.reserved, want, least, pot.limit, pot.rate, wall)
         after, share = ledgers.step(ledger, move, dead)
         if after != ledger:
             same = Compare(pot.key, "mod", "=", kv.mod_revision) if kv else _absent(pot.key)
@@ -296,7 +306,9 @@ class Allotments:
             if not (await store.txn([same], [write])).succeeded:
                 return False
             self.steps += 1
-        pot.consumed -= consumed
+        pot.consumed = max(0, pot.consumed - consumed)  # (0 when _relet ran meanwhile)
+        if holder != self.holder:  # a new lease meanwhile: the share is a dead holder's
+            return True
         pot.held = share
         pot.taken = 0
         pot.stepped_at = time.monotonic()
@@ -339,7 +351,10 @@ class Allotments:
         await self._store.put(ledgers.live_key(self.holder), b"", lease=self._lease)
         self._valid_until = started + self._ttl_s * TRUST
         for pot in self._pots.values():
-            pot.held = 0  # taken back as a dead holder's; what it used is reported next step
+            if pot.rate:  # taken back as a dead holder's; what it used is reported next step
+                pot.held = 0
+            else:
+                _lost(pot)
 
     async def _keepalive(self) -> None:
         while True:
@@ -401,6 +416,15 @@ def _run(pot: Pot, step: Coroutine[None, None, None]) -> None:
 
     pot.refill = asyncio.create_task(step)
     pot.refill.add_done_callback(done)
+
+
+def _lost(pot: Pot) -> None:
+    """A budget's share was (or will be, as its holder's lease is gone) taken back as a dead
+    holder's and counted as spent, whole: what this plane used of it is no longer to report,
+    nor what requests still in flight on it will use (past their reservations: see settle)."""
+    pot.consumed = max(0, pot.consumed - pot.held)
+    pot.held = 0
+    pot.lost += 1
 
 
 def _absent(key: str) -> Compare:
