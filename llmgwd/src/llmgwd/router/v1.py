@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 from aiohttp import web
@@ -19,6 +19,7 @@ from llmgwd.router import (
     cache_salt,
     embeddings,
     errors,
+    expect,
     fields,
     messages,
     overhead,
@@ -30,7 +31,7 @@ from llmgwd.router import (
 )
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
-from llmgwd.router.metering import HEADERS, Meter
+from llmgwd.router.metering import HEADERS, Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
 from llmgwd.router.proxy import BODY_TYPE, Upstream
 from llmgwd.router.responses_errors import responses_shape
@@ -120,6 +121,7 @@ class Router:
         prefix_aware: bool = True,
         registry: CollectorRegistry | None = None,
         max_audio_bytes: int = transcriptions.MAX_AUDIO_BYTES,
+        uploads: transcriptions.Uploads | None = None,  # client.max_uploads_in_flight's spools
         count: bool = True,  # client.request_metrics: whether /v1 requests are counted
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
@@ -134,6 +136,7 @@ class Router:
         self._pool = pool
         self._max_body_bytes = max_body_bytes
         self._max_audio_bytes = max_audio_bytes
+        self._uploads = uploads if uploads is not None else transcriptions.Uploads()
         self._retry_after_s = retry_after_s
         self.balancer = (
             balancer if balancer is not None else Balancer(pool, prefix_aware=prefix_aware)
@@ -161,14 +164,21 @@ class Router:
         app.on_cleanup.append(self._on_cleanup)
         app.router.add_get("/models", self._list_models)
         app.router.add_get("/models/{model:.+}", self._get_model)
-        app.router.add_post("/chat/completions", self._chat)
-        app.router.add_post("/completions", self._completions)
-        app.router.add_post("/embeddings", self._embeddings)
-        app.router.add_post("/responses", self._responses)
-        app.router.add_post("/messages", self._messages)
-        app.router.add_post("/messages/count_tokens", self._count_tokens)
-        app.router.add_post("/rerank", self._rerank)
-        app.router.add_post("/audio/transcriptions", self._transcriptions)
+        # Expect: 100-continue answered 100 only where the handler will read the body.
+        app.on_response_prepare.append(expect.close_unsent)
+        body = expect.continue_if(self._authenticate, self._max_body_bytes)
+        for path, handler in (
+            ("/chat/completions", self._chat),
+            ("/completions", self._completions),
+            ("/embeddings", self._embeddings),
+            ("/responses", self._responses),
+            ("/messages", self._messages),
+            ("/messages/count_tokens", self._count_tokens),
+            ("/rerank", self._rerank),
+        ):
+            app.router.add_post(path, handler, expect_handler=body)
+        audio = expect.continue_if(self._authenticate, self._max_audio_bytes)
+        app.router.add_post("/audio/transcriptions", self._transcriptions, expect_handler=audio)
         return app
 
     def node_lost(self, node: str) -> None:
@@ -223,24 +233,36 @@ class Router:
         return await self._complete(request, "rerank", rerank.check, rerank.bound)
 
     async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
-        """A multipart form, not JSON: read within its bounds, passed on as the router
-        writes it; one request and the tokens its answer reports."""
+        """A multipart form, not JSON: the key checked before any of it is read, the request
+        admitted once its model part is, the file spooled; passed on as the router writes
+        it; one request and the tokens its answer reports."""
         key = self._authenticate(request)
-        form = await transcriptions.read(request, self._max_audio_bytes)
-        name = request[errors.MODEL] = form.fields["model"]
-        model = self._models.get(name)
-        if model is None:
-            raise errors.model_not_found(name)
-        await self._ready(model)
-        reservation = await self.meter.reserve(key, model, Estimate(prompt=0, completion=0))
+        admitted: list[Reservation] = []
+
+        async def admit(name: str) -> None:
+            request[errors.MODEL] = name
+            model = self._models.get(name)
+            if model is None:
+                raise errors.model_not_found(name)
+            await self._ready(model)
+            admitted.append(await self.meter.reserve(key, model, Estimate(prompt=0, completion=0)))
+
         try:
-            request[TALLY] = reservation.tally
-            request[HEADERS] = reservation.headers
-            body, request[BODY_TYPE] = form.body(model.name)
-            path = "audio/transcriptions"
-            return await self._upstream.forward(request, model.name, path, body, False)
+            limit = self._max_audio_bytes
+            async with transcriptions.read(request, limit, self._uploads, admit) as form:
+                reservation = admitted[0]
+                request[TALLY] = reservation.tally
+                request[HEADERS] = reservation.headers
+                name = reservation.model.name
+                body, request[BODY_TYPE] = form.body(name)
+                # A memoryview of the spool's file when it spilled: the proxy and the engine
+                # client only take its len() and hand it to the transport, which keeps it.
+                sent = cast(bytes, body)
+                return await self._upstream.forward(request, name, "audio/transcriptions", sent,
+                                                    False)  # fmt: skip
         finally:
-            reservation.settle()
+            for reservation in admitted:
+                reservation.settle()
 
     async def _complete(
         self,
