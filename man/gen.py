@@ -84,7 +84,14 @@ SETTINGS = {
     "server.client.listen": "HOST:PORT of the client port: /v1 (OpenAI-compatible) and /api/v1.",
     "server.client.max_body_bytes": (
         "The largest request body the client port accepts, in bytes; a larger one is "
-        "answered 413 in OpenAI's error shape."
+        "answered 413 in OpenAI's error shape. llmgwd.service's MemoryMax is sized for the "
+        "default: llmgwd warns at start when a larger one calls for more (llmgwd(8))."
+    ),
+    "server.client.max_uploads_in_flight": (
+        "The most /v1/audio/transcriptions uploads held at once, each in a spool of 1 MiB "
+        "in memory and the rest on disk (llmgwd's private /var/tmp); one more waits up to "
+        "30 s for a spool (its client's sending paused), then is answered 503 "
+        "uploads_busy. llmgwd warns at start when its unit's MemoryMax is too small for it."
     ),
     "server.client.tls_cert": (
         "A PEM certificate (chain) for the client port, readable by the llmgw user; "

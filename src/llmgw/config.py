@@ -45,6 +45,9 @@ class ClientPort(Strict):
 
     listen: str = "0.0.0.0:7700"
     max_body_bytes: int = 4 * 1024 * 1024
+    # Transcription uploads spooled at once (1 MiB each in memory, the rest on disk); one more
+    # waits up to 30 s for a spool, then is answered 503.
+    max_uploads_in_flight: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 16
     tls_cert: str = ""
     tls_key: str = ""
     head_timeout_s: Seconds = 10.0

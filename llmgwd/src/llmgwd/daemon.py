@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw import entry, localsock, pki, sdnotify
 from llmgw.config import ServerConfig
-from llmgwd import clientport, cluster, servers, servers_setup
+from llmgwd import clientport, cluster, memory_bound, servers, servers_setup
 from llmgwd.accounting.allotments import Allotments
 from llmgwd.accounting.levels import Levels
 from llmgwd.accounting.usage import Usage
@@ -41,7 +41,7 @@ from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Scraper
 from llmgwd.mirror import setup as mirror_setup
 from llmgwd.roles import Roles
-from llmgwd.router import Router
+from llmgwd.router import Router, transcriptions
 from llmgwd.router.metering import Meter
 from llmgwd.scim import app as scim
 from llmgwd.scim.base import ScimContext
@@ -258,6 +258,7 @@ class Daemon:
 
     async def _serve_client(self, ctx: ApiContext) -> None:
         cfg = self.config.client
+        memory_bound.check(cfg)  # its unit's MemoryMax against what these settings call for
         pool = RolePool(self.cluster, self.published)
         self.registry = CollectorRegistry()  # /metrics' own, not prometheus_client's global one
         self.router = Router(
@@ -265,6 +266,7 @@ class Daemon:
             self.catalog,
             pool,
             max_body_bytes=cfg.max_body_bytes,
+            uploads=transcriptions.Uploads(cfg.max_uploads_in_flight),
             meter=self.meter,
             on_demand=self.waker,
             stale_s=self._stale_s,
