@@ -313,8 +313,8 @@ def _llama_error(code: int, message: str, kind: str, **more: Any) -> dict[str, A
             ),
             400,
             "invalid_request",
-            None,
-            "Failed to parse tools",
+            "tools",
+            "'tools' could not be read",
         ),
         (
             500,
@@ -325,8 +325,8 @@ def _llama_error(code: int, message: str, kind: str, **more: Any) -> dict[str, A
             ),
             400,
             "invalid_request",
-            None,
-            "Missing 'role'",
+            "messages",
+            "'messages' could not be read",
         ),
         (
             400,
@@ -339,7 +339,7 @@ def _llama_error(code: int, message: str, kind: str, **more: Any) -> dict[str, A
             400,
             "invalid_request",
             "temperature",
-            "type must be number",
+            "Invalid value for 'temperature'.",
         ),
         (
             500,
@@ -399,7 +399,7 @@ async def test_engine_refusals_reach_the_client_in_openai_shape(
     answer = json.loads(text)
     assert_error_shape(answer, code, param)
     assert says in answer["error"]["message"]
-    for internal in ("--jinja", "json.exception", "try increasing", "got exception"):
+    for internal in ("--jinja", "json.exception", "try increasing", "got exception", "Failed to"):
         assert internal not in text
 
 

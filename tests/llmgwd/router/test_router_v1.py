@@ -112,7 +112,7 @@ class FakeEngine:
         self.seen.append(Seen(request.path, dict(request.headers), body))
         if request.headers.get("Authorization") != f"Bearer {ENGINE_KEY}":
             return web.json_response({"error": {"message": "bad engine key"}}, status=401)
-        if body.get("max_tokens") == 4242:  # the engine's own refusal, passed on as is
+        if body.get("max_tokens") == 4242:  # the engine's own refusal, in words of its own
             error = {"message": "context too long", "type": "invalid_request_error"}
             return web.json_response({"error": error}, status=400)
         chat = request.path.endswith("chat/completions")
@@ -396,14 +396,15 @@ async def test_routing_keys_in_the_body_are_ignored(gw: Gateway) -> None:
     assert not {"api_base", "base_url", "url"} & set(seen.body)
 
 
-async def test_engine_refusal_is_passed_on_as_is(gw: Gateway) -> None:
+async def test_engine_refusal_is_told_in_the_routers_words(gw: Gateway) -> None:
     async with gw.openai() as client:
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4242
             )
     assert caught.value.message.startswith("Error code: 400")
-    assert "context too long" in caught.value.message
+    assert "The model's engine refused the request." in caught.value.message
+    assert "context too long" not in caught.value.message  # no engine wording (issue 26)
 
 
 # Keys.

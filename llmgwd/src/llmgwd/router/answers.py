@@ -4,13 +4,12 @@ the client's fault, with no engine internals (flags, library exceptions) in thei
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from llmgwd.router import errors, route_answers, route_errors
+from llmgwd.router import engine_refusals, errors, route_answers, route_errors
 from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
@@ -26,38 +25,6 @@ _FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage", "da
 _USAGE = frozenset(
     {"prompt_tokens", "completion_tokens", "total_tokens", "completion_tokens_details"}
 )
-
-# llama.cpp answers 500 for these mistakes in the client's body (std::runtime_error while it
-# reads the request): they are the client's fault, so 400.
-_CLIENT_FAULTS = (
-    "Failed to parse",
-    "Unsupported param",
-    "Only no echo",
-    '"prompt"',
-    "Cannot use both",
-    "Invalid base64",
-    "Invalid uri",
-    "Failed to download",
-    "Failed to load image",
-)
-# What a model lacks, by the engine's words for it (llama.cpp names the flag it was not
-# started with; the client is told what the model does not do, never how to start it).
-_LACKS = (
-    ("tools param requires", "tools"),
-    ("tool_choice param requires", "tool_choice"),
-    ("image input is not supported", "image input"),
-    ("Multimodal data provided", "image or audio input"),
-    ("audio input is not supported", "audio input"),
-    ("video input is not supported", "video input"),
-)
-_PROMPT_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input",
-                 "responses": "input", "messages": "messages"}  # fmt: skip
-# Routes an engine may lack (it answers 404 or 501 for them): the client is told so.
-_OPTIONAL = frozenset({"embeddings", "responses", "messages", "messages/count_tokens", "rerank",
-                       "audio/transcriptions"})  # fmt: skip
-_LIBRARY_NOISE = re.compile(r"\[json\.exception\.[a-z_]+\.\d+\]\s*")  # nlohmann::json's tags
-_FLAG = re.compile(r"(^|\s|`)--?[a-z]")  # a command-line flag: never quoted to a client
-_FIELD = re.compile(r"^Field '([A-Za-z0-9_.\[\]]{1,64})'")  # llama.cpp names the bad field so
 
 
 class _Usage(msgspec.Struct):
@@ -138,63 +105,8 @@ def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiE
 
 
 def _engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
-    found = _error_object(data)
-    message, kind = _text(found, "message"), _text(found, "type")
-    if kind == "exceed_context_size_error":
-        prompt, context = found.get("n_prompt_tokens"), found.get("n_ctx")
-        if isinstance(prompt, int) and isinstance(context, int):
-            return errors.context_length_exceeded(
-                _PROMPT_PARAM.get(path, "messages"), prompt, context
-            )
-    lacks = _lacks(status, kind, message, path)
-    if lacks:
-        return errors.model_not_supported(model, lacks)
-    client_fault = 400 <= status < 500 and status not in (401, 403)
-    if client_fault or message.startswith(_CLIENT_FAULTS):
-        text = _clean_message(message)
-        field = _FIELD.match(text)
-        return errors.engine_refused(text, param=field.group(1) if field else None)
-    return errors.upstream_failed("The model's engine failed on this request.")
-
-
-def _error_object(data: bytes) -> Document:
-    """The error object of an engine's body: {"error": {...}} (llama.cpp, OpenAI) or the body
-    itself (vLLM's {"object": "error", "message": ...}); {} for anything else."""
-    try:
-        doc = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    inner = doc.get("error")
-    if isinstance(inner, dict):
-        return inner
-    return doc if "message" in doc else {}
-
-
-def _text(found: Document, key: str) -> str:
-    value = found.get(key)
-    return value if isinstance(value, str) else ""
-
-
-def _lacks(status: int, kind: str, message: str, path: str) -> str:
-    """What the model does not do, when that is why the engine refused; else ""."""
-    unsupported = status == 501 or kind == "not_supported_error"
-    if path in _OPTIONAL and (unsupported or status == 404):
-        return "embeddings" if path == "embeddings" else f"/v1/{path}"
-    for words, what in _LACKS:
-        if words in message:
-            return what
-    return f"/v1/{path}" if unsupported else ""
-
-
-def _clean_message(message: str) -> str:
-    """The engine's words without its library's tags, hints or flags, cut short."""
-    text = _LIBRARY_NOISE.sub("", message)
-    text = text.split(" - hint:")[0].split(", try increasing")[0].strip()
-    if not text or _FLAG.search(text) or "Start it with" in text:
-        return "The model's engine refused the request."
-    return errors.quote(text)
+    """The engine's refusal in the router's own words (router/engine_refusals.py)."""
+    return engine_refusals.refusal(status, data, model, path)
 
 
 class Stream:

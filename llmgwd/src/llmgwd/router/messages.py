@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
+import msgspec
 from msgspec import Meta, Struct
 
 from llmgwd.catalog import Model
-from llmgwd.router import fields
+from llmgwd.router import anthropic_errors, engine_refusals, fields
 from llmgwd.router.fields import MAX_STOP, MAX_TOOLS, Count, Object, Text, TopK, Unit
 from llmgwd.router.token_bounds import Estimate, check_context, one_limit
 from llmgwd.router.usage_events import Tally
@@ -178,7 +179,18 @@ def clean(doc: Document, model: str, tally: Tally) -> Document | None:
         tally.took(prompt, doc["usage"].get("output_tokens"))
     elif "input_tokens" in doc and len(doc) == 1:  # count_tokens' answer
         tally.took(0, 0)
+    elif isinstance(doc.get("message"), str):  # llama.cpp's error event: its error object bare
+        return _error(doc, model)
     return doc
+
+
+def _error(found: Document, model: str) -> Document:
+    """An engine's error event's data as Anthropic's, in the router's words."""
+    code = found.get("code")
+    status = code if isinstance(code, int) and not isinstance(code, bool) else 500
+    error = engine_refusals.of_object(status, found, model, "messages")
+    body: Document = msgspec.json.decode(anthropic_errors.shaped(error).body())
+    return body
 
 
 def _message(doc: Document, model: str, tally: Tally) -> None:

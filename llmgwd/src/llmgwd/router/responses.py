@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 from llmgwd.catalog import Model
-from llmgwd.router import errors, fields
+from llmgwd.router import engine_refusals, errors, fields
 from llmgwd.router.fields import MAX_TOOLS, Count, Object, Temperature, Text, Unit
 from llmgwd.router.token_bounds import Estimate, check_context, one_limit
 from llmgwd.router.usage_events import Tally
@@ -167,6 +167,8 @@ def clean(doc: Document, model: str, tally: Tally) -> Document | None:
     if doc.get("object") == "response":
         return _response(doc, model, tally)
     doc.pop("timings", None)  # llama.cpp adds it beside response.completed's response
+    if doc.get("type") == "error" and isinstance(doc.get("message"), str):  # an engine's
+        return _error(doc, model)  # error event in the Responses API's shape (vLLM's)
     if doc.get("type") in _FINAL and isinstance(doc.get("response"), dict):
         doc["response"] = _response(doc["response"], model, tally)
     return doc
@@ -180,4 +182,13 @@ def _response(doc: Document, model: str, tally: Tally) -> Document:
     if isinstance(usage, dict):
         out["usage"] = {k: usage[k] for k in _USAGE if k in usage}
         tally.took(usage.get("input_tokens"), usage.get("output_tokens"))
+    if isinstance(out.get("error"), dict):  # a failed response: the engine's words stay here
+        out["error"] = {"code": "server_error", "message": engine_refusals.FAILED}
     return out
+
+
+def _error(found: Document, model: str) -> Document:
+    """An engine's error event, its words replaced by the router's (its number kept)."""
+    error = engine_refusals.of_object(500, found, model, "responses").detail
+    return {"type": "error", "code": error.code or error.type, "message": error.message,
+            "param": error.param, "sequence_number": found.get("sequence_number")}  # fmt: skip
