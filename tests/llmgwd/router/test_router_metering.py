@@ -143,9 +143,11 @@ async def test_racing_requests_never_pass_the_tokens_per_minute(m: Metered) -> N
     assert int(resp.headers["Retry-After"]) >= 1
     assert resp.headers["x-ratelimit-limit-tokens"] == str(tpm)
     assert resp.headers["x-ratelimit-remaining-tokens"] == str(tpm - need * 10)
-    # Settled to what the engine said they used (3 + 2 each), not what was reserved.
+    # Settled to what the engine said they used (its stream's 7 + 4 each), not what was
+    # reserved.
     _, _, resp = await m.gw.post("/v1/chat/completions", body)
-    assert resp.headers["x-ratelimit-remaining-tokens"] == str(tpm - 10 * 5 - need)
+    used = STREAM_PROMPT_TOKENS + m.engine.chunks
+    assert resp.headers["x-ratelimit-remaining-tokens"] == str(tpm - 10 * used - need)
 
 
 async def test_racing_requests_never_pass_the_requests_per_minute(m: Metered) -> None:
@@ -186,7 +188,8 @@ async def test_racing_requests_never_overspend_a_spend_budget(m: Metered) -> Non
     _, refusal, _ = next(a for a in answers if a[0] == 429)
     assert refusal["error"]["code"] == "insufficient_quota"
     assert "this month" in refusal["error"]["message"]
-    assert (await m.usage())[MODEL].spend_pico == 4 * cost(model, 3, 2)
+    spent = cost(model, STREAM_PROMPT_TOKENS, m.engine.chunks)  # its stream's usage
+    assert (await m.usage())[MODEL].spend_pico == 4 * spent
 
 
 async def test_openai_client_sees_rate_limit_and_quota_errors(m: Metered) -> None:
@@ -237,11 +240,20 @@ async def test_keys_without_limits_get_no_rate_limit_headers(m: Metered) -> None
 
 async def test_usage_of_an_answer_is_what_the_engine_reported(m: Metered) -> None:
     async with m.gw.openai() as client:
-        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
-        await client.completions.create(model=MODEL, prompt="Once")
+        chat = await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+        text = await client.completions.create(model=MODEL, prompt="Once")
+    # A whole answer is asked of the engine as a stream and folded: its usage is the stream's.
+    prompt, completion = STREAM_PROMPT_TOKENS, m.engine.chunks
+    for answer in (chat, text):
+        assert answer.usage is not None
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt, completion)
     counts = (await m.usage())[MODEL]
-    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (2, 6, 4)
-    assert counts.spend_pico == 2 * cost(PricedModels().models[MODEL], 3, 2)
+    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (
+        2,
+        2 * prompt,
+        2 * completion,
+    )
+    assert counts.spend_pico == 2 * cost(PricedModels().models[MODEL], prompt, completion)
 
 
 async def test_stream_usage_is_asked_for_counted_and_not_shown_unasked(m: Metered) -> None:
@@ -304,8 +316,9 @@ async def test_a_stream_the_client_left_still_counts(m: Metered) -> None:
             break
         await asyncio.sleep(0.01)
     counts = (await m.usage())[MODEL]
-    # No usage came: the prompt's bound, and one token for the one chunk relayed.
-    assert (counts.prompt_tokens, counts.completion_tokens) == (len(raw), 1)
+    # No usage came: the prompt's bound, one token for the one chunk relayed, and one for the
+    # token the engine was making when it was told the client left (llama-server counts it).
+    assert (counts.prompt_tokens, counts.completion_tokens) == (len(raw), 2)
 
 
 async def test_refused_and_failed_requests_are_not_counted(m: Metered) -> None:

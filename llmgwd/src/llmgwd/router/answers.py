@@ -10,7 +10,7 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from llmgwd.router import engine_refusals, errors, route_answers, route_errors
-from llmgwd.router.usage_events import Tally
+from llmgwd.router.usage_events import Tally, token_events
 
 Document = dict[str, Any]
 
@@ -117,16 +117,20 @@ class Stream:
         self._model = model
         self._path = path
         self._tally = tally
+        self._tokens = token_events(path)
+        self.failure: errors.ApiError | None = None  # the engine's error event, as told
         own = route_answers.CLEAN.get(path)
-        self._named = None if own is None else route_answers.NamedStream(
-            model, tally, own, self._error
+        self._named = (
+            None
+            if own is None
+            else route_answers.NamedStream(model, tally, own, self._error, self._tokens)
         )
 
     def relay(self, block: bytes) -> bytes:
         """Whole events from the engine (a trailing partial one is passed on as it is)."""
         if self._named is not None:
             return self._named.relay(block)
-        self._tally.count(block.count(_END))
+        self._tally.count(block.count(_END), len(self._tokens.findall(block)))
         parts = block.split(_END)
         last = parts.pop()  # b"" after a complete last event
         return b"".join(self._event(part) for part in parts) + last
@@ -155,7 +159,8 @@ class Stream:
         status = code if isinstance(code, int) else 500
         raw = msgspec.json.encode(doc)
         error = _engine_error(status, raw, self._model, self._path)
-        return route_errors.for_route(self._path, error, self._tally.events or 0).sse_event()
+        self.failure = route_errors.for_route(self._path, error, self._tally.events or 0)
+        return self.failure.sse_event()
 
     def _chunk(self, chunk: _Answer) -> bytes:
         """A typed chunk: its usage read, and dropped as Tally.chunk drops it."""

@@ -163,6 +163,15 @@ class Answer:
         else:
             transport.abort()
 
+    def finish_writing(self) -> None:
+        """Half-close the connection (a FIN): an engine that checks its client between tokens
+        (llama-server, uvicorn's vLLM) stops generating, and what it sent until then can
+        still be read. The connection is never pooled after it."""
+        self._poolable = False
+        conn = self._conn
+        if not conn.lost and conn.transport.can_write_eof() and not conn.transport.is_closing():
+            conn.transport.write_eof()
+
     # What the connection hands over.
 
     def feed(self, data: bytes) -> None:

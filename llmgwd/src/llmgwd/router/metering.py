@@ -66,22 +66,28 @@ class Reservation:
         self.tickets: list[object] = []  # what the cluster's shares reserved, a level each
 
     def used(self) -> tuple[int, int]:
-        """(prompt, completion) tokens to count: the engine's usage when it gave one."""
+        """(prompt, completion) tokens to count: the engine's usage of a whole answer; of a
+        stream, at least one token per token-bearing event read from the engine, so that a
+        stream cut before its final usage (message_start's output_tokens: 0) is charged
+        what the engine made (engines stream a token an event, or fewer events)."""
         tally, bound = self.tally, self.estimate
-        if tally.usage is not None:
-            return tally.usage
         if not tally.answered:
-            return 0, 0
-        # An answer without usage (a stream cut short): the prompt's bound, and about one
-        # token per event relayed (engines stream a token an event).
-        events = bound.completion if tally.events is None else tally.events
-        return bound.prompt, min(events, bound.completion)
+            return (0, 0) if tally.usage is None else tally.usage
+        if tally.events is None:  # a whole answer: its usage, else the most it could be
+            return tally.usage if tally.usage is not None else (bound.prompt, bound.completion)
+        prompt, told = tally.usage if tally.usage is not None else (bound.prompt, 0)
+        return prompt, max(told, min(tally.tokens, bound.completion))
 
     def settle(self) -> None:
-        """Replace the reservation by what was used (once; the handler's finally calls it)."""
-        if not self._settled:
-            self._settled = True
-            self._meter.settle(self)
+        """Replace the reservation by what was used (once; the handler's finally calls it).
+        While the engine's rest is still read after the client left, it waits for that."""
+        if self._settled:
+            return
+        if self.tally.draining:
+            self.tally.on_drained = self.settle
+            return
+        self._settled = True
+        self._meter.settle(self)
 
 
 class Meter:

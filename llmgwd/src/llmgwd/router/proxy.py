@@ -1,12 +1,14 @@
 """The upstream call: engine_client's pooled connections, another replica on a refused connect, a
 pooled connection the engine had closed replaced by a fresh one, streaming passed through chunk by
-chunk, the engine's request dropped as soon as the client leaves, and the requests in flight on
-a node that is lost sent to another replica."""
+chunk (or folded into a whole answer: router/folding.py), the engine told as soon as the client
+leaves and what it still sends counted, and the requests in flight on a node that is lost sent to
+another replica."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from llmgwd.pool import Endpoint
-from llmgwd.router import answers, errors, overhead
+from llmgwd.router import answers, errors, folding, overhead
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.engine_client import (
     Answer,
@@ -51,7 +53,14 @@ _SSE_HEADERS = {
 # The request's body type for the engine when it is not JSON (a multipart form's, with its
 # boundary: router/transcriptions.py).
 BODY_TYPE = web.RequestKey("llmgw_body_type", str)
+# Set by the handler when the client asked for a whole answer but the engine is asked for a
+# stream, to be folded into one (router/folding.py).
+FOLD = web.RequestKey("llmgw_fold", bool)
 _ENGINE_FAULTS = (502, 504)  # our answers for an engine that broke the exchange or went silent
+# The last event of a stream that the engine ended itself, on each route's protocol.
+_LAST_EVENT = re.compile(
+    rb'data: \[DONE\]|"message_stop"|"response\.(?:completed|incomplete|failed)"'
+)
 
 
 class _Unreachable(Exception):
@@ -114,8 +123,11 @@ class Upstream:
         read_timeout_s: float = 600.0,
         retry_after_s: int = 5,
         disconnect_poll_s: float = 0.2,
+        drain_s: float = 30.0,
     ) -> None:
         self._balancer = balancer
+        self._drain_s = drain_s  # the longest an engine's rest is read after its client left
+        self._drains: set[asyncio.Task[None]] = set()
         # No total timeout: a stream lasts as long as the engine keeps sending. Keep-alive
         # below llama-server's 5 s, so that a pooled connection is seldom stale.
         self._client = EngineClient(
@@ -135,7 +147,12 @@ class Upstream:
         return moved
 
     async def close(self) -> None:
-        """Close the pooled connections to engines."""
+        """Stop reading what engines send after their clients left (each such request settles
+        with what was counted), and close the pooled connections to engines."""
+        drains = list(self._drains)
+        for task in drains:
+            task.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
         await self._client.close()
 
     async def forward(
@@ -262,6 +279,7 @@ class Upstream:
         upstream = await self._connect(request, endpoint, path, body, stream)
         overhead.engine_answered(request)  # its headers: a stream's own share
         tally = tally_of(request) or Tally()  # what the answer says it used, for the meter
+        owned = True  # the answer is closed here, unless a drain took it over
         try:
             if upstream.status == 503:  # loading (or full): nothing was done, no byte passed on
                 log.warning(
@@ -270,12 +288,58 @@ class Upstream:
                 )  # fmt: skip
                 raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
-                return await self._relay_stream(request, upstream, endpoint, path, tally)
+                relay = _Relay(endpoint.model, path, tally)
+                try:
+                    return await self._stream(request, upstream, endpoint, path, relay)
+                except (asyncio.CancelledError, ConnectionResetError):
+                    if self._client_left(request):
+                        owned = False
+                        self._drain(upstream, relay)
+                    raise
             return await self._relay_whole(request, upstream, endpoint, path, tally)
         finally:
             # A no-op after a complete answer; otherwise drops the connection so the
-            # engine stops generating for a client that is gone.
+            # engine stops generating (a shutdown, a node lost).
+            if owned:
+                upstream.close()
+
+    def _stream(
+        self, request: web.Request, upstream: Answer, endpoint: Endpoint, path: str, relay: _Relay
+    ) -> Coroutine[Any, Any, web.StreamResponse]:
+        """The engine's stream relayed to the client, or folded into a whole answer."""
+        if request.get(FOLD, False):
+            return self._fold(request, upstream, endpoint, path, relay)
+        return self._relay_stream(request, upstream, endpoint, path, relay)
+
+    def _client_left(self, request: web.Request) -> bool:
+        """Whether the request's client is gone (rather than the daemon stopping, or the
+        node lost)."""
+        task = asyncio.current_task()
+        return _client_gone(request) or (task is not None and self._watch.left(task))
+
+    def _drain(self, upstream: Answer, relay: _Relay) -> None:
+        """The client left: the engine is told at once (its connection half-closed, so it
+        stops generating) and what it still sends is read and counted, for at most drain_s;
+        the request settles when that ends (Tally.drained)."""
+        relay.tally.draining = True
+        task = asyncio.get_running_loop().create_task(self._read_rest(upstream, relay))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    async def _read_rest(self, upstream: Answer, relay: _Relay) -> None:
+        try:
+            upstream.finish_writing()
+            async with asyncio.timeout(self._drain_s):
+                while chunk := await upstream.readany():
+                    relay.feed(chunk)
+            relay.rest()
+        except (TimeoutError, EngineError):
+            pass  # counted until then
+        finally:
             upstream.close()
+            if not relay.ended:  # the token it was making when it saw the client go
+                relay.tally.tokens += 1
+            relay.tally.drained()
 
     async def _connect(
         self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
@@ -393,16 +457,15 @@ class Upstream:
         upstream: Answer,
         endpoint: Endpoint,
         path: str,
-        tally: Tally,
+        relay: _Relay,
     ) -> web.StreamResponse:
         """Server-sent events written as they arrive, each cleaned by router/answers.py; an
         engine failure ends them with an error."""
         out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
         await out.prepare(request)
         request[errors.STREAM] = out
+        tally = relay.tally
         tally.stream_started()
-        events = _Events()
-        cleaned = answers.Stream(endpoint.model, path, tally)
         while True:
             try:
                 chunk = await upstream.readany()
@@ -418,11 +481,43 @@ class Upstream:
                 return out
             if not chunk:
                 break
-            if ready := cleaned.relay(events.feed(chunk)):  # the usage chunk may be held back
+            if ready := relay.feed(chunk):  # the usage chunk may be held back
                 await out.write(ready)
-        if rest := cleaned.relay(events.rest()):
+        if rest := relay.rest():
             await out.write(rest)
         return out
+
+    async def _fold(
+        self,
+        request: web.Request,
+        upstream: Answer,
+        endpoint: Endpoint,
+        path: str,
+        relay: _Relay,
+    ) -> web.Response:
+        """A stream the client did not ask for, read whole and folded into the route's answer;
+        the engine's error event is the answer's error."""
+        relay.tally.stream_started()
+        folder = folding.Folder(path)
+        while True:
+            try:
+                chunk = await upstream.readany()
+            except ReadTimeout:
+                raise errors.upstream_timeout("The model's engine stopped sending.") from None
+            except EngineError as e:
+                raise _engine_failed(endpoint, e) from None
+            if not chunk:
+                break
+            folder.feed(relay.feed(chunk))
+        folder.feed(relay.rest())
+        overhead.engine_answered(request)
+        if relay.cleaned.failure is not None:
+            return relay.cleaned.failure.response()
+        try:
+            body = folder.answer()
+        except folding.Unfinished as e:
+            raise _engine_failed(endpoint, e) from None
+        return web.Response(status=200, body=body, headers={"Content-Type": "application/json"})
 
     async def _unless_gone(
         self, request: web.Request, work: Coroutine[Any, Any, web.StreamResponse]
@@ -482,6 +577,29 @@ class _Watch:
                 task.cancel()
         if self._watched:
             self._timer = asyncio.get_running_loop().call_later(self._poll_s, self._check)
+
+
+class _Relay:
+    """A stream's events as they are read from the engine: whole events only, each cleaned and
+    counted by router/answers.py."""
+
+    __slots__ = ("cleaned", "ended", "events", "tally")
+
+    def __init__(self, model: str, path: str, tally: Tally) -> None:
+        self.tally = tally
+        self.events = _Events()
+        self.cleaned = answers.Stream(model, path, tally)
+        self.ended = False  # the engine sent its stream's last event
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events chunk completes, cleaned."""
+        if not self.ended and _LAST_EVENT.search(chunk) is not None:
+            self.ended = True
+        return self.cleaned.relay(self.events.feed(chunk))
+
+    def rest(self) -> bytes:
+        """What is left at the end, cleaned."""
+        return self.cleaned.relay(self.events.rest())
 
 
 class _Events:

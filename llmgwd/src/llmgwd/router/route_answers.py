@@ -5,6 +5,7 @@ to the tally."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -44,16 +45,22 @@ class NamedStream:
     error(doc) (the route's own shape)."""
 
     def __init__(
-        self, model: str, tally: Tally, clean: Clean, error: Callable[[Document], bytes]
+        self,
+        model: str,
+        tally: Tally,
+        clean: Clean,
+        error: Callable[[Document], bytes],
+        tokens: re.Pattern[bytes],
     ) -> None:
         self._model = model
         self._tally = tally
         self._clean = clean
         self._error = error
+        self._tokens = tokens  # what marks an event that carries a token
 
     def relay(self, block: bytes) -> bytes:
         """Whole events from the engine (a trailing partial one is passed on as it is)."""
-        self._tally.count(block.count(_END))
+        self._tally.count(block.count(_END), len(self._tokens.findall(block)))
         parts = block.split(_END)
         last = parts.pop()
         return b"".join(self._event(part) for part in parts) + last

@@ -1,10 +1,13 @@
 """Usage read from the engine's answer as the proxy relays it; a stream's usage chunk is passed
 on only to a client that asked for it (the router always asks the engine). The chunks come
-decoded from router/answers.py, which reads each event once."""
+decoded from router/answers.py, which reads each event once. A stream's token-bearing events
+are counted too, for a stream that ends before the engine's final usage."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import msgspec
@@ -26,14 +29,20 @@ _answer_dec = msgspec.json.Decoder(_Answer)
 class Tally:
     """What the engine said it used for one request, and what the client wants to see of it."""
 
-    __slots__ = ("answered", "events", "first_at", "pass_usage", "usage")
+    __slots__ = ("answered", "draining", "events", "first_at", "on_drained", "pass_usage",
+                 "tokens", "usage")  # fmt: skip
 
     def __init__(self) -> None:
         self.answered = False  # the engine answered 200
         self.events: int | None = None  # stream events relayed (None: not a stream)
+        self.tokens = 0  # a stream's events that carried a token (text, reasoning, arguments)
         self.usage: tuple[int, int] | None = None  # (prompt, completion) from the engine
         self.pass_usage = False  # the client asked for stream_options.include_usage
         self.first_at = 0.0  # perf_counter() at a stream's first event (0: none yet)
+        # The client left and the engine's rest is still being read (router/proxy.py): the
+        # request is settled when it ends, by on_drained.
+        self.draining = False
+        self.on_drained: Callable[[], None] | None = None
 
     def whole(self, status: int, data: bytes) -> None:
         """A whole answer: its usage, when it is a success."""
@@ -57,11 +66,20 @@ class Tally:
         self.answered = True
         self.events = 0
 
-    def count(self, events: int) -> None:
-        """Stream events relayed (an answer cut short is counted by them)."""
+    def count(self, events: int, tokens: int = 0) -> None:
+        """Stream events relayed, and of them those that carried a token (an answer cut short
+        is counted by them)."""
         if not self.first_at and events:
             self.first_at = time.perf_counter()
         self.events = (self.events or 0) + events
+        self.tokens += tokens
+
+    def drained(self) -> None:
+        """The engine's rest was read (or given up on): settle now if the handler is done."""
+        self.draining = False
+        settle, self.on_drained = self.on_drained, None
+        if settle is not None:
+            settle()
 
     def chunk(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
         """One decoded stream chunk: its usage read, and dropped unless the client asked for
@@ -76,6 +94,25 @@ class Tally:
             return None
         del chunk["usage"]  # llama.cpp's /completions puts it on the last text chunk
         return chunk
+
+
+# A stream event that carries a token, by route: a delta of text, reasoning or a tool call's
+# arguments (llama.cpp and vLLM stream one token an event, or fewer events than tokens).
+_CHUNK_TOKEN = re.compile(
+    rb'"(?:content|reasoning_content|reasoning|refusal|arguments|text)":\s*"(?!")'
+)
+_TOKEN_EVENTS = {
+    "chat/completions": _CHUNK_TOKEN,
+    "completions": _CHUNK_TOKEN,
+    "messages": re.compile(rb'"type":\s*"content_block_delta"'),
+    "responses": re.compile(rb'"type":\s*"response\.[a-z_.]+\.delta"'),
+}
+_NONE = re.compile(rb"(?!)")  # matches nothing
+
+
+def token_events(path: str) -> re.Pattern[bytes]:
+    """What marks a token-bearing event in route path's stream (nothing on other routes)."""
+    return _TOKEN_EVENTS.get(path, _NONE)
 
 
 def _count(value: object) -> TypeGuard[int]:

@@ -21,6 +21,7 @@ from llmgwd.router import (
     errors,
     expect,
     fields,
+    folding,
     messages,
     overhead,
     prefix,
@@ -33,7 +34,7 @@ from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.metering import HEADERS, Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
-from llmgwd.router.proxy import BODY_TYPE, Upstream
+from llmgwd.router.proxy import BODY_TYPE, FOLD, Upstream
 from llmgwd.router.responses_errors import responses_shape
 from llmgwd.router.token_bounds import Estimate, estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
@@ -292,6 +293,9 @@ class Router:
         if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
             doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
         stream = doc.get("stream") is True
+        # A whole answer is asked of the engine as a stream all the same, and folded: what
+        # the engine made is counted even if the client leaves (router/folding.py).
+        fold = not stream and path in folding.FOLDED
         affinity = None
         if self.balancer.prefix is not None and len(ready) > 1:  # one replica: nothing to choose
             affinity = prefix.affinity_of(request, doc)
@@ -299,14 +303,16 @@ class Router:
         # waited for a refill: the pool is read again
         fresh = ready if time.monotonic() - read_at <= READY_FRESH_S else None
         try:
-            if stream and path in _OPENAI_STREAMS:
-                reservation.tally.pass_usage = ask_for_usage(doc)
+            if (stream or fold) and path in _OPENAI_STREAMS:
+                reservation.tally.pass_usage = ask_for_usage(doc) or fold
+            if fold:
+                doc["stream"] = request[FOLD] = True
             request[TALLY] = reservation.tally
             request[HEADERS] = reservation.headers
             request[BODY_TYPE] = "application/json"  # set: a key missed costs a KeyError
             body = msgspec.json.encode(doc)
             forward = self._upstream.forward
-            return await forward(request, model.name, path, body, stream, fresh, affinity)
+            return await forward(request, model.name, path, body, stream or fold, fresh, affinity)
         finally:
             reservation.settle()
 
