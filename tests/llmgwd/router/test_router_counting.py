@@ -5,9 +5,12 @@ prompt larger than the limit is refused before any engine sees it. Counting is n
 
 from __future__ import annotations
 
+import time
+
 import anthropic
 import pytest
 
+from llmgwd.accounting.periods import Today
 from tests.llmgwd.router import test_router_routes as routes
 from tests.llmgwd.router.test_router_metering import Metered
 from tests.llmgwd.router.test_router_routes import MESSAGES, claude, counted
@@ -41,3 +44,18 @@ async def test_a_count_shows_its_prompt_held_against_the_tokens_per_minute(m: Me
     remaining = int(raw.headers["x-ratelimit-remaining-tokens"])
     assert TPM - 200 < remaining < TPM  # the body's bytes, about 80, held while it is counted
     assert await counted(m) == (1, 0, 0)  # one request, no token billed
+
+
+async def test_a_count_spends_no_budget_and_its_tokens_count_against_the_rate(m: Metered) -> None:
+    """A key whose token budget is nearly spent may still count (Anthropic bills no count),
+    and the engine's count (32 tokens), not the body's bound, stays in its tokens per minute."""
+    m.keys.limit(tpm=TPM, budget_tokens=10, budget_tokens_per="day")
+    async with claude(m) as client:
+        await client.messages.count_tokens(model=MODEL, messages=MESSAGES)
+        raw = await client.messages.with_raw_response.count_tokens(model=MODEL, messages=MESSAGES)
+    assert (await raw.parse()).input_tokens == 32
+    assert await counted(m) == (2, 0, 0)
+    assert m.meter.budgets.used("key-user", Today().at(time.time())) == (0, 0)
+    assert m.meter.budgets.reserved("key-user") == (0, 0)
+    window = m.meter.limits.states("key-user", m.keys.key.limits, time.monotonic())
+    assert [s.remaining for s in window if s.kind == "tokens"] == [TPM - 2 * 32]

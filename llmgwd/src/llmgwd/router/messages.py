@@ -177,8 +177,8 @@ def clean(doc: Document, model: str, tally: Tally) -> Document | None:
     elif kind == "message_delta" and isinstance(doc.get("usage"), dict):
         prompt = tally.usage[0] if tally.usage is not None else 0
         tally.took(prompt, doc["usage"].get("output_tokens"))
-    elif "input_tokens" in doc and len(doc) == 1:  # count_tokens' answer
-        tally.took(0, 0)
+    elif "input_tokens" in doc and len(doc) == 1:  # count_tokens' answer: the tokens read,
+        tally.took(doc["input_tokens"], 0)  # held against the key's rate, never billed
     elif isinstance(doc.get("message"), str):  # llama.cpp's error event: its error object bare
         return _error(doc, model)
     return doc

@@ -171,6 +171,8 @@ class Meter:
         tokens, day, requests = estimate.total, self._today.at(ts), estimate.requests
         picos = pricing.cost(model, estimate.prompt, estimate.completion)
         levels = self.levels_of(key, model)
+        if not estimate.billed:  # counting a prompt: held to the rates only, costs nothing
+            levels, picos = tuple((i, _unbudgeted(lim)) for i, lim in levels), 0
         for ident, limits in levels:  # every level checked before any is taken from
             exhausted = self.budgets.check(ident, limits, tokens, picos, day)
             if exhausted is not None:
@@ -185,7 +187,7 @@ class Meter:
         reservation = Reservation(self, key, model, estimate, picos, levels)
         for ident, limits in levels:
             reservation.seconds.append(self.limits.take(ident, limits, tokens, now, requests))
-            self.budgets.take(ident, tokens, picos)
+            self.budgets.take(ident, tokens if estimate.billed else 0, picos)
             if self.shares is not None:
                 share = (ident, limits, tokens, picos, requests, day)
                 reservation.tickets.append(self.shares.take(*share))
@@ -217,16 +219,21 @@ class Meter:
         return None
 
     def settle(self, r: Reservation) -> None:
-        """Release r's reservations at every level and count what it used (memory only)."""
+        """Release r's reservations at every level and count what it used (memory only); a
+        request that is not billed (a count of tokens) counts its tokens against the rates
+        only, and is one request of no tokens in the usage and budgets."""
         prompt, completion = r.used()
         tokens = prompt + completion
-        picos = pricing.cost(r.model, prompt, completion)
         day = self._today.at(self._wall())
         now, reserved = self._monotonic(), (r.estimate.total, r.picos)
+        if not r.estimate.billed:
+            reserved, prompt, completion = (0, 0), 0, 0
+        billed = prompt + completion
+        picos = pricing.cost(r.model, prompt, completion)
         for (ident, _), second in zip(r.levels, r.seconds, strict=True):
             if second is not None:
                 self.limits.settle(ident, second, r.estimate.total, tokens, now)
-            self.budgets.settle(ident, reserved, tokens, picos, day)
+            self.budgets.settle(ident, reserved, billed, picos, day)
         if self.shares is not None:
             for ticket in r.tickets:
                 self.shares.settle(ticket, tokens, picos)
@@ -234,6 +241,13 @@ class Meter:
             self.usage.add((day, r.key.id, r.model.name), prompt, completion, picos)
             if self.on_settled is not None:
                 self.on_settled(r.model.name, prompt, completion, picos)
+
+
+def _unbudgeted(limits: KeyLimits) -> KeyLimits:
+    """limits without their token and spend budgets (for a request that is not billed)."""
+    if not (limits.budget_tokens or limits.budget_spend):
+        return limits
+    return msgspec.structs.replace(limits, budget_tokens=0, budget_spend=0.0)
 
 
 def _unpriced(limits: KeyLimits) -> KeyLimits:

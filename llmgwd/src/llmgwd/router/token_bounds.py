@@ -42,8 +42,8 @@ class Estimate:
     """The most tokens a request may use: its prompt's and all its choices' completions; and
     how many requests it counts as against a requests-per-minute limit (one per prompt).
     billed: whether its tokens are meant for budgets and spend too, not only for the tokens per
-    minute (counting a prompt's tokens is not billed, as Anthropic bills none; the Meter does
-    not read it yet, so such a request's bound is still held against budgets while it runs)."""
+    minute (counting a prompt's tokens is not billed, as Anthropic bills none: the Meter holds
+    it to the rates only, and counts it as one request of no tokens)."""
 
     prompt: int
     completion: int
