@@ -110,3 +110,20 @@ def test_a_stream_without_its_frame_is_unfinished(path: str) -> None:
     folder.feed(b'data: {"type":"content_block_delta","index":0,"delta":{"text":"x"}}\n\n')
     with pytest.raises(folding.Unfinished):
         folder.answer()
+
+
+@pytest.mark.parametrize(
+    ("path", "event", "status"),
+    [  # llama-server's error events: OpenAI's {"error": {...}}, and its bare object on Messages
+        ("chat/completions", b'data: {"error":{"code":400,"message":"bad","type":"x"}}\n\n', 400),
+        ("messages", b'event: error\ndata: {"code":500,"message":"bad","type":"x"}\n\n', 500),
+        ("responses", b'event: error\ndata: {"type":"error","code":"x","message":"bad"}\n\n', 500),
+    ],
+)
+def test_an_engine_s_error_event_is_kept_with_its_status(
+    path: str, event: bytes, status: int
+) -> None:
+    folder = folding.Folder(path)
+    folder.feed(b'data: {"choices":[]}\n\n' + event + b'data: {"choices":[]}\n\n')
+    assert folder.error is not None and b'"bad"' in folder.error
+    assert folder.error_status == status

@@ -9,6 +9,9 @@ from typing import Any
 
 import msgspec
 
+from llmgwd.router import route_answers
+from llmgwd.router.usage_events import Tally
+
 Document = dict[str, Any]
 
 _END = b"\n\n"
@@ -24,13 +27,17 @@ class Unfinished(Exception):
 
 
 class Folder:
-    """Collects a cleaned stream's events (bytes as router/answers.py writes them for a client)
-    and makes the route's whole answer of them."""
+    """Collects the engine's stream events as they come and makes the route's whole answer of
+    them (as the engine wrote it: router/answers.py cleans it once, as any whole answer), or
+    keeps the engine's first error event."""
 
     def __init__(self, path: str) -> None:
+        self._path = path
         self._fold = _FOLDS[path]
         self._docs: list[Document] = []
         self._tail = b""
+        self.error: bytes | None = None  # the data of the engine's error event, if it sent one
+        self.error_status = 500  # the status its error names, else 500
 
     def feed(self, block: bytes) -> None:
         """Cleaned events; a partial last one is kept until its end comes."""
@@ -38,6 +45,14 @@ class Folder:
         self._tail = events.pop()
         for event in events:
             self._event(event)
+
+    def tell(self, model: str, tally: Tally) -> None:
+        """Tell tally the usage the events so far carry (Messages' message_start says the
+        prompt's tokens), for an answer left before its end."""
+        clean = route_answers.CLEAN.get(self._path)
+        if clean is not None:
+            for doc in self._docs:
+                clean(doc, model, tally)
 
     def answer(self) -> bytes:
         """The whole answer, as JSON; Unfinished if the stream did not make one."""
@@ -47,15 +62,27 @@ class Folder:
         return _encoder.encode(self._fold(self._docs))
 
     def _event(self, event: bytes) -> None:
-        _, sep, data = event.rpartition(b"data:")
+        head, sep, data = event.rpartition(b"data:")
         if not sep:
             return
         try:
             doc = _decoder.decode(data)
         except msgspec.DecodeError:  # [DONE]
             return
-        if isinstance(doc, dict) and "error" not in doc:
-            self._docs.append(doc)
+        if not isinstance(doc, dict):
+            return
+        if b"event: error" in head or "error" in doc or doc.get("type") == "error":
+            if self.error is None:  # the first error ends the answer
+                self.error, self.error_status = data, _status(doc)
+            return
+        self._docs.append(doc)
+
+
+def _status(doc: Document) -> int:
+    """The HTTP status an engine's error event names (llama.cpp's code), else 500."""
+    inner = doc.get("error")
+    code = inner.get("code") if isinstance(inner, dict) else doc.get("code")
+    return code if isinstance(code, int) and 400 <= code <= 599 else 500
 
 
 def chat(docs: list[Document]) -> Document:

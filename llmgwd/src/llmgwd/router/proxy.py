@@ -29,7 +29,7 @@ from llmgwd.router.engine_client import (
 )
 from llmgwd.router.prefix import Affinity
 from llmgwd.router.route_errors import for_route
-from llmgwd.router.usage_events import Tally, tally_of
+from llmgwd.router.usage_events import Tally, tally_of, token_events
 from llmgwd.router.waitlist import Busy
 
 log = logging.getLogger("llmgwd.router")
@@ -495,10 +495,12 @@ class Upstream:
         path: str,
         relay: _Relay,
     ) -> web.Response:
-        """A stream the client did not ask for, read whole and folded into the route's answer;
-        the engine's error event is the answer's error."""
-        relay.tally.stream_started()
-        folder = folding.Folder(path)
+        """A stream the client did not ask for, read whole, folded into the route's answer and
+        cleaned once (its tokens counted as they come, for a client that leaves); the
+        engine's error event is the answer's error."""
+        tally = relay.tally
+        tally.stream_started()
+        folder, tokens = folding.Folder(path), token_events(path)
         while True:
             try:
                 chunk = await upstream.readany()
@@ -506,17 +508,23 @@ class Upstream:
                 raise errors.upstream_timeout("The model's engine stopped sending.") from None
             except EngineError as e:
                 raise _engine_failed(endpoint, e) from None
+            except asyncio.CancelledError:  # the client left: what the engine said it read
+                folder.tell(endpoint.model, tally)
+                raise
             if not chunk:
                 break
-            folder.feed(relay.feed(chunk))
-        folder.feed(relay.rest())
+            tally.count(chunk.count(b"\n\n"), len(tokens.findall(chunk)))
+            relay.ended = relay.ended or _LAST_EVENT.search(chunk) is not None
+            folder.feed(chunk)
         overhead.engine_answered(request)
-        if relay.cleaned.failure is not None:
-            return relay.cleaned.failure.response()
+        if folder.error is not None:
+            status, model = folder.error_status, endpoint.model
+            return answers.engine_error(status, folder.error, model, path).response()
         try:
-            body = folder.answer()
+            whole = folder.answer()
         except folding.Unfinished as e:
             raise _engine_failed(endpoint, e) from None
+        body = answers.success_body(whole, endpoint.model, tally, path)
         return web.Response(status=200, body=body, headers={"Content-Type": "application/json"})
 
     async def _unless_gone(
