@@ -142,6 +142,15 @@ SETTINGS = {
         "its x-session-id header was sent to), unless that replica has 2 more requests in "
         "flight than the least busy one. false: the least busy replica, in turn."
     ),
+    "server.client.cache_isolation": (
+        "Whose /v1 requests may reuse a prompt an engine has cached, which answers them sooner "
+        "(so a key could tell by the time what another sent): org, those of one organization "
+        "(a key of none counts as its own); key, those of one key; none, anyone's. vLLM gets "
+        "a cache_salt per organization or key; llama.cpp's requests are pinned to a slot "
+        "(id_slot) and reuse it only when it holds nothing else, llama-server keeps no prompt "
+        "cache in RAM (--cache-ram 0), and slots are reused only while this control plane is "
+        "the only one, from 10 minutes after another one left."
+    ),
     "server.client.request_metrics": (
         "Count each /v1 request in /metrics (requests, latency, first token, tokens, spend, "
         "refusals, waits). false: none of those series is kept (the cluster's and the GPUs' "

@@ -58,10 +58,17 @@ class ClientPort(Strict):
     uncapped_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     cors_origins: tuple[str, ...] = ()
     prefix_balancing: bool = True  # requests go where their prompt's prefix is (router/prefix.py)
+    # Whose requests may reuse an engine's cached prompt (router/isolation.py): those of one
+    # organization (a key of none: its own), of one key, or anyone's (none: a key can tell by
+    # the time to its first token what another sent): org, key or none.
+    cache_isolation: str = "org"
     request_metrics: bool = True  # /metrics counts each /v1 request (false: to measure its cost)
 
     def __post_init__(self) -> None:
         _check_listen(self.listen)
+        if self.cache_isolation not in ("org", "key", "none"):
+            why = f"cache_isolation: {self.cache_isolation!r} is none of org, key, none"
+            raise ValueError(why)
         for net in self.uncapped_addresses:
             try:
                 ipaddress.ip_network(net, strict=False)

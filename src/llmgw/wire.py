@@ -183,6 +183,10 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     # --gpu-memory-utilization); 0.0: on CPUs, or the engine's default.
     gpu_memory_fraction: float = 0.0
     cache_type: str = ""  # the profile's KV cache type ("f16", "q8_0", "fp8"...); "": default
+    # Requests of different organizations (or keys) must not share cached prompts
+    # (client.cache_isolation): llama-server keeps no prompt cache in RAM, which every slot
+    # would load from (the router keeps its slots apart).
+    isolated_cache: bool = False
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
@@ -203,6 +207,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
             "cores",
             "gpu_memory_fraction",
             "cache_type",
+            "isolated_cache",
         ):
             if not data[unset]:
                 del data[unset]

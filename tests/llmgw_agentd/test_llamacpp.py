@@ -80,6 +80,14 @@ def test_the_prompt_cache_stays_within_the_memory_limit() -> None:
     assert "--cache-ram" not in argv(spec())  # no limit given: llama-server's own default
 
 
+def test_an_isolated_cache_keeps_no_prompt_in_ram() -> None:
+    # Every slot loads from llama-server's prompt cache in RAM: with organizations kept apart
+    # (client.cache_isolation), it is off, whatever the memory limit.
+    for limit in (0, (1000 + 512) << 20):
+        got = argv(spec(memory_max_bytes=limit, isolated_cache=True))
+        assert got.count("--cache-ram") == 1 and got[got.index("--cache-ram") + 1] == "0"
+
+
 def test_argv_leaves_out_what_is_not_set() -> None:
     got = llamacpp.command(spec(), binary="/b", host="h", port=1, key_file=None)
     assert "--ctx-size" not in got and "--threads" not in got and "--api-key-file" not in got

@@ -77,13 +77,20 @@ async def store() -> AsyncIterator[SqliteStore]:
 
 
 async def start(
-    store: SqliteStore, nodes: FakeNodes, *models: Model, clock: Clock | None = None
+    store: SqliteStore,
+    nodes: FakeNodes,
+    *models: Model,
+    clock: Clock | None = None,
+    isolated_cache: bool = False,
 ) -> Reconciler:
     cat = Catalog(store)
     await cat.load()
     for m in models:
         await cat.add_model(m)
-    rec = Reconciler(store, cat, nodes, b"s" * 32, grace_s=60, clock=clock or Clock())
+    rec = Reconciler(
+        store, cat, nodes, b"s" * 32, grace_s=60, clock=clock or Clock(),
+        isolated_cache=isolated_cache,
+    )  # fmt: skip
     await rec.load()
     await rec.reconcile()
     return rec
@@ -314,6 +321,17 @@ async def test_the_spec_carries_the_placements_cores_and_the_profiles_cache_type
     await start(store, nodes, smol(profiles=[cpu], replicas=1))
     (spec,) = nodes.desired["a"]
     assert spec.cores == 2 and spec.cache_type == "q8_0" and spec.gpu_memory_fraction == 0.0
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+async def test_llama_cpp_keeps_no_shared_prompt_cache_when_isolated(
+    store: SqliteStore, isolated: bool
+) -> None:
+    # client.cache_isolation org or key: the agent starts llama-server with --cache-ram 0.
+    nodes = FakeNodes("a")
+    await start(store, nodes, smol(replicas=1), isolated_cache=isolated)
+    (spec,) = nodes.desired["a"]
+    assert spec.isolated_cache is isolated
 
 
 async def test_vllm_on_a_card_is_given_its_share_of_the_card(store: SqliteStore) -> None:

@@ -41,7 +41,7 @@ from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Scraper
 from llmgwd.mirror import setup as mirror_setup
 from llmgwd.roles import Roles
-from llmgwd.router import Router, transcriptions
+from llmgwd.router import Router, isolation, transcriptions
 from llmgwd.router.metering import Meter
 from llmgwd.scim import app as scim
 from llmgwd.scim.base import ScimContext
@@ -171,7 +171,7 @@ class Daemon:
         self._spawn(sdnotify.watchdog())
         ctx = self._api_context(keys, url)
         await self._serve_cluster(keys)
-        await self._serve_client(ctx)
+        await self._serve_client(ctx, secret)
         await self._serve_local(ctx)
         sdnotify.ready(f"serving /v1 on {cfg.client.listen}, agents on {cfg.cluster.listen}")
         log.info(
@@ -211,7 +211,8 @@ class Daemon:
         self.announcer = servers.Announcer(self.store, name, url, lambda: self.session.lease)
         self.election = Election(self.store, self.session, LeaderRecord(name, url))
         self.roles = Roles(self.store, self.catalog, self.cluster, secret, self.election,
-                           self.announcer, grace_s=cfg.node_grace_s)  # fmt: skip
+                           self.announcer, grace_s=cfg.node_grace_s,
+                           isolated_cache=cfg.client.cache_isolation != "none")  # fmt: skip
         self.catalog.on_change(self.roles.poke)
         self.published = Published(self.store, secret)
         local = lambda: self.roles.reconciler  # noqa: E731
@@ -256,7 +257,7 @@ class Daemon:
         placed = [p.node for p in self.roles.placements()]
         return await cluster.remove_node(self.cluster, self.members, name, placed)
 
-    async def _serve_client(self, ctx: ApiContext) -> None:
+    async def _serve_client(self, ctx: ApiContext, secret: bytes) -> None:
         cfg = self.config.client
         memory_bound.check(cfg)  # its unit's MemoryMax against what these settings call for
         pool = RolePool(self.cluster, self.published)
@@ -273,7 +274,12 @@ class Daemon:
             prefix_aware=cfg.prefix_balancing,
             registry=self.registry,
             count=cfg.request_metrics,
+            cache_isolation=isolation.mode(cfg.cache_isolation),
+            salt_secret=secret,
         )
+        # llama.cpp's slots are reused only while this control plane is the only one.
+        self.router.isolation.wait_for_planes()
+        self._spawn(servers.follow(self.store, self.router.isolation.planes))
         self._register_metrics(pool)
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)

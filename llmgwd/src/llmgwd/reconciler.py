@@ -163,7 +163,9 @@ class Reconciler:
         *,
         grace_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        isolated_cache: bool = False,  # client.cache_isolation is not none: see ReplicaSpec
     ) -> None:
+        self._isolated_cache = isolated_cache
         self._store = store
         self._catalog = catalog
         self._nodes = nodes
@@ -520,6 +522,7 @@ class Reconciler:
             cores=p.cores,
             gpu_memory_fraction=fraction,
             cache_type=profile.cache_type or "",
+            isolated_cache=self._isolated_cache and m.engine == "llama.cpp",
         )
 
     # Views

@@ -40,7 +40,9 @@ class Roles:
         announcer: servers.Announcer,
         *,
         grace_s: float,
+        isolated_cache: bool = False,  # client.cache_isolation is not none (ReplicaSpec's)
     ) -> None:
+        self._isolated_cache = isolated_cache
         self._store = store
         self._catalog = catalog
         self._cluster = cluster
@@ -56,7 +58,8 @@ class Roles:
 
     def _new_reconciler(self, store: Store, term: int) -> Reconciler:
         fenced = FencedStore(store, term, self._election.step_down)
-        return Reconciler(fenced, self._catalog, self._cluster, self._secret, grace_s=self._grace_s)
+        return Reconciler(fenced, self._catalog, self._cluster, self._secret,
+                          grace_s=self._grace_s, isolated_cache=self._isolated_cache)  # fmt: skip
 
     def poke(self) -> None:
         """The catalog changed: the leader reconciles soon."""

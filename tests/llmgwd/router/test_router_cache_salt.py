@@ -1,5 +1,6 @@
-"""vLLM's prefix cache kept apart per account: the router salts each request to a vLLM model
-with its key's account (each key, until keys have accounts); llama.cpp gets no salt."""
+"""vLLM's prefix cache kept apart per organization: the router salts each request to a vLLM
+model with its key's organization (a key of none is its own); llama.cpp gets no salt (its
+slots: test_router_cache_isolation.py)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ async def test_each_account_gets_its_own_salt_and_keeps_it(engine: FakeEngine, p
     assert ALICE not in alice and "key-0" not in alice
 
 
-async def test_until_keys_have_accounts_each_key_is_its_own(engine: FakeEngine, post: Any) -> None:
+async def test_keys_of_no_organization_are_each_their_own(engine: FakeEngine, post: Any) -> None:
     await post(ALICE, VLLM_MODEL)
     await post(ALICE_2, VLLM_MODEL)
     first, second = (seen.body["cache_salt"] for seen in engine.seen)

@@ -70,7 +70,9 @@ def command(
     argv += gpu_args(spec)
     if spec.model:
         argv += ["--alias", spec.model]
-    if spec.memory_max_bytes:  # prompts kept in RAM stay within the unit's MemoryMax
+    if spec.isolated_cache:  # every slot loads from it: no organization's prompt in another's
+        argv += ["--cache-ram", "0"]
+    elif spec.memory_max_bytes:  # prompts kept in RAM stay within the unit's MemoryMax
         argv += ["--cache-ram", str(engine_memory.prompt_cache_mib(spec.memory_max_bytes))]
     # The model's own chat template (jinja), so that tools, tool_choice and JSON-schema
     # answers work (a spec's --no-jinja, after it, still turns it off).

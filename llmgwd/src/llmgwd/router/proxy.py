@@ -27,6 +27,7 @@ from llmgwd.router.engine_client import (
     EngineError,
     ReadTimeout,
 )
+from llmgwd.router.isolation import TICKET, CacheIsolation
 from llmgwd.router.prefix import Affinity
 from llmgwd.router.route_errors import for_route
 from llmgwd.router.usage_events import Tally, tally_of, token_events
@@ -124,10 +125,12 @@ class Upstream:
         retry_after_s: int = 5,
         disconnect_poll_s: float = 0.2,
         drain_s: float = 30.0,
+        isolation: CacheIsolation | None = None,
     ) -> None:
         self._balancer = balancer
         self._drain_s = drain_s  # the longest an engine's rest is read after its client left
         self._drains: set[asyncio.Task[None]] = set()
+        self.isolation = isolation if isolation is not None else CacheIsolation()
         # No total timeout: a stream lasts as long as the engine keeps sending. Keep-alive
         # below llama-server's 5 s, so that a pooled connection is seldom stale.
         self._client = EngineClient(
@@ -224,8 +227,12 @@ class Upstream:
         may take the request. What failed counts toward taking the replica out of the pool."""
         ejections = self._balancer.ejections
         flight = self._flights.enter(endpoint.node)
+        lease, ticket, whole = None, request.get(TICKET), False
+        if ticket is not None:  # llama.cpp's slot and whether it may reuse its cached prompt
+            body, lease = self.isolation.lease(ticket, endpoint, path, body)
         try:
             answer = await self._exchange(request, endpoint, path, body, stream)
+            whole = answer.status == 200 and request.get(errors.OUTCOME) != "upstream_broke"
         except _Unreachable:
             ejections.failed(endpoint.replica_id)
             return None
@@ -241,6 +248,7 @@ class Upstream:
         finally:
             self._flights.leave(endpoint.node, flight)
             self._balancer.release(endpoint)
+            self.isolation.done(endpoint, lease, whole)
         # A stream it cut short, or its 5xx answer (router/answers.py maps those that were the
         # client's fault to 4xx: they do not count).
         if request.get(errors.OUTCOME) == "upstream_broke" or answer.status in _ENGINE_FAULTS:

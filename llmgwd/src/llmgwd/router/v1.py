@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Endpoint, Pool
 from llmgwd.router import (
-    cache_salt,
     embeddings,
     errors,
     expect,
@@ -32,6 +31,7 @@ from llmgwd.router import (
 )
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
+from llmgwd.router.isolation import CacheIsolation, Mode
 from llmgwd.router.metering import HEADERS, Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
 from llmgwd.router.proxy import BODY_TYPE, FOLD, Upstream
@@ -124,6 +124,8 @@ class Router:
         max_audio_bytes: int = transcriptions.MAX_AUDIO_BYTES,
         uploads: transcriptions.Uploads | None = None,  # client.max_uploads_in_flight's spools
         count: bool = True,  # client.request_metrics: whether /v1 requests are counted
+        cache_isolation: Mode = "org",  # client.cache_isolation (router/isolation.py)
+        salt_secret: bytes = b"",  # the cluster secret: vLLM's cache_salt alike on every plane
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -149,7 +151,9 @@ class Router:
             read_timeout_s=read_timeout_s,
             retry_after_s=retry_after_s,
             disconnect_poll_s=disconnect_poll_s,
+            isolation=CacheIsolation(cache_isolation, salt_secret),
         )
+        self.isolation = self._upstream.isolation  # the daemon tells it the control planes
         self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda m: bool(models.get(m)))
         self.app = self._application(count)
 
@@ -290,8 +294,8 @@ class Router:
         read_at = time.monotonic()
         bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
-        if model.engine == "vllm":  # its prefix cache kept apart per account (fields refused
-            doc["cache_salt"] = cache_salt.of(key)  # a client's own cache_salt)
+        # The engine's prompt cache kept apart per organization or key (client.cache_isolation)
+        self.isolation.apply(request, key, model, doc)
         stream = doc.get("stream") is True
         # A whole answer is asked of the engine as a stream all the same, and folded: what
         # the engine made is counted even if the client leaves (router/folding.py).
