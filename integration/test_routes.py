@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,52 @@ def test_an_anthropic_tool_use_streamed_and_not_and_its_answer(node: Node) -> No
                                    extra_body=GREEDY, max_tokens=40)  # fmt: skip
     assert final.stop_reason == "end_turn" and final.content[0].type == "text"
     assert "sunny" in final.content[0].text.lower()
+
+
+# Issue 26 finding 4: a flood of uploads within llmgwd's memory bound.
+
+
+def anon_kib(node: Node, pid: int) -> int:
+    """RssAnon of pid, in KiB: its heap, not the spools' file pages it maps to send them."""
+    status = node.ps.run(["cat", f"/proc/{pid}/status"]).stdout
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("RssAnon:"))
+
+
+def test_a_flood_of_uploads_stays_within_llmgwds_memory_bound(node: Node) -> None:
+    """8 uploads of 24 MB at once (the reviewer's flood), model part first as openai's client
+    sends it, while another key chats: llmgwd, under its unit's MemoryMax, is not killed, its
+    anonymous memory (sampled through the flood) grows by the spools' share and not the
+    uploads', and the chat is answered. (SmolLM2 has no audio: each upload is spooled, sent,
+    and refused by it.)"""
+    limit = node.ps.systemctl("show", "-P", "MemoryMax", "llmgwd.service").stdout.strip()
+    assert limit == str(1568 * 1024 * 1024)
+    pid = node.main_pid("llmgwd.service")
+    before = anon_kib(node, pid)
+    chatter, audio = key(node, "flood-chatter"), b"RIFF" + bytes(24 * 1000 * 1000)
+
+    def upload() -> str:
+        with pytest.raises(openai.BadRequestError) as e:
+            gpt(node, node.key).audio.transcriptions.create(model=MODEL, file=("a.wav", audio))
+        return str(e.value.code)
+
+    def chat() -> str | None:
+        answer = gpt(node, chatter).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+        )
+        return answer.choices[0].message.content
+
+    with ThreadPoolExecutor(9) as pool:
+        floods = [pool.submit(upload) for _ in range(8)]
+        said = pool.submit(chat)
+        peak = before
+        while not all(f.done() for f in floods):
+            peak = max(peak, anon_kib(node, pid))
+        codes = [f.result() for f in floods]
+        assert said.result()
+    after = anon_kib(node, pid)
+    print(f"llmgwd RssAnon (KiB): before {before}, peak seen {peak}, after {after}")
+    assert codes == ["model_not_supported"] * 8
+    assert node.main_pid("llmgwd.service") == pid and node.restarts("llmgwd.service") == 0
+    # The flood's 192 MB held whole would have raised it by hundreds of MB (the reviewer's:
+    # 97 -> 497 MB); its spools are 8 x 2 MiB.
+    assert peak - before < 64 * 1024
