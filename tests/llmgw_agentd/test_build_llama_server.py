@@ -13,6 +13,8 @@ import pytest
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "build-llama-server"
 VERSION = "11434.0.0"
+# The CPU build's directory here: on x86_64 the one without llama.cpp's AMX kernels.
+CPU_DIR = f"{VERSION}-{os.uname().machine}" + ("-noamx" if os.uname().machine == "x86_64" else "")
 
 
 def fake(bindir: Path, name: str, body: str) -> None:
@@ -89,7 +91,7 @@ def test_another_cuda_release_or_llama_version_is_another_cache(tmp_path: Path) 
     cpu = run(tmp_path, "--print-cache-dir", "--cpu").stdout.strip()
     assert first.endswith("-cuda12.4-sm90") and second.endswith("-cuda13.0-sm90")
     assert "11500.0.0" in newer and newer.endswith("-cuda13.0-sm90")
-    assert cpu == f"{tmp_path}/cache/llama.cpp/{VERSION}-{os.uname().machine}"
+    assert cpu == f"{tmp_path}/cache/llama.cpp/{CPU_DIR}"
     assert len({first, second, newer, cpu}) == 4
 
 
@@ -101,7 +103,38 @@ def test_nvcc_without_a_card_builds_for_cpus(tmp_path: Path) -> None:
     said = dry(tmp_path)
     assert said["build"] == "cpu"
     assert "GGML_CUDA" not in said["cmake"]
-    assert said["binary"].endswith(f"/{VERSION}-{os.uname().machine}/llama-server")
+    assert said["binary"].endswith(f"/{CPU_DIR}/llama-server")
+
+
+NO_AMX = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_an_x86_cpu_build_has_no_amx_kernels_and_a_cache_of_its_own(
+    tmp_path: Path, machine: str
+) -> None:
+    """-march=native turns on llama.cpp's AMX kernels where the CPU has AMX, and GCC 12
+    miscompiles them (SIGSEGV on the first matrix product): an x86_64 CPU build leaves them
+    out, in a directory no build with them in it ever had."""
+    fake(tmp_path / "bin", "uname", f"echo {machine}")
+    fake(tmp_path / "bin", "c++", "exit 0")  # a compiler that knows -mno-amx-*
+    said = dry(tmp_path, "--cpu")
+    flags = said["cmake"].split(" -D")
+    if machine == "x86_64":
+        assert said["binary"].endswith(f"/{VERSION}-x86_64-noamx/llama-server")
+        assert f"CMAKE_C_FLAGS={' '.join(NO_AMX)}" in flags
+        assert f"CMAKE_CXX_FLAGS={' '.join(NO_AMX)}" in flags
+    else:
+        assert said["binary"].endswith(f"/{VERSION}-aarch64/llama-server")
+        assert "amx" not in said["cmake"]
+
+
+def test_a_compiler_without_amx_gets_no_amx_flags(tmp_path: Path) -> None:
+    fake(tmp_path / "bin", "uname", "echo x86_64")
+    fake(tmp_path / "bin", "c++", "exit 1")  # an old GCC: "unrecognized option -mno-amx-tile"
+    said = dry(tmp_path, "--cpu")
+    assert "amx" not in said["cmake"]
+    assert said["binary"].endswith(f"/{VERSION}-x86_64-noamx/llama-server")
 
 
 def test_a_card_without_nvcc_builds_for_cpus(tmp_path: Path) -> None:
@@ -162,7 +195,7 @@ def test_the_build_says_each_step_and_percentage_then_caches_the_binary(
         return
     assert out.returncode == 0, out.stderr
     binary = Path(out.stdout.strip())
-    assert binary == tmp_path / "cache/llama.cpp" / f"{VERSION}-{os.uname().machine}/llama-server"
+    assert binary == tmp_path / "cache/llama.cpp" / CPU_DIR / "llama-server"
     assert binary.is_file()
     prefix = f"llama-server {VERSION} (cpu): "
     steps = [line.removeprefix(prefix) for line in said if line.startswith(prefix)]

@@ -98,7 +98,7 @@ def build(root: Path, name: str) -> Path:
 
 def test_a_spec_on_cards_gets_the_cuda_build_of_this_toolkit_for_its_cards(tmp_path: Path) -> None:
     env = {"LLMGW_CACHE": str(tmp_path)}
-    cpu = build(tmp_path, f"{llamacpp.VERSION}-x86_64")
+    cpu = build(tmp_path, f"{llamacpp.VERSION}-x86_64-noamx")
     older = build(tmp_path, f"{llamacpp.VERSION}-x86_64-cuda12.2-sm90")
     h100 = build(tmp_path, f"{llamacpp.VERSION}-x86_64-cuda12.4-sm90")
     both = build(tmp_path, f"{llamacpp.VERSION}-x86_64-cuda12.4-sm89_90")

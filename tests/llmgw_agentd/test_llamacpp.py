@@ -160,13 +160,27 @@ def test_configured_binary_must_exist(tmp_path: Path) -> None:
 
 
 def test_binary_from_the_build_scripts_cache(tmp_path: Path) -> None:
-    rel = Path("llama.cpp") / f"{llamacpp.VERSION}-x86_64" / "llama-server"
+    rel = Path("llama.cpp") / f"{llamacpp.VERSION}-x86_64-noamx" / "llama-server"
     home_bin = executable(tmp_path / "home" / ".cache" / "llmgw" / rel)
     env = {"HOME": str(tmp_path / "home")}
     assert llamacpp.find_binary(LlamaCpp(), env=env, arch="x86_64") == home_bin
     cache_bin = executable(tmp_path / "cache" / rel)
     env["LLMGW_CACHE"] = str(tmp_path / "cache")
     assert llamacpp.find_binary(LlamaCpp(), env=env, arch="x86_64") == cache_bin
+
+
+def test_an_x86_cpu_build_that_may_have_amx_kernels_is_never_run(tmp_path: Path) -> None:
+    # A VERSION-x86_64 build (before build-llama-server left AMX out) dies of SIGSEGV on the
+    # first matrix product on a CPU with AMX: only VERSION-x86_64-noamx is an x86 CPU build.
+    env = {"LLMGW_CACHE": str(tmp_path)}
+    executable(tmp_path / "llama.cpp" / f"{llamacpp.VERSION}-x86_64" / "llama-server")
+    with pytest.raises(EngineError, match=r"-x86_64-noamx/llama-server.*build-llama-server"):
+        llamacpp.find_binary(LlamaCpp(), env=env, arch="x86_64")
+    noamx = executable(tmp_path / "llama.cpp" / f"{llamacpp.VERSION}-x86_64-noamx" / "llama-server")
+    assert llamacpp.find_binary(LlamaCpp(), env=env, arch="x86_64") == noamx
+    # Elsewhere there are no AMX kernels: the name is VERSION-ARCH, as it was.
+    arm = executable(tmp_path / "llama.cpp" / f"{llamacpp.VERSION}-aarch64" / "llama-server")
+    assert llamacpp.find_binary(LlamaCpp(), env=env, arch="aarch64") == arm
 
 
 def test_a_missing_binary_says_where_it_looked(tmp_path: Path) -> None:

