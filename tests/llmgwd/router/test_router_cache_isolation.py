@@ -13,8 +13,8 @@ import pytest
 
 from llmgwd.catalog import ApiKey, hash_secret
 from llmgwd.profiles import Profile
-from llmgwd.router import Router
-from llmgwd.router.isolation import Mode
+from llmgwd.router import Router, prefix
+from llmgwd.router.isolation import CacheIsolation, Mode, Ticket
 from tests.llmgwd.router import test_router_v1 as v1
 from tests.llmgwd.router.test_router_v1 import FakeEngine, FakeModels, FakePool, endpoint, serve
 
@@ -189,3 +189,18 @@ async def test_vllm_salts_per_organization(gateway: tuple[Router, Send]) -> None
 async def test_vllm_unsalted_with_none(gateway: tuple[Router, Send]) -> None:
     _, send = gateway
     assert "cache_salt" not in await send(ACME, VLLM)
+
+
+def test_a_request_beyond_the_slots_known_taints_them() -> None:
+    # The balancer sends a replica no more requests than its slots; should one more come, it
+    # goes unpinned (llama-server picks a slot), and no slot is reused after.
+    book = CacheIsolation("org")
+    replica = dataclasses.replace(endpoint("http://e", LLAMA), model=LLAMA, slots=2)
+    ticket = Ticket("org:acme", False, prefix.chain(PROMPT))
+    leases = [book.lease(ticket, replica, "chat/completions", b'{"model":"m"}')[1] for _ in "ab"]
+    body, extra = book.lease(ticket, replica, "chat/completions", b'{"model":"m"}')
+    assert extra is None and msgspec.json.decode(body) == {"cache_prompt": False, "model": "m"}
+    for lease in leases:
+        book.done(replica, lease, True)
+    body, _ = book.lease(ticket, replica, "chat/completions", b'{"model":"m"}')
+    assert msgspec.json.decode(body)["cache_prompt"] is False

@@ -208,7 +208,7 @@ class CacheIsolation:
         lease = None
         if self._alone and path in SLOT_ROUTES and endpoint.slots > 0:
             lease = self.book.take(endpoint, ticket, self._trusted_from)
-            if lease is not None and ticket.fans_out:
+            if lease is None or ticket.fans_out:  # llama-server fills a slot of its choice
                 self.book.taint(endpoint)
         if lease is None:
             return _with(b'"cache_prompt":false,', body), None
