@@ -115,7 +115,7 @@ class TokenEngine:
     does, and stops when its client goes (TestServer cancels its handler)."""
 
     gap_s: float = 0.02
-    made: int = 0  # tokens made (llama-server's tokens_predicted_total)
+    made: int = 0  # tokens made and sent
     streamed: list[bool] = field(default_factory=list)  # each request asked for a stream
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -136,9 +136,9 @@ class TokenEngine:
         try:
             await out.write(event(-1, usage))
             for i in range(TOKENS):
-                self.made += 1  # as llama-server counts it: the token decoded when it saw
-                await asyncio.sleep(self.gap_s)  # its client go is counted, never sent
                 await out.write(event(i, usage))
+                self.made += 1  # sent: what the client may be charged
+                await asyncio.sleep(self.gap_s)
             await out.write(event(None, usage))
         finally:
             self.stopped.set()

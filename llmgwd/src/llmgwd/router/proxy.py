@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -58,10 +57,6 @@ BODY_TYPE = web.RequestKey("llmgw_body_type", str)
 # stream, to be folded into one (router/folding.py).
 FOLD = web.RequestKey("llmgw_fold", bool)
 _ENGINE_FAULTS = (502, 504)  # our answers for an engine that broke the exchange or went silent
-# The last event of a stream that the engine ended itself, on each route's protocol.
-_LAST_EVENT = re.compile(
-    rb'data: \[DONE\]|"message_stop"|"response\.(?:completed|incomplete|failed)"'
-)
 
 
 class _Unreachable(Exception):
@@ -345,8 +340,6 @@ class Upstream:
             pass  # counted until then
         finally:
             upstream.close()
-            if not relay.ended:  # the token it was making when it saw the client go
-                relay.tally.tokens += 1
             relay.tally.drained()
 
     async def _connect(
@@ -522,7 +515,6 @@ class Upstream:
             if not chunk:
                 break
             tally.count(chunk.count(b"\n\n"), len(tokens.findall(chunk)))
-            relay.ended = relay.ended or _LAST_EVENT.search(chunk) is not None
             folder.feed(chunk)
         overhead.engine_answered(request)
         if folder.error is not None:
@@ -599,18 +591,15 @@ class _Relay:
     """A stream's events as they are read from the engine: whole events only, each cleaned and
     counted by router/answers.py."""
 
-    __slots__ = ("cleaned", "ended", "events", "tally")
+    __slots__ = ("cleaned", "events", "tally")
 
     def __init__(self, model: str, path: str, tally: Tally) -> None:
         self.tally = tally
         self.events = _Events()
         self.cleaned = answers.Stream(model, path, tally)
-        self.ended = False  # the engine sent its stream's last event
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events chunk completes, cleaned."""
-        if not self.ended and _LAST_EVENT.search(chunk) is not None:
-            self.ended = True
         return self.cleaned.relay(self.events.feed(chunk))
 
     def rest(self) -> bytes:
