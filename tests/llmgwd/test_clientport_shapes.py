@@ -1,6 +1,7 @@
 """Errors the client port answers before any handler runs (a request aiohttp could not parse,
 a path no sub-app has) come back in the shape of the sub-app the path is under: /api/v1's
-ErrorAnswer, SCIM's error document, Anthropic's on /v1/messages, OpenAI's on the rest of /v1."""
+ErrorAnswer, SCIM's error document, Anthropic's on /v1/messages, the Hugging Face hub's on /hf,
+OpenAI's on the rest of /v1."""
 
 from __future__ import annotations
 
@@ -32,11 +33,20 @@ def shape(path: str, doc: dict[str, Any]) -> str:
     if path.startswith("/v1/messages"):
         assert doc["type"] == "error" and set(doc["error"]) == {"type", "message"}
         return "anthropic"
+    if path.startswith("/hf"):
+        assert set(doc) == {"error"} and isinstance(doc["error"], str) and doc["error"]
+        return "hub"
     assert set(doc["error"]) == {"message", "type", "param", "code"}
     return "openai"
 
 
-PATHS = ["/api/v1/models", "/scim/v2/Users", "/v1/messages", "/v1/chat/completions"]
+PATHS = [
+    "/api/v1/models",
+    "/scim/v2/Users",
+    "/v1/messages",
+    "/v1/chat/completions",
+    "/hf/api/models/org/repo",
+]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -49,6 +59,8 @@ async def test_a_request_aiohttp_refuses_is_answered_in_its_sub_apps_shape(
     assert answer.status == 400
     assert answer.headers["content-type"].startswith(("application/json", "application/scim"))
     shape(path, json.loads(answer.body))
+    if path.startswith("/hf"):  # huggingface_hub shows it
+        assert answer.headers["x-error-message"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -60,3 +72,5 @@ def test_answer_puts_each_status_in_the_shape_of_the_path(path: str, status: int
     assert response.body is not None
     assert isinstance(response.body, bytes)
     shape(path, json.loads(response.body))
+    if path.startswith("/hf"):
+        assert response.headers["X-Error-Message"] == "refused"

@@ -21,6 +21,7 @@ from aiohttp.web_protocol import RequestHandler
 from llmgw.config import ClientPort
 from llmgwd.api.base import API_PREFIX, ApiError, error_response
 from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
+from llmgwd.mirror import hub_server
 from llmgwd.router import errors
 from llmgwd.router.anthropic_errors import shaped
 from llmgwd.scim.base import ScimError
@@ -47,7 +48,8 @@ def _under(path: str, prefix: str) -> bool:
 
 def answer(path: str, error: errors.ApiError) -> web.Response:
     """error in the shape of the sub-app path is under: /api/v1's ErrorAnswer, SCIM's error
-    document under /scim/v2, Anthropic's under /v1/messages, OpenAI's anywhere else."""
+    document under /scim/v2, Anthropic's under /v1/messages, the hub's under /hf, OpenAI's
+    anywhere else."""
     d = error.detail
     if _under(path, API_PREFIX):
         response = error_response(ApiError(error.status, d.message, d.type, d.code or d.type))
@@ -55,6 +57,8 @@ def answer(path: str, error: errors.ApiError) -> web.Response:
         response = scim_error(ScimError(error.status, d.message))
     elif _under(path, "/v1/messages"):
         response = shaped(error).response()
+    elif _under(path, hub_server.PREFIX):
+        response = hub_server.error_answer(hub_server.HubError(error.status, d.message))
     else:
         response = error.response()
     response.headers.update(error.headers)

@@ -57,6 +57,7 @@ from llmgwd.mirror.snapshot import EVERY, Scope, Snapshot, SnapshotSource
 
 log = logging.getLogger(__name__)
 
+PREFIX = "/hf"  # where llmgwd mounts the app on the client port
 SOURCE: web.AppKey[SnapshotSource] = web.AppKey("hub_source")
 PAGE_SIZE: web.AppKey[int] = web.AppKey("hub_page_size")
 SCOPE = web.RequestKey("hub_scope", Scope)  # set by the auth middleware; EVERY when not set
@@ -455,10 +456,11 @@ def _error(request: web.Request, e: HubError) -> web.Response:
     """The answer, logged once (the path and the message, never a header)."""
     level = logging.ERROR if e.status >= 500 else logging.INFO
     log.log(level, "hf: %s %r: %d %s", request.method, request.path, e.status, e.message)
-    return _answer(e)
+    return error_answer(e)
 
 
-def _answer(e: HubError) -> web.Response:
+def error_answer(e: HubError) -> web.Response:
+    """The hub's error body, {"error": MESSAGE}, with X-Error-Message (and X-Error-Code)."""
     message = _BAD_CREDENTIALS if e.status == 401 else e.message
     headers = e.headers | {"X-Error-Message": _header_safe(message)}
     if e.code:
@@ -482,7 +484,7 @@ async def hub_errors(request: web.Request, handler: Handler) -> web.StreamRespon
         return _error(request, HubError(e.status, e.reason, headers=kept))
     except Exception:
         log.exception("hf: %s %r failed", request.method, request.path)
-        return _answer(HubError(500, "internal error"))
+        return error_answer(HubError(500, "internal error"))
 
 
 def hub_routes() -> list[web.RouteDef]:
