@@ -214,7 +214,7 @@ def document(table: Sequence[tuple[str, str, object, Rule]], version: str) -> di
         "info": {"title": "llmgw /api/v1", "version": version},
         "paths": paths,
         "components": {
-            "schemas": components,
+            "schemas": dict(sorted(components.items())),  # by name, not by where types live
             "responses": {"Error": error},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
