@@ -1,13 +1,28 @@
-"""llmgwd's command line: read server.yaml and run the control plane."""
+"""llmgwd's command line: read server.yaml and run the control plane; or, as `llmgwd join` and
+`llmgwd migrate`, this host's side of `llmgw server join` and `migrate`, which run them."""
 
 from __future__ import annotations
+
+import sys
 
 from llmgw.config import SERVER_CONFIG, ServerConfig
 from llmgw.entry import run_daemon
 
+HOST_COMMANDS = ("join", "migrate")  # llmgwd.host_commands: what the CLI runs
+DESCRIPTION = (
+    "the llmgw control plane (`llmgwd join` and `llmgwd migrate` are this host's side of "
+    "`llmgw server join` and `llmgw server migrate`, which run them)"
+)
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of /usr/bin/llmgwd."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] and args[0] in HOST_COMMANDS:
+        from llmgwd.host_commands import run as run_host_command
+
+        run_host_command(args)
+        return
     from llmgwd.daemon import run
 
-    run_daemon("llmgwd", "the llmgw control plane", SERVER_CONFIG, ServerConfig, run, argv)
+    run_daemon("llmgwd", DESCRIPTION, SERVER_CONFIG, ServerConfig, run, argv)

@@ -1,9 +1,13 @@
-"""What `llmgw server join` and `migrate` share: systemctl, and the address etcd peers use."""
+"""What `llmgw server join` and `migrate` share with llmgwd's side of them (`llmgwd join`,
+`llmgwd migrate`): systemctl, the address etcd peers use, and running llmgwd."""
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+import os
 import subprocess
+import sys
 from urllib.parse import urlsplit
 
 import click
@@ -13,6 +17,8 @@ from llmgw.cli.server import main_ip
 
 ETCD_UNIT = "llmgw-etcd.service"
 LLMGWD_UNIT = "llmgwd.service"
+# What /usr/bin/llmgwd runs (packaging/venv.py), with the host-side step's arguments.
+LLMGWD_MAIN = "from llmgwd.main import main; main()"
 
 
 def systemctl(*args: str) -> None:
@@ -44,8 +50,20 @@ def peer_ip(given: str | None, advertise: str) -> str:
 
 
 def need_llmgwd() -> None:
-    """Refused unless llmgwd is installed here (a control plane's host)."""
-    try:
-        import llmgwd  # noqa: F401
-    except ImportError:
-        raise Refused("llmgwd is not installed on this host: install the llmgwd package") from None
+    """Refused unless llmgwd is installed here (a control plane's host), beside this CLI."""
+    if importlib.util.find_spec("llmgwd") is None:
+        raise Refused(
+            "llmgwd is not installed on this host: install the llmgwd package (this command "
+            "runs its host-side steps, `llmgwd join` and `llmgwd migrate`)"
+        )
+
+
+def run_llmgwd(args: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `llmgwd ARGS` (a host-side step) in this CLI's own Python environment, where the
+    llmgwd package installs itself, its output ours; a status other than 0 becomes ours.
+    env: more environment (a secret goes there, never on a command line others can read)."""
+    need_llmgwd()
+    command = [sys.executable, "-I", "-c", LLMGWD_MAIN, *args]
+    done = subprocess.run(command, env={**os.environ, **(env or {})}, check=False)
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)  # llmgwd said why on stderr
