@@ -1,0 +1,31 @@
+"""/api/v1's control planes: as GET /servers shows them, and one taken out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# GET /servers, POST /servers/leave, DELETE /servers/{name}: the control planes.
+Health = Literal["healthy", "unreachable", "not started", "no member"]
+
+
+class ServerView(msgspec.Struct, frozen=True, kw_only=True):
+    """One control plane, as GET /servers shows it."""
+
+    name: str
+    url: str = ""  # its cluster port, from its record ("" when it has none: not running)
+    member: str = ""  # its etcd member's id, hex ("" without one)
+    peer_url: str = ""
+    health: Health = "no member"
+    role: str = ""  # "leader", "standby", or "" when it runs no llmgwd now
+    learner: bool = False  # its member is a learner: joined, not yet promoted to a voter
+    self: bool = False  # the control plane that answered
+
+
+class ServerRemoved(msgspec.Struct, kw_only=True):
+    """POST /servers/leave, DELETE /servers/{name}: the control plane taken out."""
+
+    name: str
+    member: str  # its etcd member's id, hex
+    removed: bool

@@ -1,0 +1,32 @@
+"""/api/v1's Slurm: its settings and each node's standing between llmgw and Slurm."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+# GET /slurm, PUT /slurm, POST /slurm/nodes/{name}/lend|reclaim
+class SlurmNodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """A node of Slurm's: where it stands between llmgw and Slurm."""
+
+    name: str
+    status: str  # "lent", "lending: ...", "reclaiming: N jobs running", "in llmgw"
+    held: bool  # Slurm holds it from llmgw's scheduler (cordoned or draining there)
+    state: str = ""  # Slurm's state of it, as its agent reports it ("": none reported)
+    reason: str = ""  # why Slurm has it drained or down
+    jobs: list[str] = []
+    version: str = ""  # Slurm's
+    message: str = ""  # what failed last on the node, or why it is not held
+
+
+class SlurmView(msgspec.Struct, frozen=True, kw_only=True):
+    """Slurm's settings, and each node's standing as the leader sees it (None: asked of a
+    standby, which knows none: ask the leader)."""
+
+    enabled: bool = False
+    cluster_name: str = "llmgw"
+    controller: str = ""  # the node that runs slurmctld
+    nodes: list[str] = []  # the nodes in Slurm (slurmd runs there)
+    lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
+    partition: str = "llmgw"
+    status: list[SlurmNodeView] | None = None
