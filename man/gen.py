@@ -263,6 +263,19 @@ SETTINGS = {
         "model whose file llmgwd could not read, placed by count. 0: three quarters of the "
         "node's memory. Every other engine's limit comes from its placement's estimate."
     ),
+    "agent.engines.drain_s": (
+        "Told to stop (a model's replicas moved, a node lent to Slurm), an engine is first left "
+        "to finish the requests it holds, as its own /metrics counts them, for at most this "
+        "many seconds; none new reach it meanwhile (the agent reports it stopping). 0: "
+        "stopped at once."
+    ),
+    "agent.engines.stop_timeout_s": (
+        "Then the engine gets SIGTERM, and its whole unit SIGKILL this many seconds later if "
+        "it has not ended (the unit's TimeoutStopSec): an engine that hangs on SIGTERM holds "
+        "its node no longer. The agent reports the replica stopping until its unit is gone, "
+        "and a node lent to Slurm takes jobs only from then on. Engines already running keep "
+        "the bound they were started with."
+    ),
     "agent.state_dir": (
         "Where the agent keeps the node's certificate and key, and the engines' records and "
         "environments. Kept on upgrade and on package removal; removed on purge."

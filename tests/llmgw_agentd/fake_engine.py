@@ -1,11 +1,14 @@
 """A stand-in for llama-server: /health answers 503 while "loading", then 200; /v1 and /props
-need the key."""
+need the key; a chat takes --answer-s, and /metrics counts those in flight as llama-server's
+requests_processing; --ignore-term: SIGTERM does nothing (an engine that hangs on it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,7 +24,13 @@ def main() -> None:
     p.add_argument("--loading-200", action="store_true")
     p.add_argument("--parallel", type=int, default=4)  # its slots, in /props as total_slots
     p.add_argument("--ctx-size", type=int, default=0)  # 0: the model's, here 8192
+    p.add_argument("--answer-s", type=float, default=0.0)
+    p.add_argument("--ignore-term", action="store_true")
     args = p.parse_args()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    held = [0]  # chats being answered
+    lock = threading.Lock()
     key = ""
     if args.api_key_file:
         with open(args.api_key_file) as f:  # exits non-zero when the credential is missing
@@ -40,8 +49,30 @@ def main() -> None:
                 body = {"data": [], "total_slots": args.parallel,
                         "default_generation_settings": settings}  # fmt: skip
                 self._answer(200 if ok else 401, body if ok else {"error": "bad key"})
+            elif self.path == "/metrics" and self._keyed():
+                gauge = "llamacpp:requests_processing"
+                text = f"# TYPE {gauge} gauge\n{gauge} {held[0]}\n"
+                data = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             else:
                 self._answer(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                held[0] += 1
+            try:
+                time.sleep(args.answer_s)
+            finally:
+                with lock:
+                    held[0] -= 1
+            self._answer(200, {"choices": [{"message": {"content": "hi"}}]})
+
+        def _keyed(self) -> bool:
+            return not key or self.headers.get("Authorization") == f"Bearer {key}"
 
         def _answer(self, code: int, body: dict[str, object]) -> None:
             data = json.dumps(body).encode()

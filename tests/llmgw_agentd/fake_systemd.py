@@ -370,8 +370,9 @@ class FakeSystemd(ServiceInterface):
             self._set(u, "deactivating", "stop-sigterm")
             with contextlib.suppress(ProcessLookupError):
                 u.proc.terminate()  # KillMode=mixed: SIGTERM to the main process first
+            timeout = u.properties.get("TimeoutStopUSec", 5_000_000) / 1e6  # then SIGKILL
             try:
-                await asyncio.wait_for(u.done.wait(), 5)
+                await asyncio.wait_for(u.done.wait(), timeout)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(u.proc.pid, signal.SIGKILL)

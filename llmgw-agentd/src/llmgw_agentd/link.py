@@ -188,6 +188,7 @@ class Link:
         self._held = held  # the node cache's files (None: this agent reports none)
         self._on_sweep = on_sweep
         self._mirror = False  # this connection's control plane takes Holdings (Desired says)
+        self._stopping = False  # it takes the replica state "stopping" (its Desired says)
         self._holdings_due = False  # the cache changed, or a new connection: send Holdings
         self._sweeps: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()  # the beat and a sweep's answer send alike
@@ -256,7 +257,7 @@ class Link:
                 return "refused"
             ctx = link_ssl_context(self._pki_dir)
             self._renew_at, self._renewing = renew.renew_at(self._pki_dir), False
-            self._renews = self._mirror = False
+            self._renews = self._mirror = self._stopping = False
             self._holdings_due = True  # every new connection hears what the cache holds
             async with session.ws_connect(
                 self._url, ssl=ctx, heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES
@@ -305,8 +306,17 @@ class Link:
             address=address,
             version=self._version,
             inventory=self._inventory(),
-            replicas=list(self._replicas()),
+            replicas=self._statuses(),
         )
+
+    def _statuses(self) -> list[wire.ReplicaStatus]:
+        """The replicas' states as this control plane reads them: "stopping" is "stopped" to
+        one older than that state (it would refuse the message)."""
+        out = list(self._replicas())
+        if self._stopping:
+            return out
+        return [msgspec.structs.replace(s, state="stopped") if s.state == "stopping" else s
+                for s in out]  # fmt: skip
 
     def _handle(
         self, ws: aiohttp.ClientWebSocketResponse, data: bytes | str
@@ -330,6 +340,7 @@ class Link:
             return "ok"
         self._accepted()
         self._renews = msg.renews
+        self._stopping = msg.stopping
         self._planes.update(msg.control_planes)
         if msg.mirror and not self._mirror:
             self._mirror = True
@@ -357,7 +368,7 @@ class Link:
                 await asyncio.wait_for(self._poked.wait(), self._heartbeat_s)
             self._poked.clear()
             try:
-                beat = wire.Heartbeat(inventory=self._inventory(), replicas=list(self._replicas()))
+                beat = wire.Heartbeat(inventory=self._inventory(), replicas=self._statuses())
             except Exception:
                 log.exception("cannot gather this node's state for a heartbeat")
                 continue

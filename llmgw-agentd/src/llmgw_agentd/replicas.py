@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -317,12 +318,50 @@ class Replicas:
         self._rejected[spec.id] = ReplicaStatus(spec.id, spec.model, "failed", message=str(e))
 
     async def _remove(self, rid: str) -> None:
-        r = self._replicas.pop(rid)
+        """Stop a replica: reported "stopping" (no new request reaches it; a lent node waits)
+        while the requests it holds finish and its unit stops, gone from the reports once the
+        unit is gone (its port and CPUs held until then)."""
+        r = self._replicas[rid]
         await self._halt(r)
+        serving = r.state == "ready"
+        self._set(r, "stopping", "told to stop")
+        if serving:
+            await self._drain(r)
+        self._set(r, "stopping", "its unit stopping")
         await self._stop_unit(r.unit)
+        del self._replicas[rid]
         (self._records / f"{rid}.json").unlink(missing_ok=True)
         self._key_file(rid).unlink(missing_ok=True)
         log.info("%s: stopped, no longer wanted here", r.unit, extra=_fields(r))
+        self._changed()
+
+    async def _drain(self, r: _Replica) -> None:
+        """Wait, for at most engines.drain_s, until the engine holds no request (its own
+        /metrics says; one that does not answer holds none)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.engines.drain_s
+        while (busy := await self._busy(r)) > 0:
+            if loop.time() >= deadline:
+                log.warning(
+                    "%s: still %d request(s) after %gs; stopping it anyway", r.unit, busy,
+                    self._config.engines.drain_s, extra=_fields(r),
+                )  # fmt: skip
+                return
+            self._set(r, "stopping", f"finishing {busy} request(s)")
+            await asyncio.sleep(self._interval)
+
+    async def _busy(self, r: _Replica) -> int:
+        """The requests the engine holds now, from its /metrics (asked with its key); 0 when
+        it does not answer."""
+        assert self._http is not None
+        url = f"http://{_probe_host(r.host)}:{r.port}{engines.METRICS_PATH}"
+        try:
+            async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
+                if resp.status != 200:
+                    return 0
+                return engines.requests_held(r.spec, await resp.text())
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            return 0
 
     async def _stop_unit(self, unit: str) -> None:
         try:
@@ -541,7 +580,10 @@ class Replicas:
             ("Slice", Variant("s", ENGINE_SLICE)),
             ("Type", Variant("s", "exec")),
             ("KillMode", Variant("s", "mixed")),
-            ("TimeoutStopUSec", Variant("t", 30_000_000)),
+            # SIGTERM to the engine, SIGKILL to its cgroup once stop_timeout_s passed.
+            ("TimeoutStopUSec", Variant("t", int(self._config.engines.stop_timeout_s * 1e6))),
+            ("SendSIGKILL", Variant("b", True)),
+            ("FinalKillSignal", Variant("i", int(signal.SIGKILL))),
             ("StandardOutput", Variant("s", "journal")),
             ("StandardError", Variant("s", "journal")),
             ("SyslogIdentifier", Variant("s", r.unit.removesuffix(".service"))),

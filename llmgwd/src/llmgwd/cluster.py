@@ -361,8 +361,9 @@ class ClusterState:
                 planes = list(self._control_planes)
                 slurm = self._slurm.get(conn.node)
                 msg = wire.Desired(
-                    replicas, renews=True, mirror=True, control_planes=planes, slurm=slurm
-                )
+                    replicas, renews=True, mirror=True, control_planes=planes, slurm=slurm,
+                    stopping=True,
+                )  # fmt: skip
                 await conn.ws.send_bytes(wire.encode(msg))
             except (ConnectionError, RuntimeError) as e:
                 log.info(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 import stat
 from pathlib import Path
 
@@ -11,6 +13,12 @@ from llmgw.wire import ReplicaSpec
 HEALTH_PATH = "/health"  # every engine answers 200 here when ready, 503 while loading
 PROPS_PATH = "/props"  # llama.cpp: its total_slots and a slot's n_ctx (key needed)
 MODELS_PATH = "/v1/models"  # vLLM: ready once it lists the model (key needed)
+METRICS_PATH = "/metrics"  # Prometheus' text: the requests an engine holds (key needed)
+# The gauges whose sum is the requests an engine holds (running and waiting), by engine.
+BUSY_GAUGES = {
+    "llama.cpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+}
 
 
 class EngineError(ValueError):
@@ -65,7 +73,11 @@ def command(
         check_reachable(binary, "llama-server", execute=True)
         check_reachable(Path(llamacpp.model_path(spec)), "model", execute=False)
         return llamacpp.command(
-            spec, binary=str(binary), host=host, port=port, key_file=key_file,
+            spec,
+            binary=str(binary),
+            host=host,
+            port=port,
+            key_file=key_file,
             threads=cpus.threads_for(spec, config.engines.llama_cpp.threads),
         )
     if spec.engine == "vllm":
@@ -97,7 +109,6 @@ def check_reachable(path: Path, what: str, *, execute: bool) -> None:
             )
 
 
-
 def models_path(spec: ReplicaSpec) -> str | None:
     """Where an engine whose /health answered 200 says whether it serves its model yet
     (vLLM lists it in /v1/models once loaded); None: /health is enough."""
@@ -109,3 +120,17 @@ def lists_model(spec: ReplicaSpec, body: bytes) -> bool:
     from llmgw_agentd.engines import vllm
 
     return vllm.lists_model(body, spec.model)
+
+
+def requests_held(spec: ReplicaSpec, metrics: str) -> int:
+    """The requests spec's engine holds, running or waiting, from its /metrics text."""
+    names = BUSY_GAUGES.get(spec.engine, ())
+    total = 0.0
+    for line in metrics.splitlines():
+        if re.split(r"[{\s]", line, maxsplit=1)[0] not in names:
+            continue
+        labelled = "{" in line
+        fields = line.rsplit("}", 1)[-1].split()[0 if labelled else 1 :]
+        with contextlib.suppress(IndexError, ValueError):
+            total += float(fields[0])
+    return int(total)

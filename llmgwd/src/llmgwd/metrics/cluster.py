@@ -19,7 +19,7 @@ Nodes = Callable[[], Iterable[NodeInfo]]
 Queued = Callable[[str], int]  # requests for a model waiting for a slot
 Passes = Callable[[], tuple[int, float] | None]  # the scheduler's passes and their seconds
 NODE_STATES = ("connected", "disconnected", "lost")
-REPLICA_STATES = ("starting", "ready", "failed", "stopped")
+REPLICA_STATES = ("starting", "ready", "failed", "stopped", "stopping")
 NodeReplica = tuple[str, str, int]  # model, state, restarts
 
 
