@@ -196,6 +196,9 @@ class ServerConfig(Strict):
     # On etcd: how long a control plane cut off from the store goes on answering /v1 from
     # the keys and models it last knew before it refuses (a revoked key must stop somewhere).
     store_grace_s: Annotated[int, msgspec.Meta(ge=0)] = 30
+    # A new leader changes no node's part in Slurm before every node of Slurm's has
+    # registered, or this many seconds have passed since its term began.
+    slurm_hold_s: Annotated[int, msgspec.Meta(ge=0, le=3600)] = 30
     log_level: str = "info"
 
     def __post_init__(self) -> None:

@@ -297,6 +297,10 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     control_planes: list[str] = []
     # The node's part in Slurm; None: none (an agent stops the Slurm it started).
     slurm: SlurmPart | None = None
+    # The control plane has not loaded its view of Slurm yet (a new leader, until it has
+    # read what it kept and heard from the nodes): `slurm` says nothing, and the agent
+    # keeps its node's Slurm as it is. An older control plane leaves it out (False).
+    slurm_pending: bool = False
     # The control plane takes the replica state "stopping"; an older one would refuse it
     # as not a valid message: the agent says "stopped" there instead.
     stopping: bool = False

@@ -109,6 +109,7 @@ class Agent:
         sdnotify.status("adopting running engines")
         await self.replicas.start()
         await self._serve_local()
+        await self.slurm.look()  # before the first Register: what of Slurm runs here
         try:
             joined = link.read_join(self.pki_dir)
         except link.JoinError:

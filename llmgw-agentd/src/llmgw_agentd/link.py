@@ -347,8 +347,8 @@ class Link:
             self._poked.set()  # Holdings follow this first Desired that takes them
         self._desired = list(msg.replicas)
         self._desired_ready.set()
-        if self._on_slurm is not None:
-            self._on_slurm(msg.slurm)
+        if self._on_slurm is not None and not msg.slurm_pending:
+            self._on_slurm(msg.slurm)  # pending: the control plane knows nothing of it yet
         return "ok"
 
     def _not_leader(self, msg: wire.Refused) -> Literal["standby", "redirect"]:

@@ -107,6 +107,9 @@ class ClusterState:
         # their replicas or their desired sets.
         self._ready: dict[str, tuple[tuple[Endpoint, ...], float]] = {}
         self._slurm: dict[str, wire.SlurmPart] = {}  # each node's part in Slurm (slurm/task.py)
+        # Until the Slurm task has loaded its view in this term, a Desired says so and
+        # carries no part (the agent keeps its Slurm as it is).
+        self._slurm_loaded = False
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
         self._removed: set[str] = set()  # removed since start: no connection is attached
         self.holdings = Holdings()  # what each node's model cache holds
@@ -137,8 +140,18 @@ class ClusterState:
         else:
             self._slurm[node] = part
         entry = self._nodes.get(node)
-        if entry is not None and entry.conn is not None:
-            self._spawn(self._send_desired(entry.conn))
+        if entry is not None and entry.conn is not None and self._slurm_loaded:
+            self._spawn(self._send_desired(entry.conn))  # before: slurm_loaded() sends it
+
+    def slurm_loaded(self) -> None:
+        """The Slurm task has loaded its view and set each node's part: every node told
+        its set so far is told again, its part with it."""
+        if self._slurm_loaded:
+            return
+        self._slurm_loaded = True
+        for name, entry in self._nodes.items():
+            if entry.conn is not None and (name in self._desired or name in self._slurm):
+                self._spawn(self._send_desired(entry.conn))
 
     def remove(self, node: str) -> bool:
         """A node removed from the cluster: its connection is refused and closed, it is
@@ -186,6 +199,7 @@ class ClusterState:
         self._nodes.clear()
         self._desired.clear()
         self._slurm.clear()
+        self._slurm_loaded = False
         self.holdings = Holdings()
 
     def decided(self) -> list[str]:
@@ -359,10 +373,11 @@ class ClusterState:
             replicas = list(self._desired.get(conn.node, ()))
             try:
                 planes = list(self._control_planes)
-                slurm = self._slurm.get(conn.node)
+                pending = not self._slurm_loaded
+                slurm = None if pending else self._slurm.get(conn.node)
                 msg = wire.Desired(
                     replicas, renews=True, mirror=True, control_planes=planes, slurm=slurm,
-                    stopping=True,
+                    stopping=True, slurm_pending=pending,
                 )  # fmt: skip
                 await conn.ws.send_bytes(wire.encode(msg))
             except (ConnectionError, RuntimeError) as e:

@@ -212,7 +212,8 @@ class Daemon:
         self.election = Election(self.store, self.session, LeaderRecord(name, url))
         self.roles = Roles(self.store, self.catalog, self.cluster, secret, self.election,
                            self.announcer, grace_s=cfg.node_grace_s,
-                           isolated_cache=cfg.client.cache_isolation != "none")  # fmt: skip
+                           isolated_cache=cfg.client.cache_isolation != "none",
+                           slurm_hold_s=cfg.slurm_hold_s)  # fmt: skip
         self.catalog.on_change(self.roles.poke)
         self.published = Published(self.store, secret)
         local = lambda: self.roles.reconciler  # noqa: E731

@@ -41,8 +41,10 @@ class Roles:
         *,
         grace_s: float,
         isolated_cache: bool = False,  # client.cache_isolation is not none (ReplicaSpec's)
+        slurm_hold_s: float = 30.0,  # a new leader's wait for the nodes (slurm/task.py)
     ) -> None:
         self._isolated_cache = isolated_cache
+        self._slurm_hold_s = slurm_hold_s
         self._store = store
         self._catalog = catalog
         self._cluster = cluster
@@ -73,7 +75,9 @@ class Roles:
                               self._cluster, grace_s=self._grace_s)  # fmt: skip
         revision = await self._store.revision()
         slurm = SlurmTask(self._store, FencedStore(self._store, term, self._election.step_down),
-                          self._cluster, self._secret, rec.placements, rec.hold)  # fmt: skip
+                          self._cluster, self._secret, rec.placements, rec.hold,
+                          hold_s=self._slurm_hold_s)  # fmt: skip
+        await slurm.start()  # Slurm's nodes held before any agent is taken
 
         def changed(_node: str) -> None:
             rec.poke()

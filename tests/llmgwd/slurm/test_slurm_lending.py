@@ -1,6 +1,7 @@
 """Lending a node to Slurm and taking it back, as the leader decides it: replicas move away
-before Slurm gets the node, a node taken back stays cordoned while a job runs, and a broken
-Slurm never keeps a node from llmgw."""
+before Slurm gets the node, a node taken back stays cordoned while a job runs, and a node
+is llmgw's only on evidence that Slurm runs nothing there (a node not heard from, or a
+Slurm that does not answer, is held)."""
 
 from __future__ import annotations
 
@@ -47,16 +48,48 @@ def test_a_job_keeps_a_node_held_whatever_slurm_says_of_its_state() -> None:
     assert standing("n1", back, False, SlurmReport(state="down*", jobs=["7"])).phase == RECLAIMING
 
 
-def test_a_broken_slurm_never_keeps_a_node_from_llmgw() -> None:
+def test_a_node_is_llmgws_only_on_evidence_that_slurm_runs_nothing_there() -> None:
     off = SlurmSettings(enabled=False, controller="cp", nodes=["n1"], lent=["n1"])
-    no_state = SlurmReport(version="22.05.8", message="sinfo: cannot reach slurmctld")
+    back = SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"], lent=[])
 
+    # Evidence: Slurm off, the node not in it, its agent running no Slurm, or Slurm having
+    # it drained (llmgw's reason or an administrator's) with no job.
     assert standing("n1", off, False, DRAINED) == lending.Standing(IN_LLMGW, "Slurm is off")
     assert standing("n3", ON, False, IDLE).phase == IN_LLMGW  # not in Slurm
     assert standing("n1", ON, False, None).phase == IN_LLMGW  # its agent reports no Slurm
-    gone = standing("n1", ON, False, no_state)
-    assert gone.phase == IN_LLMGW and "cannot reach slurmctld" in gone.why
-    assert standing("n1", ON, False, SlurmReport(state="down*")).phase == IN_LLMGW
+    assert standing("n1", back, False, DRAINED).phase == IN_LLMGW
+    admin = SlurmReport(state="drained", reason="disk swap")
+    assert standing("n1", back, False, admin).phase == IN_LLMGW
+    assert standing("n1", back, False, SlurmReport(state="drained*")).phase == IN_LLMGW
+    # Anything else is held: Slurm not answering, the node down but not drained.
+    no_state = SlurmReport(version="22.05.8", message="sinfo: cannot reach slurmctld")
+    gone = standing("n1", back, False, no_state)
+    assert gone.phase == RECLAIMING and "cannot reach slurmctld" in gone.why
+    assert standing("n1", back, False, SlurmReport(state="down*")).phase == RECLAIMING
+    # A lent node stays lent whatever Slurm says: only a reclaim gives it back.
+    assert standing("n1", ON, False, no_state).phase == LENT
+    assert standing("n1", ON, False, SlurmReport(state="down*")).phase == LENT
+
+
+def test_a_node_not_heard_from_is_held_not_llmgws() -> None:
+    back = SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"], lent=["n2"])
+
+    by_node = lending.standings(back, ["n1", "n2"], set(), {})  # neither has registered
+
+    assert by_node["n1"].phase == RECLAIMING
+    assert by_node["n2"].phase == LENT
+    assert lending.held(by_node) == {"n1": NodeFlags(cordoned=True),
+                                     "n2": NodeFlags(cordoned=True, draining=True)}  # fmt: skip
+    heard = lending.standings(back, ["n1"], set(), {"n1": None})
+    assert heard["n1"].phase == IN_LLMGW  # registered, and its agent runs no Slurm
+
+
+def test_a_job_holds_a_node_even_out_of_slurms_settings() -> None:
+    off = SlurmSettings(enabled=False, controller="cp", nodes=["n1"])
+    running = SlurmReport(state="draining", jobs=["41"])
+
+    assert standing("n1", off, False, running).phase == RECLAIMING
+    assert standing("n9", ON, False, running).phase == RECLAIMING
 
 
 def test_an_admins_drain_keeps_a_lent_node_lent() -> None:

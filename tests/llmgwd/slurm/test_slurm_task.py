@@ -46,12 +46,16 @@ class Cluster:
     def __init__(self, *nodes: Node) -> None:
         self.list = list(nodes)
         self.parts: dict[str, SlurmPart | None] = {}
+        self.loaded = False  # the task said its parts are set (Desired no longer pending)
 
     def nodes(self) -> list[Node]:
         return self.list
 
     def set_slurm(self, node: str, part: SlurmPart | None) -> None:
         self.parts[node] = part
+
+    def slurm_loaded(self) -> None:
+        self.loaded = True
 
 
 @pytest.fixture
@@ -61,13 +65,27 @@ async def store() -> AsyncIterator[SqliteStore]:
     await s.close()
 
 
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def _task(
-    store: SqliteStore, cluster: Cluster, placed: list[Placement] | None = None
+    store: SqliteStore,
+    cluster: Cluster,
+    placed: list[Placement] | None = None,
+    clock: Clock | None = None,
 ) -> tuple[SlurmTask, list[Mapping[str, NodeFlags]]]:
     term = await store.put(LEADER, b"me")
     held: list[Mapping[str, NodeFlags]] = []
     task = SlurmTask(store, FencedStore(store, term, lambda _: None), cluster, SECRET,
-                     lambda: placed or [], held.append)  # fmt: skip
+                     lambda: placed or [], held.append,
+                     hold_s=30, clock=clock or Clock())  # fmt: skip
     return task, held
 
 
@@ -132,24 +150,55 @@ async def test_a_lent_node_reaches_slurm_only_once_its_replicas_are_gone(
     assert held[-1] == {"n1": NodeFlags(cordoned=True, draining=True)}
 
 
-async def test_a_new_leader_writes_the_same_slurm_conf_before_the_nodes_report(
+async def test_a_new_leader_changes_no_part_until_it_has_heard_the_nodes(
     store: SqliteStore,
 ) -> None:
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"), node("n2", "10.0.0.3"))
+    await _set(store, SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"],
+                                    lent=["n1"]))  # fmt: skip
+    first, _ = await _task(store, cluster)
+    await first.step()
+    before = cluster.parts["cp"]
+    assert before is not None and before.lent == ["n1"] and cluster.loaded
+
+    # The next leader: only the controller has registered yet. It tells no node anything
+    # of Slurm (its Desired stays pending), and holds the silent nodes from the scheduler.
+    clock = Clock()
+    again = Cluster(node("cp", "10.0.0.1"))
+    second, held = await _task(store, again, clock=clock)
+    await second.start()
+    assert again.parts == {} and not again.loaded
+    assert held[-1] == {"n1": NodeFlags(cordoned=True, draining=True),
+                        "n2": NodeFlags(cordoned=True)}  # fmt: skip
+
+    # Every node heard: the same files, n1 still lent (it was never drained meanwhile).
+    again.list += [node("n1", "10.0.0.2", state="allocated", jobs=["5"]), node("n2", "10.0.0.3")]
+    await second.step()
+    assert again.parts["cp"] == before and again.loaded
+
+
+async def test_a_node_silent_past_the_hold_keeps_what_it_runs(store: SqliteStore) -> None:
     cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"), node("n2", "10.0.0.3"))
     await _set(store, ON)
     first, _ = await _task(store, cluster)
     await first.step()
     before = cluster.parts["cp"]
 
-    # The next leader: only the controller has reported yet, the nodes not at all.
-    again = Cluster(node("cp", "10.0.0.1"))
-    second, _ = await _task(store, again)
-    await second.load()
+    clock = Clock()
+    again = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"))  # n2 silent
+    second, held = await _task(store, again, clock=clock)
+    await second.step()
+    clock.now += 29
+    await second.step()
+    assert again.parts == {}
+    clock.now += 1  # hold_s
     await second.step()
 
     after = again.parts["cp"]
     assert before is not None and after is not None
-    assert after.slurm_conf == before.slurm_conf
+    assert after.slurm_conf == before.slurm_conf  # n2 still listed: it may run a job
+    assert set(again.parts) == {"cp", "n1"}  # n2 is told nothing until it registers
+    assert held[-1] == {"n2": NodeFlags(cordoned=True)}
 
 
 async def test_a_node_dropped_from_slurm_with_a_job_stays_listed(store: SqliteStore) -> None:

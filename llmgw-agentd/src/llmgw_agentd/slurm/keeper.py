@@ -77,6 +77,17 @@ class Keeper:
     _poked: asyncio.Event = field(default_factory=asyncio.Event)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    async def look(self) -> None:
+        """At the agent's start, before any Desired: a node where Slurm's units run from
+        llmgw's drop-ins, or a job step runs, reports so at once (jobs from /proc, no state
+        yet), never as a node without Slurm; nothing is started nor stopped."""
+        units = (dropins.SLURMD, dropins.SLURMCTLD)
+        ran = any(dropins.dropin_path(u, self.paths.units).exists() for u in units)
+        jobs = await asyncio.to_thread(report.step_jobs, self.paths.proc)
+        if ran or jobs:
+            message = "the agent started: waiting for the control plane's part"
+            self.report = SlurmReport(jobs=jobs, message=message)
+
     def set(self, part: SlurmPart | None) -> None:
         """The part the leader's latest Desired gives this node; kept at once."""
         if part != self._part or not self._told:

@@ -17,12 +17,8 @@ LENDING = "lending"  # lent, llmgw's replicas still there: they are started else
 LENT = "lent"  # no replica of llmgw's left: the controller keeps it up in Slurm
 RECLAIMING = "reclaiming"  # taken back: cordoned in llmgw until Slurm has it drained, no job
 
-# Slurm's states (sinfo's long and short names) in which a node may run or take jobs.
-RUNNABLE = frozenset(
-    {"idle", "allocated", "alloc", "mixed", "mix", "completing", "comp", "draining", "drng"}
-    | {"planned", "plnd", "reserved", "resv"}
-)
-# States in which Slurm runs nothing there: a lent node in one is given back to llmgw.
+# States in which Slurm runs nothing there now (sinfo's long and short names): a node in one
+# is llmgw's only once drained too (it may come back).
 DEAD = frozenset({"down", "fail", "failing", "unknown", "unk", "future", "futr", "no_respond"})
 
 
@@ -39,41 +35,48 @@ def base_state(state: str) -> str:
     return state.strip().lower().split("+")[0].rstrip("*~#!%$@^-")
 
 
-def broken(report: SlurmReport | None) -> str:
-    """Why Slurm cannot hold this node now ("": it can). A node with a job is held."""
-    if report is None:
-        return "its agent reports no Slurm"
+def unsure(report: SlurmReport) -> str:
+    """Why a node not lent may still take a Slurm job ("": Slurm has it drained and it runs
+    none, llmgw's reason or an administrator's). Anything else is not known free: held."""
     if report.jobs:
-        return ""
+        return f"{len(report.jobs)} jobs running"
     if not report.state:
         return f"Slurm does not answer there: {report.message or 'no state reported'}"
-    if base_state(report.state) in DEAD:
-        return f"Slurm has it {report.state}"
-    return ""
+    state = report.state.strip().lower()
+    base = base_state(state)
+    if base == "drained" or ("drain" in state and base in DEAD):
+        return ""
+    if base in DEAD:
+        return f"Slurm has it {report.state}, not drained"
+    return f"Slurm has it {report.state}, not drained yet"
 
 
 def standing(
-    node: str, settings: SlurmSettings, has_replicas: bool, report: SlurmReport | None
+    node: str,
+    settings: SlurmSettings,
+    has_replicas: bool,
+    report: SlurmReport | None,
+    heard: bool = True,
 ) -> Standing:
-    """Where node stands. A broken Slurm (off, the node not in it, its agent reporting no
-    Slurm, Slurm having it down) never keeps it from llmgw."""
-    if not settings.enabled:
-        return Standing(IN_LLMGW, "Slurm is off")
-    if node not in settings.nodes:
-        return Standing(IN_LLMGW, "not in Slurm")
-    why = broken(report)
-    if why:
-        return Standing(IN_LLMGW, why)
-    assert report is not None
+    """Where node stands (report: its agent's, None where it runs no Slurm of llmgw's;
+    heard: it has registered since this control plane leads). A node is llmgw's only on
+    evidence: Slurm off or the node not in it, its agent running no Slurm, or Slurm having
+    it drained with no job. A job, a node not heard from or a Slurm that does not say (it
+    does not answer, has the node down but not drained) keep a node taken back held
+    (cordoned), and a lent one lent."""
+    jobs = report.jobs if report is not None else []
+    if not settings.enabled or node not in settings.nodes:
+        if jobs:  # a job left from before: nothing of llmgw's beside it
+            return Standing(RECLAIMING, f"{len(jobs)} jobs running")
+        return Standing(IN_LLMGW, "Slurm is off" if not settings.enabled else "not in Slurm")
+    if heard and report is None:
+        return Standing(IN_LLMGW, "its agent reports no Slurm")
     if node in settings.lent:
-        if has_replicas:
-            return Standing(LENDING, "moving replicas")
-        return Standing(LENT)
-    if report.jobs:
-        return Standing(RECLAIMING, f"{len(report.jobs)} jobs running")
-    if base_state(report.state) in RUNNABLE:
-        return Standing(RECLAIMING, f"Slurm has it {report.state}, not drained yet")
-    return Standing(IN_LLMGW)
+        return Standing(LENDING, "moving replicas") if has_replicas else Standing(LENT)
+    if report is None:
+        return Standing(RECLAIMING, "not heard from since this control plane leads")
+    why = unsure(report)
+    return Standing(RECLAIMING, why) if why else Standing(IN_LLMGW)
 
 
 def standings(
@@ -83,9 +86,10 @@ def standings(
     reports: Mapping[str, SlurmReport | None],
 ) -> dict[str, Standing]:
     """Each node's standing (nodes: those known; with_replicas: those where llmgw has a
-    replica placed or running)."""
+    replica placed or running; reports: those heard from, by name)."""
     return {
-        n: standing(n, settings, n in with_replicas, reports.get(n)) for n in sorted(set(nodes))
+        n: standing(n, settings, n in with_replicas, reports.get(n), n in reports)
+        for n in sorted(set(nodes))
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -21,6 +22,7 @@ from llmgwd.store import Store, prefix_end
 log = logging.getLogger(__name__)
 
 SLOW_S = 10.0  # looked at again this often without a poke (a report missed, a timer)
+HOLD_S = 30.0  # a new leader changes no part before every node of Slurm's is heard, or this
 
 
 class NodeView(Protocol):
@@ -47,6 +49,10 @@ class Nodes(Protocol):
         """Tell a node its part in Slurm (None: none)."""
         ...
 
+    def slurm_loaded(self) -> None:
+        """The parts are set: Desired carries them from now on (before: none, pending)."""
+        ...
+
 
 def with_replicas(nodes: Iterable[NodeView], placements: Iterable[Placement]) -> set[str]:
     """The nodes where llmgw has a replica placed or still running."""
@@ -65,6 +71,9 @@ class SlurmTask:
         secret: bytes,
         placements: Callable[[], Iterable[Placement]],
         hold: Callable[[Mapping[str, NodeFlags]], None],
+        *,
+        hold_s: float = HOLD_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._fenced = fenced
@@ -74,6 +83,10 @@ class SlurmTask:
         self._hold = hold
         self._settings = SettingsStore(store)
         self._kept = kept.Kept()
+        self._loaded = False  # what the last leader kept is read
+        self._hold_s, self._clock = hold_s, clock
+        self._since = clock()  # the term's start: parts wait for the nodes until hold_s
+        self._ready = False  # the parts are set (every node heard, or hold_s passed)
         self._wake = asyncio.Event()
         self._status: list[lending.NodeStatus] = []  # the last pass's, for people
 
@@ -84,11 +97,21 @@ class SlurmTask:
     async def load(self) -> None:
         """Read what the last leader kept."""
         self._kept = await kept.load(self._store)
+        self._loaded = True
+
+    async def start(self) -> None:
+        """Before the term takes agents: load what is kept, and hold the nodes of Slurm's
+        from the scheduler at once (a pass that fails is logged; run() tries again)."""
+        try:
+            await self.step()
+        except Fenced:
+            raise
+        except Exception:
+            log.exception("Slurm's first pass failed; trying again")
 
     async def run(self, revision: int) -> None:
-        """Load what is kept, then keep the parts for the term (settings watched after
-        revision)."""
-        await self.load()
+        """Keep the parts for the term (settings watched after revision); the first pass
+        loads what is kept."""
         await asyncio.gather(self._loop(), self._follow(revision))
 
     async def _follow(self, revision: int) -> None:
@@ -110,6 +133,8 @@ class SlurmTask:
 
     async def step(self) -> None:
         """One pass: standings, the scheduler's held nodes, the kept list, every part."""
+        if not self._loaded:
+            await self.load()
         settings = await self._settings.get()
         infos = list(self._nodes.nodes())
         seen = {n.name: Seen(n.address, n.inventory) for n in infos}
@@ -119,12 +144,33 @@ class SlurmTask:
         by_node = lending.standings(settings, names, placed, reports)
         self._hold(lending.held(by_node))
         self._status = [lending.node_status(n, s, reports.get(n)) for n, s in by_node.items()]
+        if not self._heard(settings, seen):
+            return  # a new leader: no part changes until the nodes are heard
         if settings.enabled:
             await self._keep(settings, seen)
         listed = {n.name for n in self._kept.nodes}
         lent = [n for n in lending.lent_now(by_node) if n in listed]
         for name, part in parts(settings, self._kept, seen, lent, self._secret).items():
             self._nodes.set_slurm(name, part)
+        self._nodes.slurm_loaded()
+
+    def _heard(self, settings: SlurmSettings, seen: Mapping[str, Seen]) -> bool:
+        """Whether the parts may be set: every node of Slurm's (the controller, those kept
+        or set) has registered in this term, or hold_s has
+        passed since it began (one still silent keeps what it runs: it gets no part)."""
+        if self._ready:
+            return True
+        wanted = {settings.controller, *settings.nodes} if settings.enabled else set()
+        wanted |= {n.name for n in self._kept.nodes}
+        missing = sorted(n for n in wanted - set(seen) if n)
+        waited = self._clock() - self._since
+        if missing and waited < self._hold_s:
+            return False
+        if missing:
+            log.warning("Slurm: %s not heard from in %.0fs; setting the parts without them",
+                        ", ".join(missing), waited)  # fmt: skip
+        self._ready = True
+        return True
 
     def status(self) -> list[lending.NodeStatus]:
         """Each node's standing as the last pass saw it, by name."""
