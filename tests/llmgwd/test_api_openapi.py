@@ -172,7 +172,7 @@ async def test_the_request_schemas_say_what_the_handlers_check(
 
 
 def test_the_mirror_requests_say_their_repository_file_and_peer_checks() -> None:
-    from llmgw.api_types import ImportFile, ImportIn, PeerIn
+    from llmgw.mirror_api import ImportFile, ImportIn, PeerIn
 
     for bad in (b'{"repo": "a--b/c", "files": []}', b'{"repo": "", "files": []}'):
         with pytest.raises(msgspec.ValidationError, match="repo"):

@@ -197,10 +197,10 @@ def test_a_request_beyond_the_slots_known_taints_them() -> None:
     book = CacheIsolation("org")
     replica = dataclasses.replace(endpoint("http://e", LLAMA), model=LLAMA, slots=2)
     ticket = Ticket("org:acme", False, prefix.chain(PROMPT))
-    leases = [book.lease(ticket, replica, "chat/completions", b'{"model":"m"}')[1] for _ in "ab"]
-    body, extra = book.lease(ticket, replica, "chat/completions", b'{"model":"m"}')
+    leases = [book.lease(ticket, replica, True, b'{"model":"m"}')[1] for _ in "ab"]
+    body, extra = book.lease(ticket, replica, True, b'{"model":"m"}')
     assert extra is None and msgspec.json.decode(body) == {"cache_prompt": False, "model": "m"}
     for lease in leases:
         book.done(replica, lease, True)
-    body, _ = book.lease(ticket, replica, "chat/completions", b'{"model":"m"}')
+    body, _ = book.lease(ticket, replica, True, b'{"model":"m"}')
     assert msgspec.json.decode(body)["cache_prompt"] is False

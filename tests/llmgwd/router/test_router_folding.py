@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from llmgwd.router import folding
+from llmgwd.router.v1_routes import ROUTES
 
 FOLD = Path(__file__).parent / "llama_answers" / "fold"
 PATHS = {
@@ -25,7 +26,7 @@ PATHS = {
 
 def _fold(path: str, raw: bytes, pieces: int = 7) -> dict[str, Any]:
     """raw fed in uneven pieces (an event may be cut anywhere), then folded."""
-    folder = folding.Folder(path)
+    folder = folding.Folder(ROUTES[path])
     step = max(1, len(raw) // pieces)
     for i in range(0, len(raw), step):
         folder.feed(raw[i : i + step])
@@ -106,7 +107,7 @@ def test_choices_fold_by_their_index_and_absurd_indexes_are_dropped() -> None:
 
 @pytest.mark.parametrize("path", ["messages", "responses"])
 def test_a_stream_without_its_frame_is_unfinished(path: str) -> None:
-    folder = folding.Folder(path)
+    folder = folding.Folder(ROUTES[path])
     folder.feed(b'data: {"type":"content_block_delta","index":0,"delta":{"text":"x"}}\n\n')
     with pytest.raises(folding.Unfinished):
         folder.answer()
@@ -123,7 +124,7 @@ def test_a_stream_without_its_frame_is_unfinished(path: str) -> None:
 def test_an_engine_s_error_event_is_kept_with_its_status(
     path: str, event: bytes, status: int
 ) -> None:
-    folder = folding.Folder(path)
+    folder = folding.Folder(ROUTES[path])
     folder.feed(b'data: {"choices":[]}\n\n' + event + b'data: {"choices":[]}\n\n')
     assert folder.error is not None and b'"bad"' in folder.error
     assert folder.error_status == status

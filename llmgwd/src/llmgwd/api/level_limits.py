@@ -8,8 +8,9 @@ import logging
 
 from aiohttp import web
 
-from llmgw.api_types import LevelIn, LevelView, LimitsIn
+from llmgw.api_types import LevelView
 from llmgwd.accounting import levels, views
+from llmgwd.accounting.views import LimitsIn
 from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import _checked, _ctx, _who, bad_field, json_response, not_found, read_body
 from llmgwd.api.people import _dir
@@ -17,6 +18,13 @@ from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Rule, org_rule
 
 log = logging.getLogger(__name__)
 MAX_MODELS = 1000
+
+
+class LevelIn(LimitsIn, forbid_unknown_fields=True, kw_only=True):
+    """PATCH .../limits: the limits given change (0 removes one); models, when given, replaces
+    the list of models it may use ([]: every model)."""
+
+    models: list[str] | None = None
 
 
 def _view(level: str, record: levels.LevelLimits) -> LevelView:

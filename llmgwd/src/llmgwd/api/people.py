@@ -5,39 +5,84 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 from aiohttp import web
 
 from llmgw.api_types import (
+    NAME_PATTERN,
+    NAME_RULE,
     Deleted,
+    Email,
+    ExternalId,
     MemberRemoved,
     MembershipView,
-    NamedIn,
+    Name,
     OrgView,
-    ProjectIn,
     ProjectView,
-    RoleIn,
-    StaffIn,
     StaffView,
     TeamView,
-    UserChange,
+    Title,
     UserDeleted,
-    UserIn,
     UserView,
 )
 from llmgwd import auth
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
-from llmgwd.people.records import MemberRole, Scope, User
+from llmgwd.people.records import MemberRole, Scope, StaffRole, User
 from llmgwd.people.rules import PeopleError, rank
 
 log = logging.getLogger(__name__)
+OPTIONAL_NAME = f"^(|{NAME_PATTERN[1:-1]})$"  # "" or a name
+
 Handler = Callable[[web.Request, Principal], Awaitable[web.Response]]
 _STATUS = {"not_found": (404, "not_found_error"), "conflict": (409, "conflict_error"),
            "forbidden": (403, "permission_error")}  # fmt: skip
+
+
+class NamedIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /orgs, POST /orgs/{org}/teams"""
+
+    name: Name
+    title: Title = ""
+
+
+class ProjectIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /orgs/{org}/projects"""
+
+    name: Name
+    team: Annotated[str, msgspec.Meta(pattern=OPTIONAL_NAME, description=NAME_RULE)] = ""
+    title: Title = ""
+
+
+class UserIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /users: a user made by staff."""
+
+    name: Name
+    email: Email = ""
+    external_id: ExternalId = ""  # their first OIDC sign-in with it is theirs
+
+
+class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """PATCH /users/{user}: the fields given change."""
+
+    email: Email | None = None
+    active: bool | None = None
+    external_id: ExternalId | None = None
+
+
+class RoleIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT .../members/{user}"""
+
+    role: MemberRole
+
+
+class StaffIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /users/{user}/staff: null takes the staff role away."""
+
+    role: StaffRole | None
 
 
 def _dir(request: web.Request) -> Directory:

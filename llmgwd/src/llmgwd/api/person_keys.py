@@ -5,19 +5,28 @@ narrowed to its project, never more."""
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
+import msgspec
 from aiohttp import web
 
-from llmgw.api_types import PersonKeyIn
 from llmgw.api_types import PersonKeyView as PersonKeyView  # re-exported: the answers' type
 from llmgwd import auth
 from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
+from llmgwd.api.keys import KEY_NAME, KEY_NAME_RULE
 from llmgwd.auth import STAFF_READ, Principal, Rule, org_rule
 from llmgwd.catalog import ApiKey, KeyOwner, looks_like_key_id
 from llmgwd.people.directory import Directory
 
 log = logging.getLogger(__name__)
+
+
+class PersonKeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /me/keys, POST /orgs/{org}/projects/{project}/keys and .../service-keys"""
+
+    # What _make checks, as POST /keys's KeyIn says it (a key's name, not a people Name)
+    name: Annotated[str, msgspec.Meta(pattern=KEY_NAME, description=KEY_NAME_RULE)]
 
 
 def view(key: ApiKey, secret: str = "") -> PersonKeyView:

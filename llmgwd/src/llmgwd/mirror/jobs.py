@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from llmgw.api_types import SetStatus
+from llmgw.mirror_api import SetStatus
 from llmgw.wire import ModelFile
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,9 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from llmgwd.router import engine_refusals, errors, route_answers, route_errors
-from llmgwd.router.usage_events import Tally, token_events
+from llmgwd.router import engine_refusals, errors, route_answers
+from llmgwd.router.route import Route
+from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
 
@@ -76,12 +77,12 @@ def clean(doc: Document, model: str) -> Document:
     return out
 
 
-def success_body(data: bytes, model: str, tally: Tally, path: str = "") -> bytes:
+def success_body(data: bytes, model: str, tally: Tally, route: Route) -> bytes:
     """A 200 answer's body as the client gets it, its usage told to tally; one that is not a
     JSON object, as it is. A route of another shape than OpenAI's completion (Responses,
-    Messages, rerank) is cleaned by its own module."""
-    if (own := route_answers.CLEAN.get(path)) is not None:
-        return route_answers.whole(data, model, tally, own)
+    Messages, rerank) is cleaned by its own module (its record's clean)."""
+    if route.clean is not None:
+        return route_answers.whole(data, model, tally, route.clean)
     tally.answered = True
     answer = _typed(data, model)
     if answer is None:
@@ -98,28 +99,23 @@ def success_body(data: bytes, model: str, tally: Tally, path: str = "") -> bytes
     return _encoder.encode(answer)
 
 
-def engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
-    """The engine's refusal (status is not 200) as the client is told it, in the route's shape
-    (Anthropic's on its routes)."""
-    return route_errors.for_route(path, _engine_error(status, data, model, path))
-
-
-def _engine_error(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
-    """The engine's refusal in the router's own words (router/engine_refusals.py)."""
-    return engine_refusals.refusal(status, data, model, path)
+def engine_error(status: int, data: bytes, model: str, route: Route) -> errors.ApiError:
+    """The engine's refusal (status is not 200) as the client is told it, in the router's own
+    words (router/engine_refusals.py) and the route's shape (Anthropic's on its routes)."""
+    return route.shape(engine_refusals.refusal(status, data, model, route.words), 0)
 
 
 class Stream:
     """A stream's events as the client gets them: usage read (and dropped unless the client
     asked), each chunk cleaned, an engine's error event put in OpenAI's shape."""
 
-    def __init__(self, model: str, path: str, tally: Tally) -> None:
+    def __init__(self, model: str, route: Route, tally: Tally) -> None:
         self._model = model
-        self._path = path
+        self._route = route
         self._tally = tally
-        self._tokens = token_events(path)
+        self._tokens = route.tokens
         self.failure: errors.ApiError | None = None  # the engine's error event, as told
-        own = route_answers.CLEAN.get(path)
+        own = route.clean
         self._named = (
             None
             if own is None
@@ -158,8 +154,9 @@ class Stream:
         code = doc["error"].get("code") if isinstance(doc["error"], dict) else None
         status = code if isinstance(code, int) else 500
         raw = msgspec.json.encode(doc)
-        error = _engine_error(status, raw, self._model, self._path)
-        self.failure = route_errors.for_route(self._path, error, self._tally.events or 0)
+        route = self._route
+        error = engine_refusals.refusal(status, raw, self._model, route.words)
+        self.failure = route.shape(error, self._tally.events or 0)
         return self.failure.sse_event()
 
     def _chunk(self, chunk: _Answer) -> bytes:

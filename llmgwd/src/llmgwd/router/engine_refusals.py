@@ -25,19 +25,24 @@ _LACKS = (
     ("video input is not supported", "video input"),
     ("'input_file' is not supported", "file input"),
 )
-_PROMPT_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input",
-                 "responses": "input", "messages": "messages",
-                 "messages/count_tokens": "messages"}  # fmt: skip
-# The field a JSON schema comes in, by route (an engine's grammar is made of it).
-_SCHEMA_PARAM = {"chat/completions": "response_format", "responses": "text", "messages": "tools"}
-# Routes an engine may lack (it answers 404 or 501 for them): the client is told so.
-_OPTIONAL = frozenset({"embeddings", "responses", "messages", "messages/count_tokens", "rerank",
-                       "audio/transcriptions"})  # fmt: skip
 _PROMPT = "<prompt>"  # in Known.param: the route's prompt field
 _SCHEMA = "<schema>"  # in Known.param: the route's JSON schema field
 _FIELD_NAME = r"([a-z_]{1,64})"
 REFUSED = "The model's engine refused the request."
 FAILED = "The model's engine failed on this request."
+
+
+@dataclass(frozen=True, slots=True)
+class Words:
+    """What an engine's refusal names on a route (each route's record holds its own:
+    router/v1_routes.py): its path, the field of its prompt, the field a JSON schema comes in
+    (an engine's grammar is made of it), and whether an engine may lack the route (it answers
+    404 or 501 for it: the client is told so)."""
+
+    path: str
+    prompt: str = "messages"
+    schema: str | None = None
+    optional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,38 +102,36 @@ KNOWN = (
 FAILED = "The model's engine failed on this request."
 
 
-def refusal(status: int, data: bytes, model: str, path: str) -> errors.ApiError:
+def refusal(status: int, data: bytes, model: str, words: Words) -> errors.ApiError:
     """The engine's answer of this status (not 200) as an ApiError in the router's words: 400
     for what the client did (llama.cpp answers 500 for some), 502 for the engine's failures."""
-    return of_object(status, error_object(data), model, path)
+    return of_object(status, error_object(data), model, words)
 
 
-def of_object(status: int, found: Document, model: str, path: str) -> errors.ApiError:
+def of_object(status: int, found: Document, model: str, words: Words) -> errors.ApiError:
     """As refusal(), from the engine's error object ({"message", "type", ...})."""
     message, kind = _text(found, "message"), _text(found, "type")
     if kind == "exceed_context_size_error":
         prompt, context = found.get("n_prompt_tokens"), found.get("n_ctx")
         if isinstance(prompt, int) and isinstance(context, int):
-            return errors.context_length_exceeded(
-                _PROMPT_PARAM.get(path, "messages"), prompt, context
-            )
-    lacks = _lacks(status, kind, message, path)
+            return errors.context_length_exceeded(words.prompt, prompt, context)
+    lacks = _lacks(status, kind, message, words)
     if lacks:
         return errors.model_not_supported(model, lacks)
     for known in KNOWN:
         if m := known.pattern.match(message):
             says = known.says.format(*m.groups()) if m.groups() else known.says
-            return errors.engine_refused(says, _param(known, m, path))
+            return errors.engine_refused(says, _param(known, m, words))
     if 400 <= status < 500 and status not in (401, 403):
         return errors.engine_refused(REFUSED)
     return errors.upstream_failed(FAILED)
 
 
-def _param(known: Known, m: re.Match[str], path: str) -> str | None:
+def _param(known: Known, m: re.Match[str], words: Words) -> str | None:
     if known.param == _PROMPT:
-        return _PROMPT_PARAM.get(path)
+        return words.prompt
     if known.param == _SCHEMA:
-        return _SCHEMA_PARAM.get(path)
+        return words.schema
     return None if known.param is None else known.param.format(*m.groups())
 
 
@@ -152,12 +155,13 @@ def _text(found: Document, key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _lacks(status: int, kind: str, message: str, path: str) -> str:
+def _lacks(status: int, kind: str, message: str, words: Words) -> str:
     """What the model does not do, when that is why the engine refused; else ""."""
     unsupported = status == 501 or kind == "not_supported_error"
-    if path in _OPTIONAL and (unsupported or status == 404):
+    path = words.path
+    if words.optional and (unsupported or status == 404):
         return "embeddings" if path == "embeddings" else f"/v1/{path}"
-    for words, what in _LACKS:
-        if words in message:
+    for said, what in _LACKS:
+        if said in message:
             return what
     return f"/v1/{path}" if unsupported else ""

@@ -350,7 +350,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # its handling began (perf_counter).
 Ended = Callable[[web.Request, int, "ApiError | None", float], None]
 # An error the handler did not shape itself (a bug's 500, aiohttp's own refusals) put in its
-# route's shape (router/route_errors.py).
+# route's shape (router/v1_routes.py).
 Shape = Callable[[web.Request, "ApiError"], "ApiError"]
 
 

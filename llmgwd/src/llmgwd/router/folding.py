@@ -4,12 +4,11 @@ even when the client leaves before the end (DESIGN.md, "Metering")."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from llmgwd.router import route_answers
+from llmgwd.router.route import Route
 from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
@@ -31,9 +30,10 @@ class Folder:
     them (as the engine wrote it: router/answers.py cleans it once, as any whole answer), or
     keeps the engine's first error event."""
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._fold = _FOLDS[path]
+    def __init__(self, route: Route) -> None:
+        assert route.fold is not None  # a generating route's
+        self._route = route
+        self._fold = route.fold
         self._docs: list[Document] = []
         self._tail = b""
         self.error: bytes | None = None  # the data of the engine's error event, if it sent one
@@ -49,7 +49,7 @@ class Folder:
     def tell(self, model: str, tally: Tally) -> None:
         """Tell tally the usage the events so far carry (Messages' message_start says the
         prompt's tokens), for an answer left before its end."""
-        clean = route_answers.CLEAN.get(self._path)
+        clean = self._route.clean
         if clean is not None:
             for doc in self._docs:
                 clean(doc, model, tally)
@@ -246,12 +246,3 @@ def _block_delta(block: Document, inputs: dict[int, str], i: int, delta: object)
 
 def _list(value: object) -> list[Document]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-_FOLDS: dict[str, Callable[[list[Document]], Document]] = {
-    "chat/completions": chat,
-    "completions": completion,
-    "responses": responses,
-    "messages": messages,
-}
-FOLDED = frozenset(_FOLDS)  # the generating routes, whose answers the router always streams

@@ -20,7 +20,6 @@ MODES: tuple[Mode, ...] = ("org", "key", "none")
 REUSE_HOLD_S = 600.0
 # The routes whose llama.cpp requests are pinned to a slot (llama-server reads id_slot there);
 # an embedding or a rerank takes any slot, so a model that serves them reuses none.
-SLOT_ROUTES = frozenset({"chat/completions", "completions", "messages", "responses"})
 _POOLING_ARGS = frozenset({"--embedding", "--embeddings", "--reranking", "--rerank"})
 _MAX_REPLICAS = 4096  # replicas remembered before the book is started afresh
 
@@ -202,11 +201,11 @@ class CacheIsolation:
             request[TICKET] = Ticket(part, _choices(doc) > 1, chain)
 
     def lease(
-        self, ticket: Ticket, endpoint: Endpoint, path: str, body: bytes
+        self, ticket: Ticket, endpoint: Endpoint, slotted: bool, body: bytes
     ) -> tuple[bytes, Lease | None]:
         """The body for endpoint with its slot and whether to reuse it, and the slot taken."""
         lease = None
-        if self._alone and path in SLOT_ROUTES and endpoint.slots > 0:
+        if self._alone and slotted and endpoint.slots > 0:
             lease = self.book.take(endpoint, ticket, self._trusted_from)
             if lease is None or ticket.fans_out:  # llama-server fills a slot of its choice
                 self.book.taint(endpoint)

@@ -15,6 +15,10 @@ from llmgwd.router.fields import MAX_STOP, MAX_TOOLS, Count, Object, Text, TopK,
 from llmgwd.router.token_bounds import Estimate, check_context, one_limit
 from llmgwd.router.usage_events import Tally
 
+# What an engine's refusal names here (router/engine_refusals.py); count_tokens' own below.
+WORDS = engine_refusals.Words("messages", "messages", "tools", optional=True)
+COUNT_WORDS = engine_refusals.Words("messages/count_tokens", "messages", optional=True)
+
 Document = dict[str, Any]
 
 # Prompt tokens the engine read from its cache are prompt tokens all the same; how many were
@@ -188,7 +192,7 @@ def _error(found: Document, model: str) -> Document:
     """An engine's error event's data as Anthropic's, in the router's words."""
     code = found.get("code")
     status = code if isinstance(code, int) and not isinstance(code, bool) else 500
-    error = engine_refusals.of_object(status, found, model, "messages")
+    error = engine_refusals.of_object(status, found, model, WORDS)
     body: Document = msgspec.json.decode(anthropic_errors.shaped(error).body())
     return body
 

@@ -28,8 +28,8 @@ from llmgwd.router.engine_client import (
 )
 from llmgwd.router.isolation import TICKET, CacheIsolation
 from llmgwd.router.prefix import Affinity
-from llmgwd.router.route_errors import for_route
-from llmgwd.router.usage_events import Tally, tally_of, token_events
+from llmgwd.router.route import Route
+from llmgwd.router.usage_events import Tally, tally_of
 from llmgwd.router.waitlist import Busy
 
 log = logging.getLogger("llmgwd.router")
@@ -157,16 +157,16 @@ class Upstream:
         self,
         request: web.Request,
         model: str,
-        path: str,
+        route: Route,
         body: bytes,
         stream: bool,
         ready: list[Endpoint] | None = None,
         affinity: Affinity | None = None,
     ) -> web.StreamResponse:
-        """Relay body to `{replica}/v1/{path}` and its answer back to the client; ready: the
+        """Relay body to `{replica}/v1/{route.path}` and its answer back to the client; ready: the
         model's ready replicas as the caller just read them from the pool, if it did;
         affinity: what ties the request to a replica (router/prefix.py), if anything."""
-        work = self._try_replicas(request, model, path, body, stream, ready, affinity)
+        work = self._try_replicas(request, model, route, body, stream, ready, affinity)
         done = await self._unless_gone(request, work)
         if done is not None:
             return done
@@ -180,7 +180,7 @@ class Upstream:
         self,
         request: web.Request,
         model: str,
-        path: str,
+        route: Route,
         body: bytes,
         stream: bool,
         ready: list[Endpoint] | None,
@@ -190,7 +190,7 @@ class Upstream:
         first choice among ready, the pool read again for each later one)."""
         tried: list[str] = []
         while (endpoint := await self._acquire(model, tried, affinity, ready)) is not None:
-            answer = await self._attempt(request, endpoint, path, body, stream)
+            answer = await self._attempt(request, endpoint, route, body, stream)
             if answer is not None:
                 return answer
             tried.append(endpoint.replica_id)
@@ -216,7 +216,7 @@ class Upstream:
             raise errors.model_busy(message, self._retry_after_s) from None
 
     async def _attempt(
-        self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
+        self, request: web.Request, endpoint: Endpoint, route: Route, body: bytes, stream: bool
     ) -> web.StreamResponse | None:
         """One replica's try on the slot kept for it: its answer, or None when another replica
         may take the request. What failed counts toward taking the replica out of the pool."""
@@ -224,9 +224,9 @@ class Upstream:
         flight = self._flights.enter(endpoint.node)
         lease, ticket, whole = None, request.get(TICKET), False
         if ticket is not None:  # llama.cpp's slot and whether it may reuse its cached prompt
-            body, lease = self.isolation.lease(ticket, endpoint, path, body)
+            body, lease = self.isolation.lease(ticket, endpoint, route.slots, body)
         try:
-            answer = await self._exchange(request, endpoint, path, body, stream)
+            answer = await self._exchange(request, endpoint, route, body, stream)
             whole = answer.status == 200 and request.get(errors.OUTCOME) != "upstream_broke"
         except _Unreachable:
             ejections.failed(endpoint.replica_id)
@@ -235,7 +235,7 @@ class Upstream:
             # uncancel: one cancel is ours; any other (the client left, shutdown) goes on.
             if not flight.abandoned or flight.task.uncancel() > 0:
                 raise
-            return await self._abandoned(request, endpoint, path)
+            return await self._abandoned(request, endpoint, route)
         except errors.ApiError as e:
             if e.status in _ENGINE_FAULTS:
                 ejections.failed(endpoint.replica_id)
@@ -253,7 +253,7 @@ class Upstream:
         return answer
 
     async def _abandoned(
-        self, request: web.Request, endpoint: Endpoint, path: str
+        self, request: web.Request, endpoint: Endpoint, route: Route
     ) -> web.StreamResponse | None:
         """After node_lost: None (another replica may answer) unless the stream had begun."""
         rid = request[errors.REQUEST_ID]
@@ -270,16 +270,16 @@ class Upstream:
         )  # fmt: skip
         request[errors.OUTCOME] = "upstream_broke"
         failure = errors.upstream_failed("The node serving the model was lost mid-answer.")
-        await started.write(for_route(path, failure, _events(request)).sse_event())
+        await started.write(route.shape(failure, _events(request)).sse_event())
         return started
 
     async def _exchange(
-        self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
+        self, request: web.Request, endpoint: Endpoint, route: Route, body: bytes, stream: bool
     ) -> web.StreamResponse:
         """Send to one replica and relay its answer."""
         request[errors.REPLICA] = endpoint.replica_id
         overhead.engine_sent(request)
-        upstream = await self._connect(request, endpoint, path, body, stream)
+        upstream = await self._connect(request, endpoint, route, body, stream)
         overhead.engine_answered(request)  # its headers: a stream's own share
         tally = tally_of(request) or Tally()  # what the answer says it used, for the meter
         owned = True  # the answer is closed here, unless a drain took it over
@@ -291,15 +291,15 @@ class Upstream:
                 )  # fmt: skip
                 raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
-                relay = _Relay(endpoint.model, path, tally)
+                relay = _Relay(endpoint.model, route, tally)
                 try:
-                    return await self._stream(request, upstream, endpoint, path, relay)
+                    return await self._stream(request, upstream, endpoint, route, relay)
                 except (asyncio.CancelledError, ConnectionResetError):
                     if self._client_left(request):
                         owned = False
                         self._drain(upstream, relay)
                     raise
-            return await self._relay_whole(request, upstream, endpoint, path, tally)
+            return await self._relay_whole(request, upstream, endpoint, route, tally)
         finally:
             # A no-op after a complete answer; otherwise drops the connection so the
             # engine stops generating (a shutdown, a node lost).
@@ -307,12 +307,17 @@ class Upstream:
                 upstream.close()
 
     def _stream(
-        self, request: web.Request, upstream: Answer, endpoint: Endpoint, path: str, relay: _Relay
+        self,
+        request: web.Request,
+        upstream: Answer,
+        endpoint: Endpoint,
+        route: Route,
+        relay: _Relay,
     ) -> Coroutine[Any, Any, web.StreamResponse]:
         """The engine's stream relayed to the client, or folded into a whole answer."""
         if request.get(FOLD, False):
-            return self._fold(request, upstream, endpoint, path, relay)
-        return self._relay_stream(request, upstream, endpoint, path, relay)
+            return self._fold(request, upstream, endpoint, route, relay)
+        return self._relay_stream(request, upstream, endpoint, route, relay)
 
     def _client_left(self, request: web.Request) -> bool:
         """Whether the request's client is gone (rather than the daemon stopping, or the
@@ -343,12 +348,12 @@ class Upstream:
             relay.tally.drained()
 
     async def _connect(
-        self, request: web.Request, endpoint: Endpoint, path: str, body: bytes, stream: bool
+        self, request: web.Request, endpoint: Endpoint, route: Route, body: bytes, stream: bool
     ) -> Answer:
         """POST to the replica with its own key; the client's headers are never passed on."""
         headers = self._headers(request, endpoint, stream)
         try:
-            return await self._post(request, endpoint, f"/v1/{path}", body, headers)
+            return await self._post(request, endpoint, f"/v1/{route.path}", body, headers)
         except ConnectFailed as e:
             log.warning(
                 "replica %s of %s on %s unreachable, rid=%s: %s",
@@ -428,7 +433,7 @@ class Upstream:
         request: web.Request,
         upstream: Answer,
         endpoint: Endpoint,
-        path: str,
+        route: Route,
         tally: Tally,
     ) -> web.Response:
         """A non-streamed answer with OpenAI's fields only, or the engine's refusal in OpenAI's
@@ -442,9 +447,9 @@ class Upstream:
             raise _engine_failed(endpoint, e) from None
         if upstream.status == 200:
             content_type = upstream.headers.get("content-type", "application/json")
-            body = answers.success_body(data, endpoint.model, tally, path)
+            body = answers.success_body(data, endpoint.model, tally, route)
             return web.Response(status=200, body=body, headers={"Content-Type": content_type})
-        error = answers.engine_error(upstream.status, data, endpoint.model, path)
+        error = answers.engine_error(upstream.status, data, endpoint.model, route)
         log.info(
             "replica %s of %s answered %d; the client gets %d (%s)",
             endpoint.replica_id, endpoint.model, upstream.status, error.status,
@@ -457,7 +462,7 @@ class Upstream:
         request: web.Request,
         upstream: Answer,
         endpoint: Endpoint,
-        path: str,
+        route: Route,
         relay: _Relay,
     ) -> web.StreamResponse:
         """Server-sent events written as they arrive, each cleaned by router/answers.py; an
@@ -478,7 +483,7 @@ class Upstream:
                     else _engine_failed(endpoint, e)
                 )
                 # the partial event held back is dropped
-                await out.write(for_route(path, failure, tally.events or 0).sse_event())
+                await out.write(route.shape(failure, tally.events or 0).sse_event())
                 return out
             if not chunk:
                 break
@@ -493,7 +498,7 @@ class Upstream:
         request: web.Request,
         upstream: Answer,
         endpoint: Endpoint,
-        path: str,
+        route: Route,
         relay: _Relay,
     ) -> web.Response:
         """A stream the client did not ask for, read whole, folded into the route's answer and
@@ -501,7 +506,7 @@ class Upstream:
         engine's error event is the answer's error."""
         tally = relay.tally
         tally.stream_started()
-        folder, tokens = folding.Folder(path), token_events(path)
+        folder, tokens = folding.Folder(route), route.tokens
         while True:
             try:
                 chunk = await upstream.readany()
@@ -519,12 +524,12 @@ class Upstream:
         overhead.engine_answered(request)
         if folder.error is not None:
             status, model = folder.error_status, endpoint.model
-            return answers.engine_error(status, folder.error, model, path).response()
+            return answers.engine_error(status, folder.error, model, route).response()
         try:
             whole = folder.answer()
         except folding.Unfinished as e:
             raise _engine_failed(endpoint, e) from None
-        body = answers.success_body(whole, endpoint.model, tally, path)
+        body = answers.success_body(whole, endpoint.model, tally, route)
         return web.Response(status=200, body=body, headers={"Content-Type": "application/json"})
 
     async def _unless_gone(
@@ -593,10 +598,10 @@ class _Relay:
 
     __slots__ = ("cleaned", "events", "tally")
 
-    def __init__(self, model: str, path: str, tally: Tally) -> None:
+    def __init__(self, model: str, route: Route, tally: Tally) -> None:
         self.tally = tally
         self.events = _Events()
-        self.cleaned = answers.Stream(model, path, tally)
+        self.cleaned = answers.Stream(model, route, tally)
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events chunk completes, cleaned."""

@@ -14,6 +14,9 @@ from llmgwd.router.fields import MAX_TOOLS, Count, Object, Temperature, Text, Un
 from llmgwd.router.token_bounds import Estimate, check_context, one_limit
 from llmgwd.router.usage_events import Tally
 
+# What an engine's refusal names here (router/engine_refusals.py).
+WORDS = engine_refusals.Words("responses", "input", "text", optional=True)
+
 Document = dict[str, Any]
 
 # The answer's fields a client sees: not llama.cpp's timings, nor the cached-token counts
@@ -189,6 +192,6 @@ def _response(doc: Document, model: str, tally: Tally) -> Document:
 
 def _error(found: Document, model: str) -> Document:
     """An engine's error event, its words replaced by the router's (its number kept)."""
-    error = engine_refusals.of_object(500, found, model, "responses").detail
+    error = engine_refusals.of_object(500, found, model, WORDS).detail
     return {"type": "error", "code": error.code or error.type, "message": error.message,
             "param": error.param, "sequence_number": found.get("sequence_number")}  # fmt: skip

@@ -1,7 +1,7 @@
 """Answers of the routes whose shape is not OpenAI's completion (Responses, Anthropic's
-Messages, rerank, transcriptions): each route's own clean() applied to a whole answer or to
-each event of a stream of named events (`event: NAME` then `data: {...}`), their usage told
-to the tally."""
+Messages, rerank, transcriptions): each route's own clean() (its record's: router/v1_routes.py)
+applied to a whole answer or to each event of a stream of named events (`event: NAME` then
+`data: {...}`), their usage told to the tally."""
 
 from __future__ import annotations
 
@@ -11,19 +11,11 @@ from typing import Any
 
 import msgspec
 
-from llmgwd.router import messages, rerank, responses, transcriptions
 from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
 Clean = Callable[[Document, str, Tally], Document | None]
 
-CLEAN: dict[str, Clean] = {
-    "responses": responses.clean,
-    "messages": messages.clean,
-    "messages/count_tokens": messages.clean,
-    "rerank": rerank.clean,
-    "audio/transcriptions": transcriptions.clean,
-}
 _END = b"\n\n"
 _encoder = msgspec.json.Encoder()
 

@@ -96,23 +96,14 @@ class Tally:
         return chunk
 
 
-# A stream event that carries a token, by route: a delta of text, reasoning or a tool call's
-# arguments (llama.cpp and vLLM stream one token an event, or fewer events than tokens).
-_CHUNK_TOKEN = re.compile(
+# A stream event that carries a token, on each protocol (a route's record names its own:
+# router/v1_routes.py): a delta of text, reasoning or a tool call's arguments (llama.cpp and vLLM
+# stream one token an event, or fewer events than tokens).
+CHUNK_TOKENS = re.compile(
     rb'"(?:content|reasoning_content|reasoning|refusal|arguments|text)":\s*"(?!")'
-)
-_TOKEN_EVENTS = {
-    "chat/completions": _CHUNK_TOKEN,
-    "completions": _CHUNK_TOKEN,
-    "messages": re.compile(rb'"type":\s*"content_block_delta"'),
-    "responses": re.compile(rb'"type":\s*"response\.[a-z_.]+\.delta"'),
-}
-_NONE = re.compile(rb"(?!)")  # matches nothing
-
-
-def token_events(path: str) -> re.Pattern[bytes]:
-    """What marks a token-bearing event in route path's stream (nothing on other routes)."""
-    return _TOKEN_EVENTS.get(path, _NONE)
+)  # OpenAI's chunks
+MESSAGES_TOKENS = re.compile(rb'"type":\s*"content_block_delta"')  # Anthropic's events
+RESPONSES_TOKENS = re.compile(rb'"type":\s*"response\.[a-z_.]+\.delta"')  # the Responses API's
 
 
 def _count(value: object) -> TypeGuard[int]:

@@ -15,20 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.pool import Endpoint, Pool
-from llmgwd.router import (
-    embeddings,
-    errors,
-    expect,
-    fields,
-    folding,
-    messages,
-    overhead,
-    prefix,
-    rerank,
-    responses,
-    route_errors,
-    transcriptions,
-)
+from llmgwd.router import errors, expect, fields, overhead, prefix, transcriptions, v1_routes
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.isolation import CacheIsolation, Mode
@@ -36,7 +23,8 @@ from llmgwd.router.metering import HEADERS, Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
 from llmgwd.router.proxy import BODY_TYPE, FOLD, Upstream
 from llmgwd.router.responses_errors import responses_shape
-from llmgwd.router.token_bounds import Estimate, estimate, placed_context
+from llmgwd.router.route import Route
+from llmgwd.router.token_bounds import Estimate, placed_context
 from llmgwd.router.usage_events import TALLY, ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -50,9 +38,6 @@ ROUTING_KEYS = frozenset(
 )
 
 Document = dict[str, Any]
-# Routes whose streams end with a usage chunk when asked (stream_options); the others'
-# streams carry their usage anyway (Responses' response.completed, Messages' message_delta).
-_OPENAI_STREAMS = frozenset({"chat/completions", "completions"})
 
 
 class Keys(Protocol):
@@ -164,7 +149,7 @@ class Router:
             self.meter.on_settled = self.metrics.settled
             self.balancer.on_waited = self.metrics.waited
             ended = self.metrics.ended
-        app = web.Application(middlewares=[errors.middleware(ended, route_errors.for_request)])
+        app = web.Application(middlewares=[errors.middleware(ended, v1_routes.for_request)])
         app.on_response_prepare.append(_answer_headers)
         app.on_cleanup.append(self._on_cleanup)
         app.router.add_get("/models", self._list_models)
@@ -213,29 +198,28 @@ class Router:
         return _json(_card(model))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "chat/completions", fields.chat)
+        return await self._complete(request, v1_routes.CHAT)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "completions", fields.completion)
+        return await self._complete(request, v1_routes.COMPLETIONS)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "embeddings", embeddings.check, embeddings.bound)
+        return await self._complete(request, v1_routes.EMBEDDINGS)
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         with responses_shape(request):
-            return await self._complete(request, "responses", responses.check, responses.bound)
+            return await self._complete(request, v1_routes.RESPONSES)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         with anthropic_shape():
-            return await self._complete(request, "messages", messages.check, messages.bound)
+            return await self._complete(request, v1_routes.MESSAGES)
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
         with anthropic_shape():
-            path, check, bound = "messages/count_tokens", messages.check_count, messages.bound_count
-            return await self._complete(request, path, check, bound)
+            return await self._complete(request, v1_routes.COUNT_TOKENS)
 
     async def _rerank(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "rerank", rerank.check, rerank.bound)
+        return await self._complete(request, v1_routes.RERANK)
 
     async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
         """A multipart form, not JSON: the key checked before any of it is read, the request
@@ -263,22 +247,18 @@ class Router:
                 # A memoryview of the spool's file when it spilled: the proxy and the engine
                 # client only take its len() and hand it to the transport, which keeps it.
                 sent = cast(bytes, body)
-                return await self._upstream.forward(request, name, "audio/transcriptions", sent,
-                                                    False)  # fmt: skip
+                route = v1_routes.TRANSCRIPTIONS
+                return await self._upstream.forward(request, name, route, sent, False)
         finally:
             for reservation in admitted:
                 reservation.settle()
 
-    async def _complete(
-        self,
-        request: web.Request,
-        path: str,
-        check: Callable[[Document], str],
-        bound: Callable[[Document, Model, int, int], Estimate] = estimate,
-    ) -> web.StreamResponse:
+    async def _complete(self, request: web.Request, route: Route) -> web.StreamResponse:
         """Check everything a client can get wrong (only the route's allowed fields pass),
         admit the request against its key's limits and budgets, hand the body to the proxy,
         then settle what the answer used."""
+        check, bound = route.check, route.bound
+        assert check is not None and bound is not None  # a route whose body is JSON
         key = self._authenticate(request)
         raw = await _read_body(request, self._max_body_bytes)
         doc = _parse_object(raw)
@@ -289,7 +269,7 @@ class Router:
         model = self._models.get(name)
         if model is None:
             raise errors.model_not_found(name)
-        fields.for_engine(doc, model, path)
+        fields.for_engine(doc, model, route.path)
         ready = await self._ready(model)
         read_at = time.monotonic()
         bounds = bound(doc, model, len(raw), placed_context(ready))
@@ -299,7 +279,7 @@ class Router:
         stream = doc.get("stream") is True
         # A whole answer is asked of the engine as a stream all the same, and folded: what
         # the engine made is counted even if the client leaves (router/folding.py).
-        fold = not stream and path in folding.FOLDED
+        fold = not stream and route.fold is not None
         affinity = None
         if self.balancer.prefix is not None and len(ready) > 1:  # one replica: nothing to choose
             affinity = prefix.affinity_of(request, doc)
@@ -307,7 +287,7 @@ class Router:
         # waited for a refill: the pool is read again
         fresh = ready if time.monotonic() - read_at <= READY_FRESH_S else None
         try:
-            if (stream or fold) and path in _OPENAI_STREAMS:
+            if (stream or fold) and route.usage_option:
                 reservation.tally.pass_usage = ask_for_usage(doc) or fold
             if fold:
                 doc["stream"] = request[FOLD] = True
@@ -316,7 +296,7 @@ class Router:
             request[BODY_TYPE] = "application/json"  # set: a key missed costs a KeyError
             body = msgspec.json.encode(doc)
             forward = self._upstream.forward
-            return await forward(request, model.name, path, body, stream or fold, fresh, affinity)
+            return await forward(request, model.name, route, body, stream or fold, fresh, affinity)
         finally:
             reservation.settle()
 
