@@ -298,7 +298,8 @@ class ClientServer(web.Server):
 
     # asyncio's server calls this at each TCP accept; with TLS, what it makes is the TLS layer,
     # which counts the connection from then on and hands the HTTP protocol its decrypted side.
-    def __call__(self) -> asyncio.BaseProtocol:  # type: ignore[override]
+    # aiohttp types Server() as making its RequestHandler; asyncio takes any protocol.
+    def __call__(self) -> asyncio.BaseProtocol:  # type: ignore[override]  # not a RequestHandler
         http = ClientProtocol(self, loop=self._loop, **self._kwargs)
         if self.tls is None:
             return http

@@ -9,8 +9,12 @@ import threading
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from authlib.common.security import generate_token  # type: ignore[import-untyped]
-from authlib.oauth2.rfc7636 import create_s256_code_challenge  # type: ignore[import-untyped]
+from authlib.common.security import (  # type: ignore[import-untyped]  # authlib has no types
+    generate_token,
+)
+from authlib.oauth2.rfc7636 import (  # type: ignore[import-untyped]  # authlib has no types
+    create_s256_code_challenge,
+)
 
 from llmgw.api_types import OidcInfo
 

@@ -385,7 +385,7 @@ SEND_CHUNK = 1 << 20
 
 async def _send(
     loop: asyncio.AbstractEventLoop,
-    transport: asyncio.BaseTransport,
+    transport: asyncio.Transport,
     response: web.StreamResponse,
     fobj: BinaryIO,
     start: int,
@@ -394,7 +394,7 @@ async def _send(
     """The file's bytes: by sendfile where the loop has it, else read and written in chunks
     (uvloop, which llmgwd runs on, has no loop.sendfile: it raises NotImplementedError)."""
     try:
-        await loop.sendfile(transport, fobj, start, count)  # type: ignore[arg-type]
+        await loop.sendfile(transport, fobj, start, count)
         return
     except NotImplementedError:
         pass

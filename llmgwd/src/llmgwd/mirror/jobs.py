@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from llmgw.mirror_api import SetStatus
+from llmgw.api_types import SetState, SetStatus
 from llmgw.wire import ModelFile
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class SetJob:
         self._files = [_File(f) for f in files]
         self._parallel = max(1, parallel)
         self._samples: deque[tuple[float, int]] = deque()
-        self.state = "fetching"
+        self.state: SetState = "fetching"
         self.error = ""
         self.finished_at = 0.0
 
@@ -118,7 +118,7 @@ class SetJob:
             bytes_done=done,
             rate_bytes_s=rate,
             eta_s=eta,
-            state="fetching" if self.state == "fetching" else self.state,  # type: ignore[arg-type]
+            state=self.state,
             current=[f.file.path for f in self._files if f.state == "fetching"],
             verifying=[f.file.path for f in self._files if f.verifying],
             error=self.error,

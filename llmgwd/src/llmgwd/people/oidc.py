@@ -74,7 +74,7 @@ class Provider:
         if self._keys is None or fresh or time.monotonic() - self._keys_at > KEYS_TTL_S:
             jwks = await self._get_json(str((await self.metadata())["jwks_uri"]))
             try:
-                self._keys = KeySet.import_key_set(jwks)  # type: ignore[arg-type]
+                self._keys = KeySet.import_key_set({"keys": jwks["keys"]})
             except (JoseError, ValueError, KeyError, TypeError):
                 why = "the provider's keys cannot be read"
                 raise SignInError(502, "provider_keys", why) from None

@@ -12,9 +12,12 @@ from llmgw.config import GroupRule, Oidc
 from llmgwd.people.directory import Directory
 from llmgwd.people.links import Links, subject_link
 from llmgwd.people.oidc import SignInError
-from llmgwd.people.records import GroupSource, MemberRole, Scope, User
+from llmgwd.people.records import MEMBER_ROLES, GroupSource, MemberRole, Scope, User
 from llmgwd.people.rules import NAME_RE, PeopleError, rank
 from llmgwd.store import Store
+
+# A group rule's role as a MemberRole: config.GroupRule allows these names only.
+ROLE_OF: dict[str, MemberRole] = {role: role for role in MEMBER_ROLES}
 
 
 def groups_of(claims: dict[str, Any], claim: str) -> set[str]:
@@ -92,10 +95,10 @@ class SignIn:
         left, removed (OIDC's and SCIM's groups each add and remove only their own)."""
         held: dict[tuple[str, str, str], MemberRole] = {}
         # the strongest rule for a place last, so that it is the one kept
-        for rule in sorted(self._settings.rules, key=lambda r: rank(r.role)):  # type: ignore[arg-type]
+        for rule in sorted(self._settings.rules, key=lambda r: rank(ROLE_OF[r.role])):
             if rule.group in groups:
                 scope = _scope(rule)
-                role: MemberRole = rule.role  # type: ignore[assignment]  # checked in config
+                role = ROLE_OF[rule.role]
                 try:
                     await self._people.set_member(
                         "", user.id, scope, role, "group", rule.group, source
