@@ -33,7 +33,7 @@ APT = {"DEBIAN_FRONTEND": "noninteractive"}
 LLAMA = "/usr/local/lib/llmgw/llama-server"
 # llmgwd's package installs the Grafana dashboard as the repository keeps it.
 DASHBOARD = ("/usr/share/llmgw/grafana/llmgw.json", REPO / "packaging/grafana/llmgw.json")
-# The daemons' modules import every compiled dependency (numpy by way of gguf, ...).
+# The daemons' modules import every compiled dependency (msgspec, uvloop, cryptography, ...).
 COMPILED = (
     "import llmgw.cli.main, llmgwd.main, llmgwd.daemon, llmgw_agentd.main, llmgw_agentd.daemon"
 )

@@ -1,7 +1,7 @@
 """A GGUF file's header (metadata and tensor infos) read without its weights, and its ModelShape.
 
-The header is read with the `gguf` package's constants (value types, ggml block sizes) by
-a streaming reader rather than gguf.GGUFReader: GGUFReader maps the whole file and builds a
+The header is read by a streaming reader rather than the `gguf` package's GGUFReader (whose
+constants, below, are all this needs of that package): GGUFReader maps the whole file and builds a
 numpy view per vocabulary string (1.3 s for SmolLM2's 49k tokens here, several seconds for a
 150k vocabulary) and a view per tensor over its data, so it cannot read a metadata-only
 file. This reader stops where the tensor data starts, skips long arrays (the vocabulary)
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 import struct
+from enum import IntEnum
 from pathlib import Path
 from typing import BinaryIO, cast
 
 import msgspec
-from gguf.constants import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from llmgwd.estimate import ModelShape
 
@@ -25,6 +25,70 @@ KEEP_NUMBERS = 4096
 KEEP_STRINGS = 64
 ALIGNMENT = 32  # GGUF's default, unless general.alignment says otherwise
 _SPLIT = re.compile(r"(.+)-(\d+)-of-(\d+)\.gguf")
+
+# The GGUF specification (ggml's docs/gguf.md, "File Structure"): the magic "GGUF" read as a
+# little-endian uint32, and the type codes of metadata values (enum gguf_metadata_value_type).
+GGUF_MAGIC = 0x46554747
+
+
+class GGUFValueType(IntEnum):
+    """gguf_metadata_value_type."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# ggml's tensor types (the same spec's and ggml.h's enum ggml_type; ids 4, 5, 31-33 and
+# 36-38 are retired): id -> (name, elements per block, bytes per block), as ggml.c's
+# type_traits and gguf-py's GGML_QUANT_SIZES give them (gguf 0.19.0, a dev dependency:
+# tests/llmgwd/test_gguf_constants.py checks this table against it).
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
 
 _SCALARS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "B",
@@ -140,16 +204,15 @@ def read_header(path: str | Path) -> GgufHeader:
         for _ in range(n_tensors):
             name = r.string()
             dims = [r.u64() for _ in range(r.u32())]
-            try:
-                qtype = GGMLQuantizationType(r.u32())
-            except ValueError as e:
-                raise GgufError(f"{path}: tensor {name} has an unknown type ({e})") from e
+            qtype = r.u32()
+            if qtype not in GGML_TYPES:
+                raise GgufError(f"{path}: tensor {name} has an unknown type ({qtype})")
             r.u64()  # the tensor's offset in the data: not needed for its size
             n = 1
             for d in dims:
                 n *= d
-            block, size = GGML_QUANT_SIZES[qtype]
-            tensors.append(TensorInfo(name, qtype.name, dims, n, n * size // block))
+            type_name, block, size = GGML_TYPES[qtype]
+            tensors.append(TensorInfo(name, type_name, dims, n, n * size // block))
         align = fields.get("general.alignment", ALIGNMENT)
         align = align if isinstance(align, int) and align > 0 else ALIGNMENT
         data = -(-f.tell() // align) * align
