@@ -1,6 +1,6 @@
 """Every route of the client port's /api/v1 and /hf, taken from their route tables, checks its
 role: no key is a 401, a user key is a 403 on /api/v1 and enough on /hf, an admin key passes;
-and every /api/v1 route (api.routes.TABLE, the one table the API is served from) against every
+and every /api/v1 route (api.routes.TABLE, the route records the API is served from) against every
 role: each staff role, each membership role in the path's organization and in another one, and
 nobody; each route's rule is the staff policy (viewer reads, operator changes models, nodes,
 mirror and Slurm, admin everything)."""
@@ -71,7 +71,7 @@ def _routes(prefix: str, table: list[web.RouteDef]) -> list[tuple[str, str]]:
     return out
 
 
-API_ROUTES = [(m, "/api/v1" + _fill(p)) for m, p, _h, _r in routes.TABLE]
+API_ROUTES = [(r.method, "/api/v1" + _fill(r.path)) for r in routes.TABLE]
 SCIM_ROUTES = [(m, scim.PREFIX + _fill(p)) for m, p, _h, _r in scim.TABLE]
 HF_ROUTES = [
     *_routes("/hf", hub_server.hub_routes()),
@@ -182,7 +182,7 @@ async def test_hf_takes_any_live_key(
 
 # Every route, every role.
 
-RULED = [(m, "/api/v1" + _fill(p), rule) for m, p, _h, rule in routes.TABLE]
+RULED = [(r.method, "/api/v1" + _fill(r.path), r.rule) for r in routes.TABLE]
 STAFF: dict[str, StaffRole] = {"staff-admin": "admin", "staff-operator": "operator",
                                "staff-viewer": "viewer"}  # fmt: skip
 # Membership principals: (organization, team or "", role).
@@ -276,10 +276,10 @@ async def test_every_served_route_is_in_the_table_with_a_rule() -> None:
         for r in sub.router.routes()
         if r.method != "HEAD" and r.resource is not None
     }
-    table = {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p, _h, _r in routes.TABLE}
+    table = {(r.method, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", r.path)) for r in routes.TABLE}
     assert served == table
     assert len(routes.TABLE) == len(table) >= 50
-    assert all(isinstance(rule, auth.Rule) and rule.staff for *_, rule in routes.TABLE)
+    assert all(isinstance(r.rule, auth.Rule) and r.rule.staff for r in routes.TABLE)
 
 
 OPERATED = ("/api/v1/models", "/api/v1/nodes", "/api/v1/tokens", "/api/v1/mirror", "/api/v1/slurm")

@@ -8,23 +8,15 @@ import logging
 
 from aiohttp import web
 
-from llmgw.api_types import LevelView
+from llmgw.api_types import LevelIn, LevelView, LimitsIn
 from llmgwd.accounting import levels, views
-from llmgwd.accounting.views import LimitsIn
-from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import _checked, _ctx, _who, bad_field, json_response, not_found, read_body
 from llmgwd.api.people import _dir
-from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Rule, org_rule
+from llmgwd.api.route import Route
+from llmgwd.auth import STAFF_ADMIN, STAFF_READ, org_rule
 
 log = logging.getLogger(__name__)
 MAX_MODELS = 1000
-
-
-class LevelIn(LimitsIn, forbid_unknown_fields=True, kw_only=True):
-    """PATCH .../limits: the limits given change (0 removes one); models, when given, replaces
-    the list of models it may use ([]: every model)."""
-
-    models: list[str] | None = None
 
 
 def _view(level: str, record: levels.LevelLimits) -> LevelView:
@@ -112,18 +104,12 @@ def _models(request: web.Request, names: list[str]) -> list[str]:
     return sorted(set(names))
 
 
-TABLE: list[tuple[str, str, RouteHandler, Rule]] = [
-    ("GET", "/orgs/{org}/limits", get_org_limits, org_rule("member", read=True)),
-    ("PATCH", "/orgs/{org}/limits", set_org_limits, org_rule("admin")),
-    ("PATCH", "/orgs/{org}/limits/teams/{name}", set_team_limits, org_rule("admin")),
-    ("PATCH", "/orgs/{org}/limits/projects/{name}", set_project_limits, org_rule("admin")),
-    ("GET", "/users/{user}/limits", get_user_limits, STAFF_READ),
-    ("PATCH", "/users/{user}/limits", set_user_limits, STAFF_ADMIN),
+_ORG, _ADMIN = "/orgs/{org}/limits", org_rule("admin")
+TABLE: list[Route] = [
+    Route("GET", _ORG, get_org_limits, org_rule("member", read=True), answer=list[LevelView]),
+    Route("PATCH", _ORG, set_org_limits, _ADMIN, LevelIn, LevelView),
+    Route("PATCH", _ORG + "/teams/{name}", set_team_limits, _ADMIN, LevelIn, LevelView),
+    Route("PATCH", _ORG + "/projects/{name}", set_project_limits, _ADMIN, LevelIn, LevelView),
+    Route("GET", "/users/{user}/limits", get_user_limits, STAFF_READ, answer=LevelView),
+    Route("PATCH", "/users/{user}/limits", set_user_limits, STAFF_ADMIN, LevelIn, LevelView),
 ]
-
-# Their bodies and answers, for api.openapi.
-SHAPES: dict[tuple[str, str], tuple[object, object]] = {
-    ("GET", "/orgs/{org}/limits"): (None, list[LevelView]),
-    ("GET", "/users/{user}/limits"): (None, LevelView),
-    **{("PATCH", path): (LevelIn, LevelView) for _, path, _, _ in TABLE if "limits" in path},
-}

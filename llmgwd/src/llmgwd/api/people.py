@@ -1,88 +1,45 @@
 """/api/v1's people: organizations, their teams, projects and members, users and staff roles;
-each route with its rule (auth.Rule), in TABLE (api.routes serves it, checked by the guard)."""
+each route's record (api.route.Route: its rule, body and answer) in TABLE, which api.routes
+serves, each behind its guard."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
 
 from llmgw.api_types import (
-    NAME_PATTERN,
-    NAME_RULE,
     Deleted,
-    Email,
-    ExternalId,
     MemberRemoved,
     MembershipView,
-    Name,
+    NamedIn,
     OrgView,
+    ProjectIn,
     ProjectView,
+    RoleIn,
+    StaffIn,
     StaffView,
     TeamView,
-    Title,
+    UserChange,
     UserDeleted,
+    UserIn,
     UserView,
 )
 from llmgwd import auth
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
+from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
-from llmgwd.people.records import MemberRole, Scope, StaffRole, User
+from llmgwd.people.records import MemberRole, Scope, User
 from llmgwd.people.rules import PeopleError, rank
 
 log = logging.getLogger(__name__)
-OPTIONAL_NAME = f"^(|{NAME_PATTERN[1:-1]})$"  # "" or a name
-
 Handler = Callable[[web.Request, Principal], Awaitable[web.Response]]
 _STATUS = {"not_found": (404, "not_found_error"), "conflict": (409, "conflict_error"),
            "forbidden": (403, "permission_error")}  # fmt: skip
-
-
-class NamedIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /orgs, POST /orgs/{org}/teams"""
-
-    name: Name
-    title: Title = ""
-
-
-class ProjectIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /orgs/{org}/projects"""
-
-    name: Name
-    team: Annotated[str, msgspec.Meta(pattern=OPTIONAL_NAME, description=NAME_RULE)] = ""
-    title: Title = ""
-
-
-class UserIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /users: a user made by staff."""
-
-    name: Name
-    email: Email = ""
-    external_id: ExternalId = ""  # their first OIDC sign-in with it is theirs
-
-
-class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """PATCH /users/{user}: the fields given change."""
-
-    email: Email | None = None
-    active: bool | None = None
-    external_id: ExternalId | None = None
-
-
-class RoleIn(msgspec.Struct, forbid_unknown_fields=True):
-    """PUT .../members/{user}"""
-
-    role: MemberRole
-
-
-class StaffIn(msgspec.Struct, forbid_unknown_fields=True):
-    """PUT /users/{user}/staff: null takes the staff role away."""
-
-    role: StaffRole | None
 
 
 def _dir(request: web.Request) -> Directory:
@@ -302,40 +259,6 @@ async def set_staff(request: web.Request, who: Principal) -> web.Response:
     return json_response(StaffView(user=user.id, staff=body.role))
 
 
-# The route table: every route and who passes it.
-
-MEMBER_READ = org_rule("member", read=True)
-ORG_ADMIN = org_rule("admin")
-MANAGER = org_rule("manager")  # of the team or project the path names, or the org's
-SIGNED_IN = Rule(STAFF_READ.staff, user=True)  # staff, and every user (their own answer)
-
-TABLE: list[tuple[str, str, Handler, Rule]] = [
-    ("GET", "/orgs", list_orgs, SIGNED_IN),
-    ("POST", "/orgs", create_org, STAFF_ADMIN),
-    ("GET", "/orgs/{org}", get_org, MEMBER_READ),
-    ("DELETE", "/orgs/{org}", delete_org, STAFF_ADMIN),
-    ("GET", "/orgs/{org}/teams", list_teams, MEMBER_READ),
-    ("POST", "/orgs/{org}/teams", create_team, ORG_ADMIN),
-    ("DELETE", "/orgs/{org}/teams/{team}", delete_team, ORG_ADMIN),
-    ("GET", "/orgs/{org}/projects", list_projects, MEMBER_READ),
-    ("POST", "/orgs/{org}/projects", create_project, ORG_ADMIN),
-    ("DELETE", "/orgs/{org}/projects/{project}", delete_project, ORG_ADMIN),
-    ("GET", "/orgs/{org}/members", list_members, MEMBER_READ),
-    ("PUT", "/orgs/{org}/members/{user}", set_member, ORG_ADMIN),
-    ("DELETE", "/orgs/{org}/members/{user}", remove_member, ORG_ADMIN),
-    ("PUT", "/orgs/{org}/teams/{team}/members/{user}", set_member, MANAGER),
-    ("DELETE", "/orgs/{org}/teams/{team}/members/{user}", remove_member, MANAGER),
-    ("PUT", "/orgs/{org}/projects/{project}/members/{user}", set_member, MANAGER),
-    ("DELETE", "/orgs/{org}/projects/{project}/members/{user}", remove_member, MANAGER),
-    ("GET", "/users", list_users, STAFF_READ),
-    ("POST", "/users", create_user, STAFF_ADMIN),
-    ("GET", "/users/{user}", get_user, STAFF_READ),
-    ("PATCH", "/users/{user}", change_user, STAFF_ADMIN),
-    ("DELETE", "/users/{user}", delete_user, STAFF_ADMIN),
-    ("PUT", "/users/{user}/staff", set_staff, STAFF_ADMIN),
-]
-
-
 def plain(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
     """handler as a route's (the principal the route's guard let in, its PeopleError as an
     answer)."""
@@ -348,3 +271,53 @@ def plain(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
             raise _api_error(e) from None
 
     return run
+
+
+# The route table: every route, who passes it, what it takes and answers.
+
+MEMBER_READ = org_rule("member", read=True)
+ORG_ADMIN = org_rule("admin")
+MANAGER = org_rule("manager")  # of the team or project the path names, or the org's
+SIGNED_IN = Rule(STAFF_READ.staff, user=True)  # staff, and every user (their own answer)
+CREATED = 201
+_TEAM, _PROJECT = "/orgs/{org}/teams/{team}", "/orgs/{org}/projects/{project}"
+_MEMBER = "/members/{user}"
+_set_member, _remove_member = plain(set_member), plain(remove_member)
+
+TABLE: list[Route] = [
+    Route("GET", "/orgs", plain(list_orgs), SIGNED_IN, answer=list[OrgView]),
+    Route("POST", "/orgs", plain(create_org), STAFF_ADMIN, NamedIn, OrgView, CREATED),
+    Route("GET", "/orgs/{org}", plain(get_org), MEMBER_READ, answer=OrgView),
+    Route("DELETE", "/orgs/{org}", plain(delete_org), STAFF_ADMIN, answer=Deleted),
+    Route("GET", "/orgs/{org}/teams", plain(list_teams), MEMBER_READ, answer=list[TeamView]),
+    Route("POST", "/orgs/{org}/teams", plain(create_team), ORG_ADMIN, NamedIn, TeamView, CREATED),
+    Route("DELETE", _TEAM, plain(delete_team), ORG_ADMIN, answer=Deleted),
+    Route(
+        "GET", "/orgs/{org}/projects", plain(list_projects), MEMBER_READ, answer=list[ProjectView]
+    ),
+    Route(
+        "POST",
+        "/orgs/{org}/projects",
+        plain(create_project),
+        ORG_ADMIN,
+        ProjectIn,
+        ProjectView,
+        CREATED,
+    ),
+    Route("DELETE", _PROJECT, plain(delete_project), ORG_ADMIN, answer=Deleted),
+    Route(
+        "GET", "/orgs/{org}/members", plain(list_members), MEMBER_READ, answer=list[MembershipView]
+    ),
+    Route("PUT", "/orgs/{org}" + _MEMBER, _set_member, ORG_ADMIN, RoleIn, MembershipView),
+    Route("DELETE", "/orgs/{org}" + _MEMBER, _remove_member, ORG_ADMIN, answer=MemberRemoved),
+    Route("PUT", _TEAM + _MEMBER, _set_member, MANAGER, RoleIn, MembershipView),
+    Route("DELETE", _TEAM + _MEMBER, _remove_member, MANAGER, answer=MemberRemoved),
+    Route("PUT", _PROJECT + _MEMBER, _set_member, MANAGER, RoleIn, MembershipView),
+    Route("DELETE", _PROJECT + _MEMBER, _remove_member, MANAGER, answer=MemberRemoved),
+    Route("GET", "/users", plain(list_users), STAFF_READ, answer=list[UserView]),
+    Route("POST", "/users", plain(create_user), STAFF_ADMIN, UserIn, UserView, CREATED),
+    Route("GET", "/users/{user}", plain(get_user), STAFF_READ, answer=UserView),
+    Route("PATCH", "/users/{user}", plain(change_user), STAFF_ADMIN, UserChange, UserView),
+    Route("DELETE", "/users/{user}", plain(delete_user), STAFF_ADMIN, answer=UserDeleted),
+    Route("PUT", "/users/{user}/staff", plain(set_staff), STAFF_ADMIN, StaffIn, StaffView),
+]

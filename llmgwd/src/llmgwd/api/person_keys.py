@@ -5,28 +5,19 @@ narrowed to its project, never more."""
 from __future__ import annotations
 
 import logging
-from typing import Annotated
 
-import msgspec
 from aiohttp import web
 
+from llmgw.api_types import PersonKeyIn
 from llmgw.api_types import PersonKeyView as PersonKeyView  # re-exported: the answers' type
 from llmgwd import auth
-from llmgwd.api.access import RouteHandler
 from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
-from llmgwd.api.keys import KEY_NAME, KEY_NAME_RULE
+from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_READ, Principal, Rule, org_rule
 from llmgwd.catalog import ApiKey, KeyOwner, looks_like_key_id
 from llmgwd.people.directory import Directory
 
 log = logging.getLogger(__name__)
-
-
-class PersonKeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /me/keys, POST /orgs/{org}/projects/{project}/keys and .../service-keys"""
-
-    # What _make checks, as POST /keys's KeyIn says it (a key's name, not a people Name)
-    name: Annotated[str, msgspec.Meta(pattern=KEY_NAME, description=KEY_NAME_RULE)]
 
 
 def view(key: ApiKey, secret: str = "") -> PersonKeyView:
@@ -174,12 +165,14 @@ async def revoke_project_key(request: web.Request) -> web.Response:
 SELF = Rule(STAFF_READ.staff, user=True)
 SELF_WRITE = Rule(STAFF_READ.staff)  # POST /me/keys: a staff user, whatever their role
 MANAGER = org_rule("manager")
-TABLE: list[tuple[str, str, RouteHandler, Rule]] = [
-    ("GET", "/me/keys", my_keys, SELF),
-    ("POST", "/me/keys", create_my_key, SELF_WRITE),
-    ("DELETE", "/me/keys/{key}", revoke_my_key, SELF),
-    ("GET", "/orgs/{org}/projects/{project}/keys", project_keys, org_rule("manager", read=True)),
-    ("POST", "/orgs/{org}/projects/{project}/keys", create_project_key, org_rule("member")),
-    ("POST", "/orgs/{org}/projects/{project}/service-keys", create_service_key, MANAGER),
-    ("DELETE", "/orgs/{org}/projects/{project}/keys/{key}", revoke_project_key, MANAGER),
+_PROJECT = "/orgs/{org}/projects/{project}"
+_KEY, _KEYS, _IN = PersonKeyView, list[PersonKeyView], PersonKeyIn
+TABLE: list[Route] = [
+    Route("GET", "/me/keys", my_keys, SELF, answer=_KEYS),
+    Route("POST", "/me/keys", create_my_key, SELF_WRITE, _IN, _KEY, status=201),
+    Route("DELETE", "/me/keys/{key}", revoke_my_key, SELF, answer=_KEY),
+    Route("GET", _PROJECT + "/keys", project_keys, org_rule("manager", read=True), answer=_KEYS),
+    Route("POST", _PROJECT + "/keys", create_project_key, org_rule("member"), _IN, _KEY, 201),
+    Route("POST", _PROJECT + "/service-keys", create_service_key, MANAGER, _IN, _KEY, 201),
+    Route("DELETE", _PROJECT + "/keys/{key}", revoke_project_key, MANAGER, answer=_KEY),
 ]

@@ -1,10 +1,49 @@
-"""/api/v1's one route table, each route with its rule, and the applications that serve it."""
+"""/api/v1's one route table: a record per route (api.route.Route) with its rule, request and
+answer types and status, and the applications that serve it, each route behind its guard."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from llmgw.api_types import (
+    ContextIn,
+    ImportIn,
+    ImportOut,
+    KeyIn,
+    KeyView,
+    LimitsIn,
+    MetricsTokenView,
+    MirrorStatus,
+    ModelIn,
+    ModelRemoved,
+    ModelView,
+    NewKey,
+    NodeFlagsView,
+    NodeRemoved,
+    NodeView,
+    PeerIn,
+    PeerView,
+    PlanView,
+    PriceIn,
+    ProfileReplicasIn,
+    RemoveIn,
+    ScimTokenView,
+    ServeIn,
+    ServerRemoved,
+    ServerTokenIn,
+    ServerView,
+    SlurmSettingsIn,
+    SlurmView,
+    StatusView,
+    SweepIn,
+    SweepOut,
+    TokenView,
+    UploadView,
+    UsageReport,
+)
 from llmgwd.api import (
     keys,
     level_limits,
@@ -23,68 +62,135 @@ from llmgwd.api import (
     tokens,
     usage,
 )
-from llmgwd.api.access import RouteHandler, guarded
+from llmgwd.api.access import guarded
 from llmgwd.api.base import API_PREFIX, CTX, MAX_BODY_BYTES, ApiContext, errors_middleware
-from llmgwd.auth import STAFF_ADMIN, STAFF_OPERATE, STAFF_READ, Rule, org_rule
-
-Route = tuple[str, str, RouteHandler, Rule]  # method, path under API_PREFIX, handler, rule
+from llmgwd.api.route import ROUTES, Route
+from llmgwd.auth import STAFF_ADMIN, STAFF_OPERATE, STAFF_READ, org_rule
 
 # Staff viewers read everything and change nothing; operators change models, nodes (join
 # tokens too), the mirror and Slurm; admins everything (keys, limits, prices, servers,
 # people). The people routes' rules also name membership roles (api.people.TABLE).
 READ, OPERATE, ADMIN = STAFF_READ, STAFF_OPERATE, STAFF_ADMIN
+CREATED = 201
+
+# Path parameters the handlers check, as the document states them.
+_NODE = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"}
+NODE = {"name": _NODE}
+SHA256 = {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
+SERVER = {"name": _NODE | {"not": {"enum": ["tokens", "leave"]}}}
 
 TABLE: list[Route] = [
-    *[(m, path, people.plain(h), rule) for m, path, h, rule in people.TABLE],
+    *people.TABLE,
     *person_keys.TABLE,
     *level_limits.TABLE,
-    ("GET", "/status", status.get_status, READ),
-    ("GET", "/openapi.json", openapi.get_openapi, READ),
-    ("GET", "/models", models.list_models, READ),
-    ("POST", "/models", models.add_model, OPERATE),
-    ("GET", "/models/{name}", models.get_model, READ),
-    ("DELETE", "/models/{name}", models.remove_model, OPERATE),
-    ("POST", "/models/{name}/serve", models.serve_model, OPERATE),
-    ("POST", "/models/{name}/stop", models.stop_model, OPERATE),
-    ("POST", "/models/{name}/replicas", models.set_profile_replicas, OPERATE),
-    ("PUT", "/models/{name}/context", models.set_context, OPERATE),
-    ("GET", "/models/{name}/plan", plans.get_plan, READ),
-    ("PUT", "/models/{name}/price", limits.set_price, ADMIN),
-    ("GET", "/nodes", nodes.get_nodes, READ),
-    ("POST", "/nodes/{name}/{action:cordon|drain|uncordon}", nodes.set_node_flags, OPERATE),
-    ("DELETE", "/nodes/{name}", nodes.remove_node, OPERATE),
-    ("POST", "/tokens", tokens.create_token, OPERATE),
-    ("GET", "/keys", keys.list_keys, READ),
-    ("POST", "/keys", keys.create_key, ADMIN),
-    ("DELETE", "/keys/{key}", keys.revoke_key, ADMIN),
-    ("PATCH", "/keys/{key}/limits", limits.set_key_limits, ADMIN),
-    ("GET", "/usage", usage.get_usage, READ),
-    ("GET", "/orgs/{org}/usage", usage.get_org_usage, org_rule("admin", read=True)),
-    ("GET", "/mirror", mirror.get_mirror, READ),
-    ("PUT", "/mirror/uploads/{sha256}", mirror.put_upload, OPERATE),
-    ("POST", "/mirror/import", mirror.post_import, OPERATE),
-    ("POST", "/mirror/sweep", mirror.post_sweep, OPERATE),
-    ("GET", "/mirror/peers", mirror.get_peers, READ),
-    ("POST", "/mirror/peers", mirror.post_peer, OPERATE),
-    ("GET", "/slurm", slurm.get_slurm, READ),
-    ("PUT", "/slurm", slurm.put_slurm, OPERATE),
-    ("POST", "/slurm/nodes/{name}/{action:lend|reclaim}", slurm.lend, OPERATE),
-    ("GET", "/servers", servers.list_servers, READ),
-    ("POST", "/servers/tokens", servers.create_server_token, ADMIN),
-    ("POST", "/servers/leave", servers.leave, ADMIN),
-    # Not tokens or leave, the literal routes above (a name that would be refused at join).
-    ("DELETE", "/servers/{name:(?!(?:tokens|leave)$)[^/]+}", servers.remove_server, ADMIN),
-    ("POST", "/scim/token", stored_tokens.create_scim_token, ADMIN),
-    ("POST", "/metrics/token", stored_tokens.create_metrics_token, ADMIN),
+    Route("GET", "/status", status.get_status, READ, answer=StatusView),
+    # this document (a JSON object)
+    Route("GET", "/openapi.json", openapi.get_openapi, READ, answer=dict[str, Any]),
+    Route("GET", "/models", models.list_models, READ, answer=list[ModelView]),
+    Route("POST", "/models", models.add_model, OPERATE, ModelIn, ModelView, CREATED),
+    Route("GET", "/models/{name}", models.get_model, READ, answer=ModelView),
+    Route("DELETE", "/models/{name}", models.remove_model, OPERATE, answer=ModelRemoved),
+    Route("POST", "/models/{name}/serve", models.serve_model, OPERATE, ServeIn, ModelView),
+    Route("POST", "/models/{name}/stop", models.stop_model, OPERATE, answer=ModelView),
+    Route(
+        "POST",
+        "/models/{name}/replicas",
+        models.set_profile_replicas,
+        OPERATE,
+        ProfileReplicasIn,
+        ModelView,
+    ),
+    Route("PUT", "/models/{name}/context", models.set_context, OPERATE, ContextIn, ModelView),
+    Route("GET", "/models/{name}/plan", plans.get_plan, READ, answer=PlanView),
+    Route("PUT", "/models/{name}/price", limits.set_price, ADMIN, PriceIn, ModelView),
+    Route("GET", "/nodes", nodes.get_nodes, READ, answer=list[NodeView]),
+    Route(
+        "POST",
+        "/nodes/{name}/{action:cordon|drain|uncordon}",
+        nodes.set_node_flags,
+        OPERATE,
+        answer=NodeFlagsView,
+        params=NODE,
+    ),
+    Route("DELETE", "/nodes/{name}", nodes.remove_node, OPERATE, answer=NodeRemoved, params=NODE),
+    Route("POST", "/tokens", tokens.create_token, OPERATE, answer=TokenView, status=CREATED),
+    Route("GET", "/keys", keys.list_keys, READ, answer=list[KeyView]),
+    Route("POST", "/keys", keys.create_key, ADMIN, KeyIn, NewKey, CREATED),
+    Route("DELETE", "/keys/{key}", keys.revoke_key, ADMIN, answer=KeyView),
+    Route("PATCH", "/keys/{key}/limits", limits.set_key_limits, ADMIN, LimitsIn, KeyView),
+    Route("GET", "/usage", usage.get_usage, READ, answer=UsageReport),
+    Route(
+        "GET",
+        "/orgs/{org}/usage",
+        usage.get_org_usage,
+        org_rule("admin", read=True),
+        answer=UsageReport,
+    ),
+    Route("GET", "/mirror", mirror.get_mirror, READ, answer=MirrorStatus),
+    # the body: the file's bytes
+    Route(
+        "PUT",
+        "/mirror/uploads/{sha256}",
+        mirror.put_upload,
+        OPERATE,
+        answer=UploadView,
+        status=CREATED,
+        params=SHA256,
+    ),
+    Route("POST", "/mirror/import", mirror.post_import, OPERATE, ImportIn, ImportOut, CREATED),
+    Route("POST", "/mirror/sweep", mirror.post_sweep, OPERATE, SweepIn, SweepOut),
+    Route("GET", "/mirror/peers", mirror.get_peers, READ, answer=list[PeerView]),
+    Route("POST", "/mirror/peers", mirror.post_peer, OPERATE, PeerIn, PeerView, CREATED),
+    Route("GET", "/slurm", slurm.get_slurm, READ, answer=SlurmView),
+    Route("PUT", "/slurm", slurm.put_slurm, OPERATE, SlurmSettingsIn, SlurmView),
+    Route(
+        "POST",
+        "/slurm/nodes/{name}/{action:lend|reclaim}",
+        slurm.lend,
+        OPERATE,
+        answer=SlurmView,
+        params=NODE,
+    ),
+    Route("GET", "/servers", servers.list_servers, READ, answer=list[ServerView]),
+    Route("POST", "/servers/tokens", servers.create_server_token, ADMIN, ServerTokenIn, TokenView),
+    Route("POST", "/servers/leave", servers.leave, ADMIN, RemoveIn, ServerRemoved),
+    # Not tokens or leave, the literal routes above (a name that would be refused at join):
+    # DELETE there is their 405.
+    Route(
+        "DELETE",
+        "/servers/{name:(?!(?:tokens|leave)$)[^/]+}",
+        servers.remove_server,
+        ADMIN,
+        RemoveIn,
+        ServerRemoved,
+        params=SERVER,
+        errors=("405",),
+    ),
+    Route(
+        "POST",
+        "/scim/token",
+        stored_tokens.create_scim_token,
+        ADMIN,
+        answer=ScimTokenView,
+        status=CREATED,
+    ),
+    Route(
+        "POST",
+        "/metrics/token",
+        stored_tokens.create_metrics_token,
+        ADMIN,
+        answer=MetricsTokenView,
+        status=CREATED,
+    ),
 ]
 
 
 def api_routes() -> list[web.RouteDef]:
     """The table's routes, relative to API_PREFIX, each behind its rule's guard."""
     out = []
-    for method, path, handler, rule in TABLE:
-        route = guarded(rule, handler)
-        out.append(web.get(path, route) if method == "GET" else web.route(method, path, route))
+    for r in TABLE:
+        run = guarded(r.rule, r.handler)
+        out.append(web.get(r.path, run) if r.method == "GET" else web.route(r.method, r.path, run))
     return out
 
 
@@ -92,6 +198,7 @@ def api_subapp(ctx: ApiContext, auth: Middleware) -> web.Application:
     """The API to mount with parent.add_subapp(API_PREFIX, ...), guarded by auth."""
     app = web.Application(middlewares=[errors_middleware, auth], client_max_size=MAX_BODY_BYTES)
     app[CTX] = ctx
+    app[ROUTES] = TABLE
     app.add_routes(api_routes())
     return app
 
