@@ -16,19 +16,22 @@ from llmgw.api_types import (
     KeyLimits,
     LoginAnswer,
     MembershipView,
+    MirrorStatus,
     ModelRemoved,
     ModelView,
+    NodeSweep,
     PlaceView,
     PlanView,
     ProfilePlan,
     ScimTokenView,
     ScopeView,
+    SetStatus,
     StaffView,
+    SweepOut,
     Verdict,
 )
 from llmgw.cli import common, login_device
 from llmgw.cli.main import main
-from llmgw.mirror_api import MirrorStatus, NodeSweep, SetStatus, SweepOut
 
 COMMANDS = [
     ["nodes"],

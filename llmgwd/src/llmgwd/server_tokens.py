@@ -12,11 +12,12 @@ import time
 import msgspec
 
 from llmgw import pki
+from llmgw.api_types import TOKEN_TTL_S
 from llmgwd.catalog import JoinToken, hash_secret
 from llmgwd.store import Compare, Delete, Get, Store
 
 PREFIX = "/server-tokens/"
-TTL_S = 900  # a control plane joins within minutes of its token being made
+TTL_S = TOKEN_TTL_S  # a control plane joins within minutes of its token being made
 MAX_TTL_S = 3600
 
 _dec = msgspec.json.Decoder(JoinToken)

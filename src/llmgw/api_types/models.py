@@ -1,12 +1,67 @@
-"""/api/v1's models: a model, its profiles, replicas and plan, and its removal."""
+"""/api/v1's models: a model to add and its changes (replicas, context, price); a model, its
+profiles, replicas and plan, and its removal."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from llmgw.mirror_api import SetStatus, SweepOut
+from llmgw.api_types.common import Name
+from llmgw.api_types.limits import Money
+from llmgw.api_types.mirror import SetStatus, SweepOut
+
+MAX_REPLICAS = 1024
+MAX_CONTEXT = 1 << 24
+SOURCE_PATTERN = r"^(?:hf:\S+|file:/(?!/)[^\x00-\x1f]*)$"
+SOURCE_RULE = "must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path (on the nodes)"
+
+Replicas = Annotated[int, msgspec.Meta(ge=0, le=MAX_REPLICAS)]
+Context = Annotated[int, msgspec.Meta(ge=0, le=MAX_CONTEXT)]
+
+
+class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /api/v1/models"""
+
+    name: Name
+    # hf:ORG/REPO[@REV][:PATTERN], or file: and an absolute path (no control character)
+    source: Annotated[str, msgspec.Meta(pattern=SOURCE_PATTERN, description=SOURCE_RULE)]
+    engine: Literal["llama.cpp", "vllm"]
+    args: list[str] = []
+    context: Context = 0
+    max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    on_demand: bool = False  # started by the first request, parked after idle_s without one
+    idle_s: Annotated[int, msgspec.Meta(ge=1, le=604800)] = 300
+
+
+class ServeIn(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /api/v1/models/{name}/serve"""
+
+    replicas: Replicas
+
+
+class ProfileReplicasIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /api/v1/models/{name}/replicas: a profile's count (a new profile is made)."""
+
+    profile: Name
+    replicas: Replicas
+    # for a new profile: cpu or gpu ("": gpu if its name starts so, else cpu)
+    kind: Literal["", "cpu", "gpu"] = ""
+    priority: int | None = None
+
+
+class ContextIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /api/v1/models/{name}/context"""
+
+    context: Context
+
+
+class PriceIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """PUT /models/{name}/price: per million tokens, in the site's currency."""
+
+    prompt: Money
+    completion: Money
+
 
 # GET /models and the model routes: a model, its profiles and its replicas.
 Engine = Literal["llama.cpp", "vllm"]

@@ -1,12 +1,14 @@
 """/api/v1's people: organizations, teams, projects, memberships, users, staff roles
-and people's keys."""
+and people's keys, as they are asked for and as they are answered."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.api_types.common import NAME_PATTERN, NAME_RULE, Email, ExternalId, Name, Title
+from llmgw.api_types.keys import KEY_NAME, KEY_NAME_RULE
 from llmgw.api_types.limits import KeyLimits
 
 # People (llmgwd/api/people.py, person_keys.py): organizations, teams, projects, memberships,
@@ -119,3 +121,57 @@ class PersonKeyView(msgspec.Struct, kw_only=True):
     revoked: bool
     limits: KeyLimits
     key: str = ""
+
+
+# What they take (llmgwd/api/people.py, person_keys.py check them again).
+OPTIONAL_NAME = f"^(|{NAME_PATTERN[1:-1]})$"  # "" or a name
+
+
+class NamedIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /orgs, POST /orgs/{org}/teams"""
+
+    name: Name
+    title: Title = ""
+
+
+class ProjectIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /orgs/{org}/projects"""
+
+    name: Name
+    team: Annotated[str, msgspec.Meta(pattern=OPTIONAL_NAME, description=NAME_RULE)] = ""
+    title: Title = ""
+
+
+class UserIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /users: a user made by staff."""
+
+    name: Name
+    email: Email = ""
+    external_id: ExternalId = ""  # their first OIDC sign-in with it is theirs
+
+
+class UserChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """PATCH /users/{user}: the fields given change."""
+
+    email: Email | None = None
+    active: bool | None = None
+    external_id: ExternalId | None = None
+
+
+class RoleIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT .../members/{user}"""
+
+    role: PersonRole
+
+
+class StaffIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /users/{user}/staff: null takes the staff role away."""
+
+    role: StaffRoleName | None
+
+
+class PersonKeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /me/keys, POST /orgs/{org}/projects/{project}/keys and .../service-keys"""
+
+    # What _make checks, as POST /keys's KeyIn says it (a key's name, not a people Name)
+    name: Annotated[str, msgspec.Meta(pattern=KEY_NAME, description=KEY_NAME_RULE)]

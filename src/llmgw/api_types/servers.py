@@ -1,10 +1,26 @@
-"""/api/v1's control planes: as GET /servers shows them, and one taken out."""
+"""/api/v1's control planes: a token for a new one, as GET /servers shows them, and one taken
+out."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 import msgspec
+
+TOKEN_TTL_S = 900  # a control plane joins within minutes of its token being made
+
+
+class ServerTokenIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /servers/tokens"""
+
+    ttl_s: int = TOKEN_TTL_S
+
+
+class RemoveIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /servers/leave and DELETE /servers/{name}"""
+
+    force: bool = False
+
 
 # GET /servers, POST /servers/leave, DELETE /servers/{name}: the control planes.
 Health = Literal["healthy", "unreachable", "not started", "no member"]

@@ -30,3 +30,14 @@ class SlurmView(msgspec.Struct, frozen=True, kw_only=True):
     lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
     partition: str = "llmgw"
     status: list[SlurmNodeView] | None = None
+
+
+class SlurmSettingsIn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A change of Slurm's settings: the fields given replace the stored ones."""
+
+    enabled: bool | msgspec.UnsetType = msgspec.UNSET
+    cluster_name: str | msgspec.UnsetType = msgspec.UNSET
+    controller: str | msgspec.UnsetType = msgspec.UNSET
+    nodes: list[str] | msgspec.UnsetType = msgspec.UNSET
+    lent: list[str] | msgspec.UnsetType = msgspec.UNSET
+    partition: str | msgspec.UnsetType = msgspec.UNSET

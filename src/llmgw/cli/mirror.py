@@ -12,6 +12,7 @@ import click
 import msgspec
 
 from llmgw import ipc
+from llmgw.api_types import ImportOut, MirrorStatus, PeerView, SweepOut
 from llmgw.cli.common import (
     API,
     Refused,
@@ -24,7 +25,6 @@ from llmgw.cli.common import (
 )
 from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
 from llmgw.cli.progress import describe
-from llmgw.mirror_api import ImportOut, MirrorStatus, PeerView, SweepOut
 
 # Files the hub would keep in git rather than LFS: small ones that are not weights. They
 # get a git blob id beside their sha256, as the hub lists them.

@@ -6,11 +6,10 @@ from typing import Any
 
 import click
 
-from llmgw.api_types import ModelRemoved, ModelView, PlanView, Verdict
+from llmgw.api_types import ModelRemoved, ModelView, PlanView, SetStatus, Verdict
 from llmgw.cli import progress
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, size
-from llmgw.mirror_api import SetStatus
 
 
 @click.group()

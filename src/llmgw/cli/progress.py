@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import click
 
+from llmgw.api_types import SetStatus
 from llmgw.cli.output import size
-from llmgw.mirror_api import SetStatus
 
 POLL_S = 0.5
 PLAIN_EVERY_S = 5.0  # a plain line at most this often when stderr is not a terminal

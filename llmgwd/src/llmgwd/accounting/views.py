@@ -6,22 +6,17 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from datetime import date
-from typing import Annotated, Literal, cast
+from typing import Literal, cast
 
 import msgspec
 
-from llmgw.api_types import UsageReport, UsageRow
+from llmgw.api_types import MAX_MONEY, LimitsIn, PriceIn, UsageReport, UsageRow
 from llmgwd.accounting.periods import day_id
 from llmgwd.accounting.pricing import from_pico
 from llmgwd.accounting.usage import Counts, Record
-from llmgwd.catalog import KeyLimits, Period
+from llmgwd.catalog import KeyLimits
 
 MAX_COUNT = 10**12  # requests, tokens: far above any real limit, below any overflow
-MAX_MONEY = 1e9  # a price per million tokens, or a budget
-Money = Annotated[  # what _check_money checks
-    float,
-    msgspec.Meta(ge=0, le=MAX_MONEY, description=f"must be a number between 0 and {MAX_MONEY:.0f}"),
-]
 GROUPS = ("key", "model", "day", "org", "team", "project", "user")
 Group = Literal["key", "model", "day", "org", "team", "project", "user"]
 LEVEL_GROUPS = ("org", "team", "project", "user")  # from the key's owner (Owner)
@@ -33,24 +28,6 @@ class Invalid(Exception):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
-
-
-class LimitsIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """A key's limits to change (in POST /keys, and PATCH /keys/{key}/limits); 0 removes one."""
-
-    rpm: int | None = None
-    tpm: int | None = None
-    budget_tokens: int | None = None
-    budget_tokens_per: Period | None = None
-    budget_spend: float | None = None
-    budget_spend_per: Period | None = None
-
-
-class PriceIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """PUT /models/{name}/price: per million tokens, in the site's currency."""
-
-    prompt: Money
-    completion: Money
 
 
 def apply_limits(current: KeyLimits, body: LimitsIn) -> KeyLimits:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
 
-import msgspec
 from aiohttp import web
 
+from llmgw.api_types import KeyIn, LimitsIn
 from llmgw.api_types import KeyView as KeyView  # re-exported: the answers' types
 from llmgw.api_types import NewKey as NewKey
 from llmgwd.accounting import views
-from llmgwd.accounting.views import LimitsIn
 from llmgwd.api.base import (
     ApiContext,
     ApiError,
@@ -26,20 +24,6 @@ from llmgwd.api.base import (
 from llmgwd.catalog import ApiKey, CatalogError, KeyLimits, Role, looks_like_key_id
 
 log = logging.getLogger(__name__)
-
-
-# 1-64 printable characters, not 12 hex digits (a key's id): what _check_key_in checks.
-_PRINTABLE, _EDGE = r"[^\x00-\x1f\x7f-\x9f]", r"[^\s\x00-\x1f\x7f-\x9f]"
-KEY_NAME = rf"^(?![0-9a-fA-F]{{12}}$){_EDGE}(?:{_PRINTABLE}{{0,62}}{_EDGE})?$"
-KEY_NAME_RULE = "must be 1-64 printable characters and not look like a key's id (12 hex digits)"
-
-
-class KeyIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /api/v1/keys"""
-
-    name: Annotated[str, msgspec.Meta(pattern=KEY_NAME, description=KEY_NAME_RULE)]
-    role: Literal["user", "admin"] = "user"
-    limits: LimitsIn | None = None
 
 
 def key_view(key: ApiKey) -> KeyView:

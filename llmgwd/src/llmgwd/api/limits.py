@@ -6,8 +6,8 @@ import logging
 
 from aiohttp import web
 
+from llmgw.api_types import LimitsIn, PriceIn
 from llmgwd.accounting import views
-from llmgwd.accounting.views import LimitsIn, PriceIn
 from llmgwd.api.base import _checked, _ctx, _who, json_response, not_found, read_body
 from llmgwd.api.keys import _find_key, key_view
 from llmgwd.api.models import _model_or_404, _view

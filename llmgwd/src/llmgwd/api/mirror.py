@@ -8,9 +8,8 @@ import logging
 from aiohttp import web
 
 from llmgw import sources
-from llmgw.api_types import UploadView
+from llmgw.api_types import ImportIn, ImportOut, PeerIn, PeerView, SweepIn, SweepOut, UploadView
 from llmgw.blobstore import BlobStoreError, ChecksumMismatch, DiskFull
-from llmgw.mirror_api import ImportIn, ImportOut, PeerIn, PeerView, SweepIn, SweepOut
 from llmgwd.api.base import ApiContext, ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.catalog import Model
 from llmgwd.mirror import imports, sweep

@@ -5,13 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
 
 from llmgw import engine_args, sources
-from llmgw.api_types import ModelRemoved, Name
+from llmgw.api_types import (
+    MAX_CONTEXT,
+    MAX_REPLICAS,
+    SOURCE_RULE,
+    ContextIn,
+    ModelIn,
+    ModelRemoved,
+    ProfileReplicasIn,
+    ServeIn,
+)
 from llmgw.api_types import ModelView as ModelView  # re-exported: the answers' types
 from llmgw.api_types import ReplicaView as ReplicaView
 from llmgwd.catalog import CatalogError, Model, profiles_of
@@ -35,52 +44,8 @@ from llmgwd.api.base import (
 
 log = logging.getLogger(__name__)
 
-MAX_REPLICAS = 1024
-MAX_CONTEXT = 1 << 24
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-SOURCE_PATTERN = r"^(?:hf:\S+|file:/(?!/)[^\x00-\x1f]*)$"
-SOURCE_RULE = "must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path (on the nodes)"
 ENGINES = ("llama.cpp", "vllm")
-
-
-Replicas = Annotated[int, msgspec.Meta(ge=0, le=MAX_REPLICAS)]
-Context = Annotated[int, msgspec.Meta(ge=0, le=MAX_CONTEXT)]
-
-
-class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /api/v1/models"""
-
-    name: Name
-    # hf:ORG/REPO[@REV][:PATTERN], or file: and an absolute path (no control character)
-    source: Annotated[str, msgspec.Meta(pattern=SOURCE_PATTERN, description=SOURCE_RULE)]
-    engine: Literal["llama.cpp", "vllm"]
-    args: list[str] = []
-    context: Context = 0
-    max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
-    on_demand: bool = False  # started by the first request, parked after idle_s without one
-    idle_s: Annotated[int, msgspec.Meta(ge=1, le=604800)] = 300
-
-
-class ServeIn(msgspec.Struct, forbid_unknown_fields=True):
-    """POST /api/v1/models/{name}/serve"""
-
-    replicas: Replicas
-
-
-class ProfileReplicasIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /api/v1/models/{name}/replicas: a profile's count (a new profile is made)."""
-
-    profile: Name
-    replicas: Replicas
-    # for a new profile: cpu or gpu ("": gpu if its name starts so, else cpu)
-    kind: Literal["", "cpu", "gpu"] = ""
-    priority: int | None = None
-
-
-class ContextIn(msgspec.Struct, forbid_unknown_fields=True):
-    """PUT /api/v1/models/{name}/context"""
-
-    context: Context
 
 
 def _check_source(source: str) -> None:

@@ -5,28 +5,15 @@ from __future__ import annotations
 import logging
 import shlex
 
-import msgspec
 from aiohttp import web
 
-from llmgw.api_types import ServerRemoved, TokenView
+from llmgw.api_types import RemoveIn, ServerRemoved, ServerTokenIn, TokenView
 from llmgwd import control_planes as servers
 from llmgwd import server_tokens
 from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
 from llmgwd.control_planes import ControlPlanes
 
 log = logging.getLogger(__name__)
-
-
-class ServerTokenIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /servers/tokens"""
-
-    ttl_s: int = server_tokens.TTL_S
-
-
-class RemoveIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /servers/leave and DELETE /servers/{name}"""
-
-    force: bool = False
 
 
 def _planes(request: web.Request) -> ControlPlanes:

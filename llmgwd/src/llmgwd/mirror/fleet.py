@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from llmgw import download
-from llmgw.mirror_api import HeldSet
+from llmgw.api_types import HeldSet
 from llmgw.wire import ModelFile
 from llmgwd.mirror.holders import Holders
 

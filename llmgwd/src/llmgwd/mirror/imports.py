@@ -9,8 +9,8 @@ import time
 from collections.abc import AsyncIterator
 
 from llmgw import sources
+from llmgw.api_types import ImportIn
 from llmgw.blobstore import BlobStore, ChecksumMismatch
-from llmgw.mirror_api import ImportIn
 from llmgw.wire import ModelFile
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.snapshot import Snapshot

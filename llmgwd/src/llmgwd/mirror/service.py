@@ -17,8 +17,8 @@ import aiohttp
 import msgspec
 
 from llmgw import download, sources
+from llmgw.api_types import MirrorStatus, PeerView, SetStatus
 from llmgw.blobstore import BlobStore, BlobStoreError, ChecksumMismatch
-from llmgw.mirror_api import MirrorStatus, PeerView, SetStatus
 from llmgw.sources import HfSource
 from llmgw.wire import ModelFile
 from llmgwd.mirror import hub_client

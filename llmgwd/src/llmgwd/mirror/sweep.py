@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from llmgw import wire
+from llmgw.api_types import NodeSweep, SweepOut
 from llmgw.blobstore import BlobStore
-from llmgw.mirror_api import NodeSweep, SweepOut
 
 log = logging.getLogger(__name__)
 

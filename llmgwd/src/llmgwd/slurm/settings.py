@@ -9,6 +9,7 @@ from collections.abc import Callable
 import msgspec
 
 from llmgw import pki
+from llmgw.api_types import SlurmSettingsIn as SlurmSettingsIn  # PUT /slurm's body
 from llmgwd.accounting.views import Invalid
 from llmgwd.members import Members
 from llmgwd.store import Compare, Put, Store
@@ -28,17 +29,6 @@ class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[str] = []  # the nodes in Slurm (slurmd runs there)
     lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
     partition: str = "llmgw"
-
-
-class SlurmSettingsIn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A change of Slurm's settings: the fields given replace the stored ones."""
-
-    enabled: bool | msgspec.UnsetType = msgspec.UNSET
-    cluster_name: str | msgspec.UnsetType = msgspec.UNSET
-    controller: str | msgspec.UnsetType = msgspec.UNSET
-    nodes: list[str] | msgspec.UnsetType = msgspec.UNSET
-    lent: list[str] | msgspec.UnsetType = msgspec.UNSET
-    partition: str | msgspec.UnsetType = msgspec.UNSET
 
 
 def merged(old: SlurmSettings, change: SlurmSettingsIn) -> SlurmSettings:
