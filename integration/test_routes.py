@@ -6,6 +6,8 @@ and a tool call made and answered through both, streamed and not."""
 from __future__ import annotations
 
 import json
+import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -85,6 +87,63 @@ def test_messages_streamed_and_not_are_answered_and_counted(node: Node) -> None:
     assert counted["requests"] == 3
     assert counted["prompt_tokens"] == answer.usage.input_tokens + final.usage.input_tokens
     assert counted["completion_tokens"] == answer.usage.output_tokens + final.usage.output_tokens
+
+
+def engine_made(node: Node, scrape: str) -> int:
+    """The tokens MODEL's engines made so far: llama-server's tokens_predicted_total, relayed
+    by llmgwd at /metrics/engines."""
+    url = f"http://127.0.0.1:{node.client_port}/metrics/engines"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {scrape}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        text = r.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("llamacpp_tokens_predicted_total{") and f'model="{MODEL}"' in line
+    )
+
+
+def leave(node: Node, secret: str, path: str, stream: bool) -> None:
+    """A request of up to 400 tokens on path, left after 8 of its stream's events, or after
+    1.5 s of waiting for its whole answer."""
+    body: dict[str, Any] = {"model": MODEL, "stream": stream, "temperature": 0}
+    story = "Tell me a long story about a dragon."
+    if path == "responses":
+        body.update(input=story, max_output_tokens=400)
+    elif path == "completions":
+        body.update(prompt=story, max_tokens=400)
+    else:
+        body.update(messages=[{"role": "user", "content": story}], max_tokens=400)
+    url = f"http://127.0.0.1:{node.client_port}/v1/{path}"
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=1.5) as r:
+            for _ in range(8 if stream else 10**6):
+                r.readline()
+                r.readline()  # an event and its blank line, or a line of the whole answer
+    except TimeoutError:
+        assert not stream  # a whole answer left waiting
+
+
+def test_every_token_made_is_charged_when_clients_leave(node: Node) -> None:
+    """Issue 26, findings 1 and 2, on the real llama-server: on each generating route, a stream
+    left after a few events and a whole answer left while the engine works are charged the
+    tokens the engine made (it is told, and stops), within a token per request."""
+    scrape, secret = node.llmgw("metrics", "token", "--json")["token"], key(node, "leaves")
+    before = engine_made(node, scrape)
+    for path in ("chat/completions", "completions", "messages", "responses"):
+        for stream in (True, False):
+            leave(node, secret, path, stream)
+    for _ in range(100):  # settled once each engine's rest was read
+        counted = used(node, "leaves")
+        if counted["requests"] == 8:
+            break
+        time.sleep(0.2)
+    made = engine_made(node, scrape) - before
+    assert counted["requests"] == 8
+    assert 8 * 8 <= made < 8 * 400  # every request was left before its end
+    assert abs(counted["completion_tokens"] - made) <= 8
 
 
 def test_errors_are_each_in_their_routes_shape(node: Node) -> None:
