@@ -117,3 +117,119 @@ def test_a_lend_waits_for_an_engine_deaf_to_sigterm(slurm: SlurmCluster) -> None
         host.ps.run(["mv", "-f", BINARY + ".real", BINARY], check=False)
         slurm.cp.llmgw("slurm", "reclaim", lent)
         slurm.wait(lambda: slurm.node_status(lent)["status"] == "in llmgw", f"{lent} back", 120)
+
+
+# Faults 1 and 2: an agent restarted while its node is taken back, llmgwd killed -9.
+
+SLURM_UNITS = ("munge.service", "slurmctld.service", "slurmd.service")
+
+
+def _one_replica_and_both_in_llmgw(cluster: SlurmCluster) -> tuple[str, str]:
+    """Slurm set up, n1 and n2 in llmgw, one replica: (the node with it, the other)."""
+    cluster.cp.llmgw("model", "serve", MODEL, "--replicas", "1")
+    cluster.wait(lambda: all(_drained_by_llmgw(cluster, n) for n in ("n1", "n2")),
+                 "slurmctld on cp, slurmd on n1 and n2, both drained by llmgw", 240)  # fmt: skip
+    cluster.wait(lambda: len(cluster.replica_nodes()) == 1, "one replica ready", 180)
+    where = cluster.replica_nodes()[0]
+    return where, "n2" if where == "n1" else "n1"
+
+
+def _lend_with_a_job(cluster: SlurmCluster, node: str, seconds: int, tag: str) -> str:
+    """Lend node (it has no replica), run a job of seconds there; its id once running."""
+    cluster.cp.llmgw("slurm", "lend", node)
+    cluster.wait(lambda: cluster.state(node) == "idle", f"{node} lent, idle in Slurm", 120)
+    job = cluster.sbatch(node, seconds, tag)
+    cluster.wait(lambda: cluster.job_state(job) == "RUNNING", f"job {job} on {node}", 60)
+    return job
+
+
+def _all_back(cluster: SlurmCluster) -> bool:
+    """Whether cp, n1 and n2 are connected to the (restarted) llmgwd."""
+    try:
+        return sorted(cluster.cp.connected()) == ["cp", "n1", "n2"]
+    except Exception:  # llmgwd starting: ask again
+        return False
+
+
+def _undone(cluster: SlurmCluster) -> int:
+    """How often cp's agent said it stopped a Slurm unit or removed Slurm's files."""
+    journal = cluster.cp.ps.journal("llmgw-agentd.service", 2000)
+    return journal.count("no such part") + journal.count("removed what llmgw wrote")
+
+
+def _engines(cluster: SlurmCluster, node: str) -> list[str]:
+    """llmgw's engine units on node (running or stopping), as its systemd lists them."""
+    return cluster.nodes[node].engine_units()
+
+
+def test_an_agent_restart_keeps_a_node_taken_back_held(slurm: SlurmCluster) -> None:
+    _, node = _one_replica_and_both_in_llmgw(slurm)
+    job = _lend_with_a_job(slurm, node, 60, "agent-restart")
+    slurm.cp.llmgw("slurm", "reclaim", node)
+    slurm.wait(lambda: slurm.node_status(node)["status"].startswith("reclaiming"),
+               f"{node} reclaiming in llmgw", 60)  # fmt: skip
+
+    # The node's agent killed -9 (systemd starts it again), then a second replica asked for:
+    # while the job runs, no engine of llmgw's starts on the node.
+    agent = slurm.nodes[node]
+    before = agent.main_pid("llmgw-agentd.service")
+    agent.ps.systemctl("kill", "--signal=KILL", "llmgw-agentd.service")
+    slurm.wait(lambda: agent.main_pid("llmgw-agentd.service") not in (0, before),
+               f"{node}'s agent started again", 60)  # fmt: skip
+    slurm.wait(lambda: node in slurm.cp.connected(), f"{node} connected again", 60)
+    slurm.cp.llmgw("model", "serve", MODEL, "--replicas", "2")
+    looks = 0
+    while slurm.job_state(job) == "RUNNING":
+        engines, status = _engines(slurm, node), slurm.node_status(node)["status"]
+        assert engines == [], f"{engines} on {node} while job {job} runs there ({status})"
+        assert status.startswith("reclaiming"), status
+        looks += 1
+        time.sleep(1)
+    assert slurm.job_state(job) == "COMPLETED"
+    assert agent.ps.read_file("/tmp/agent-restart.done").strip() == "done"
+
+    # The job done, the node is llmgw's again and takes the second replica.
+    slurm.wait(lambda: slurm.node_status(node)["status"] == "in llmgw", f"{node} back", 120)
+    slurm.cp.wait_ready(2)
+    assert slurm.replica_nodes() == ["n1", "n2"]
+    print(f"\n{looks} looks at {node} while job {job} ran: no llmgw engine there")
+
+
+def test_a_killed_llmgwd_stops_no_slurm_daemon(slurm: SlurmCluster) -> None:
+    _, node = _one_replica_and_both_in_llmgw(slurm)
+    job = _lend_with_a_job(slurm, node, 45, "llmgwd-killed")
+    hosts = {"cp": slurm.cp, **slurm.nodes}
+    pids = {(h, u): n.main_pid(u) for h, n in hosts.items() for u in SLURM_UNITS
+            if n.main_pid(u)}  # fmt: skip
+    assert ("cp", "slurmctld.service") in pids and (node, "slurmd.service") in pids, pids
+    killed, undone = slurm.cp.main_pid("llmgwd.service"), _undone(slurm)
+
+    # llmgwd killed -9 on the control plane; systemd starts it again, and it leads again.
+    slurm.cp.ps.systemctl("kill", "--signal=KILL", "llmgwd.service")
+    slurm.wait(lambda: slurm.cp.main_pid("llmgwd.service") not in (0, killed),
+               "llmgwd started again", 60)  # fmt: skip
+    started = time.monotonic()
+    lost: list[str] = []
+    # Through the new leader's first 30 s (its agents back, its Slurm parts set): every
+    # Slurm daemon keeps its PID, the controller its files, the lent node stays up.
+    while time.monotonic() - started < 30 or not _all_back(slurm):
+        now = {k: hosts[k[0]].main_pid(k[1]) for k in pids}
+        lost += [
+            f"{h} {u}: {pids[(h, u)]} -> {p}" for (h, u), p in now.items() if p != pids[(h, u)]
+        ]
+        r = slurm.cp.ps.run(["test", "-s", "/etc/slurm/slurm.conf"], check=False)
+        lost += [] if r.returncode == 0 else ["/etc/slurm/slurm.conf gone"]
+        state = slurm.state(node)
+        lost += [f"{node} {state} in Slurm"] if state.startswith("drain") else []
+        assert not lost, f"{lost}\n{slurm.journals()}"
+        assert time.monotonic() - started < 180, "the agents did not come back"
+        time.sleep(0.5)
+    assert slurm.job_state(job) in ("RUNNING", "COMPLETED")
+    slurm.wait(lambda: slurm.job_state(job) == "COMPLETED", f"job {job} completed", 120)
+    assert slurm.nodes[node].ps.read_file("/tmp/llmgwd-killed.done").strip() == "done"
+    assert _undone(slurm) == undone, slurm.cp.ps.journal("llmgw-agentd.service", 40)
+    print(f"\nslurmctld's PID {pids[('cp', 'slurmctld.service')]} kept across llmgwd's kill -9")
+
+    # The node taken back, so the next test finds both in llmgw.
+    slurm.cp.llmgw("slurm", "reclaim", node)
+    slurm.wait(lambda: slurm.node_status(node)["status"] == "in llmgw", f"{node} back", 120)
