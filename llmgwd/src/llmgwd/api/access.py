@@ -11,7 +11,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from llmgw.localsock import allowed, peer_credentials
 from llmgwd import auth
-from llmgwd.api.base import ApiError, KeyLookup, _ctx
+from llmgwd.api.base import ApiError, KeyLookup, api_context
 from llmgwd.auth import Principal, Rule
 from llmgwd.people.directory import Directory
 
@@ -70,7 +70,7 @@ def guarded(rule: Rule, handler: RouteHandler) -> RouteHandler:
     """handler, run only for a principal that passes rule (401 for nobody, else 403)."""
 
     async def run(request: web.Request) -> web.StreamResponse:
-        catalog = _ctx(request).catalog
+        catalog = api_context(request).catalog
         who = auth.principal_of(request, catalog)
         if not await auth.allowed(who, rule, request.match_info, Directory(catalog.store)):
             if who == auth.NOBODY:

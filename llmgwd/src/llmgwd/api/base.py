@@ -327,23 +327,25 @@ def _body_error(status: int, why: str, code: str) -> ApiError:
     return ApiError(status, f"body: {why}", "invalid_request_error", code, "body")
 
 
-def _ctx(request: web.Request) -> ApiContext:
+def api_context(request: web.Request) -> ApiContext:
+    """The API's context (what the daemon supplied) for a request's handler."""
     return request.config_dict[CTX]
 
 
-def _who(request: web.Request) -> str:
+def caller(request: web.Request) -> str:
     """Who calls, for the log (never a secret)."""
     who = request.get(auth.PRINCIPAL)
     return who.label if who is not None else "?"
 
 
-def _scheduling(ctx: ApiContext) -> Scheduling:
+def scheduling_of(ctx: ApiContext) -> Scheduling:
+    """The reconciler, or a 503 where none runs."""
     if ctx.scheduling is None:
         raise ApiError(503, "no scheduler runs here", "server_error", "no_scheduler")
     return ctx.scheduling
 
 
-def _checked(check: Callable[..., T], *args: object) -> T:
+def checked(check: Callable[..., T], *args: object) -> T:
     """check(*args), its Invalid as a 400 naming the field."""
     try:
         return check(*args)

@@ -13,10 +13,10 @@ from llmgwd.accounting import views
 from llmgwd.api.base import (
     ApiContext,
     ApiError,
-    _checked,
-    _ctx,
-    _who,
+    api_context,
     bad_field,
+    caller,
+    checked,
     json_response,
     not_found,
     read_body,
@@ -41,7 +41,7 @@ def key_view(key: ApiKey) -> KeyView:
 
 async def list_keys(request: web.Request) -> web.Response:
     """GET /keys: every key, oldest first, without secrets."""
-    keys = _ctx(request).catalog.keys()
+    keys = api_context(request).catalog.keys()
     return json_response([key_view(k) for k in keys])
 
 
@@ -61,12 +61,12 @@ def _check_key_in(ctx: ApiContext, body: KeyIn) -> Role:
 
 async def create_key(request: web.Request) -> web.Response:
     """POST /keys {name, role?}: a new key, shown this once."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     body = await read_body(request, KeyIn)
     role = _check_key_in(ctx, body)
-    limits = _checked(views.apply_limits, KeyLimits(), body.limits or LimitsIn())
+    limits = checked(views.apply_limits, KeyLimits(), body.limits or LimitsIn())
     key, secret = await ctx.catalog.create_key(body.name.strip(), role, limits)
-    log.info("key %s (%s, %s) created by %s", key.id, key.name, key.role, _who(request))
+    log.info("key %s (%s, %s) created by %s", key.id, key.name, key.role, caller(request))
     new = NewKey(
         id=key.id,
         name=key.name,
@@ -98,12 +98,12 @@ def _find_key(ctx: ApiContext, ident: str) -> ApiKey:
 
 async def revoke_key(request: web.Request) -> web.Response:
     """DELETE /keys/{key}: revoke a key by its id, or the one active key of a name."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     key = _find_key(ctx, request.match_info["key"])
     if not key.revoked:
         try:
             key = await ctx.catalog.revoke_key(key.id)
         except CatalogError:
             raise not_found("key", key.id) from None
-        log.info("key %s (%s) revoked by %s", key.id, key.name, _who(request))
+        log.info("key %s (%s) revoked by %s", key.id, key.name, caller(request))
     return json_response(key_view(key))

@@ -10,7 +10,15 @@ from aiohttp import web
 
 from llmgw.api_types import LevelIn, LevelView, LimitsIn
 from llmgwd.accounting import levels, views
-from llmgwd.api.base import _checked, _ctx, _who, bad_field, json_response, not_found, read_body
+from llmgwd.api.base import (
+    api_context,
+    bad_field,
+    caller,
+    checked,
+    json_response,
+    not_found,
+    read_body,
+)
 from llmgwd.api.people import _dir
 from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, org_rule
@@ -32,7 +40,7 @@ async def get_org_limits(request: web.Request) -> web.Response:
     ids = [levels.org_level(org)]
     ids += [levels.team_level(org, t.name) for t in await people.teams(org)]
     ids += [levels.project_level(org, p.name) for p in await people.projects(org)]
-    store = _ctx(request).catalog.store
+    store = api_context(request).catalog.store
     return json_response([_view(i, await levels.read(store, i)) for i in ids])
 
 
@@ -63,7 +71,7 @@ async def set_project_limits(request: web.Request) -> web.Response:
 async def get_user_limits(request: web.Request) -> web.Response:
     """GET /users/{user}/limits"""
     level = levels.user_level(await _user_id(request))
-    return json_response(_view(level, await levels.read(_ctx(request).catalog.store, level)))
+    return json_response(_view(level, await levels.read(api_context(request).catalog.store, level)))
 
 
 async def set_user_limits(request: web.Request) -> web.Response:
@@ -81,15 +89,15 @@ async def _user_id(request: web.Request) -> str:
 
 async def _change(request: web.Request, level: str) -> web.Response:
     """Apply a LevelIn to a level's stored record."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     body = await read_body(request, LevelIn)
     store = ctx.catalog.store
     current = await levels.read(store, level)
     given = LimitsIn(**{f: getattr(body, f) for f in LimitsIn.__struct_fields__})
-    limits = _checked(views.apply_limits, current.limits, given)
+    limits = checked(views.apply_limits, current.limits, given)
     models = current.models if body.models is None else _models(request, body.models)
     record = await levels.change(store, level, levels.LevelLimits(limits=limits, models=models))
-    log.info("%s limits set to %s, models %s, by %s", level, limits, models, _who(request))
+    log.info("%s limits set to %s, models %s, by %s", level, limits, models, caller(request))
     return json_response(_view(level, record))
 
 
@@ -97,7 +105,7 @@ def _models(request: web.Request, names: list[str]) -> list[str]:
     """The models of a list, each in the catalog, without repeats."""
     if len(names) > MAX_MODELS:
         raise bad_field("models", f"at most {MAX_MODELS} models")
-    catalog = _ctx(request).catalog
+    catalog = api_context(request).catalog
     for name in names:
         if catalog.get(name) is None:
             raise bad_field("models", f"no model {name!r} in the catalog")

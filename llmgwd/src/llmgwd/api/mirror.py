@@ -10,7 +10,15 @@ from aiohttp import web
 from llmgw import sources
 from llmgw.api_types import ImportIn, ImportOut, PeerIn, PeerView, SweepIn, SweepOut, UploadView
 from llmgw.blobstore import BlobStoreError, ChecksumMismatch, DiskFull
-from llmgwd.api.base import ApiContext, ApiError, _ctx, _who, bad_field, json_response, read_body
+from llmgwd.api.base import (
+    ApiContext,
+    ApiError,
+    api_context,
+    bad_field,
+    caller,
+    json_response,
+    read_body,
+)
 from llmgwd.catalog import Model
 from llmgwd.mirror import imports, sweep
 from llmgwd.mirror.service import Mirror
@@ -30,7 +38,7 @@ def _mirror(ctx: ApiContext) -> Mirror:
 async def get_mirror(request: web.Request) -> web.Response:
     """GET /mirror: what the mirror holds, its sets in flight and its peers (and, among
     several control planes, which holds each model's set)."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     mirror = _mirror(ctx)
     status = mirror.status()
     if mirror.fleet is not None:
@@ -41,7 +49,7 @@ async def get_mirror(request: web.Request) -> web.Response:
 
 async def put_upload(request: web.Request) -> web.Response:
     """PUT /mirror/uploads/{sha256}: one file of an import, checked before it is published."""
-    mirror = _mirror(_ctx(request))
+    mirror = _mirror(api_context(request))
     sha = request.match_info["sha256"]
     if not sources.SHA256_RE.fullmatch(sha):
         raise bad_field("sha256", "must be 64 lowercase hex digits")
@@ -61,7 +69,7 @@ async def put_upload(request: web.Request) -> web.Response:
 
 async def post_import(request: web.Request) -> web.Response:
     """POST /mirror/import: record uploaded files as ORG/REPO at a commit of their own."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     mirror = _mirror(ctx)
     body = await read_body(request, ImportIn, limit=16 << 20)
     try:
@@ -74,7 +82,7 @@ async def post_import(request: web.Request) -> web.Response:
         snap.repo,
         snap.commit[:12],
         len(snap.files),
-        _who(request),
+        caller(request),
     )
     out = ImportOut(
         repo=snap.repo,
@@ -110,13 +118,13 @@ async def sweep_files(
 
 async def post_sweep(request: web.Request) -> web.Response:
     """POST /mirror/sweep {dry_run}: files no model uses, deleted on the mirror and nodes."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     body = await read_body(request, SweepIn)
     out = await sweep_files(ctx, body.dry_run)
     if not body.dry_run:
         log.info(
             "mirror sweep by %s: %d files, %d bytes on the mirror",
-            _who(request),
+            caller(request),
             out.files,
             out.bytes,
         )
@@ -145,12 +153,12 @@ async def _until_stopped(ctx: ApiContext, name: str) -> None:
 
 async def get_peers(request: web.Request) -> web.Response:
     """GET /mirror/peers"""
-    return json_response(_mirror(_ctx(request)).status().peers)
+    return json_response(_mirror(api_context(request)).status().peers)
 
 
 async def post_peer(request: web.Request) -> web.Response:
     """POST /mirror/peers {url, token_file}: copy another mirror's sets into this one."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     body = await read_body(request, PeerIn)
     from llmgwd.mirror import peers
 
@@ -158,6 +166,6 @@ async def post_peer(request: web.Request) -> web.Response:
         peer = await peers.add(_mirror(ctx), body.url, body.token_file)
     except peers.PeerError as e:
         raise bad_field("url", str(e)) from None
-    log.info("mirror peer %s added by %s", peer.url, _who(request))
+    log.info("mirror peer %s added by %s", peer.url, caller(request))
     view = PeerView(url=peer.url, last_sync=peer.last_sync, last_error=peer.last_error)
     return json_response(view, 201)

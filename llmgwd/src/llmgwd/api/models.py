@@ -34,9 +34,9 @@ from llmgwd.api.base import (
     ApiContext,
     ApiError,
     NodeInfo,
-    _ctx,
-    _who,
+    api_context,
     bad_field,
+    caller,
     json_response,
     not_found,
     read_body,
@@ -165,7 +165,7 @@ def _view(ctx: ApiContext, model: Model) -> ModelView:
 
 async def list_models(request: web.Request) -> web.Response:
     """GET /models: the catalog with each model's replicas."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     by_model = replicas_by_model(ctx.nodes.nodes())
     return json_response(
         [model_view(m, by_model.get(m.name, []), _parked(ctx, m)) for m in ctx.catalog.all()]
@@ -174,13 +174,13 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     """GET /models/{name}"""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     return json_response(_view(ctx, _model_or_404(ctx, request.match_info["name"])))
 
 
 async def add_model(request: web.Request) -> web.Response:
     """POST /models: put a new model in the catalog (not served until /serve)."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     model = validate_model(await read_body(request, ModelIn))
     if ctx.catalog.get(model.name) is not None:
         raise ApiError(
@@ -196,7 +196,7 @@ async def add_model(request: web.Request) -> web.Response:
         model = await ctx.catalog.add_model(model)
     except CatalogError as e:
         raise ApiError(409, str(e), "conflict_error", "model_exists") from None
-    log.info("model %s added (%s) by %s", model.name, model.source, _who(request))
+    log.info("model %s added (%s) by %s", model.name, model.source, caller(request))
     return json_response(_view(ctx, model), 201)
 
 
@@ -227,7 +227,7 @@ async def _add_hf(request: web.Request, ctx: ApiContext, model: Model) -> web.Re
     except CatalogError as e:
         raise ApiError(409, str(e), "conflict_error", "model_exists") from None
     log.info(
-        "model %s added (%s, %d files) by %s", model.name, model.source, len(files), _who(request)
+        "model %s added (%s, %d files) by %s", model.name, model.source, len(files), caller(request)
     )
     return json_response(_view(ctx, model), 201)
 
@@ -253,7 +253,7 @@ async def _update(ctx: ApiContext, name: str, **changes: object) -> Model:
 
 
 async def _set_replicas(request: web.Request, replicas: int) -> web.Response:
-    ctx = _ctx(request)
+    ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
     changes: dict[str, object] = {"replicas": replicas}
@@ -266,7 +266,7 @@ async def _set_replicas(request: web.Request, replicas: int) -> web.Response:
             msgspec.structs.replace(p, replicas=replicas) for p in model.profiles
         ]
     model = await _update(ctx, name, **changes)
-    log.info("model %s: %d replicas wanted, by %s", name, replicas, _who(request))
+    log.info("model %s: %d replicas wanted, by %s", name, replicas, caller(request))
     return json_response(_view(ctx, model))
 
 
@@ -298,7 +298,7 @@ def with_profile_replicas(model: Model, body: ProfileReplicasIn) -> list[Profile
 
 async def set_profile_replicas(request: web.Request) -> web.Response:
     """POST /models/{name}/replicas {profile, replicas, kind?, priority?}"""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
     body = await read_body(request, ProfileReplicasIn)
@@ -317,14 +317,14 @@ async def set_profile_replicas(request: web.Request) -> web.Response:
         name,
         body.profile,
         body.replicas,
-        _who(request),
+        caller(request),
     )
     return json_response(_view(ctx, model))
 
 
 async def set_context(request: web.Request) -> web.Response:
     """PUT /models/{name}/context {context}: tokens (0: as the model was trained)."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
     body = await read_body(request, ContextIn)
@@ -333,7 +333,7 @@ async def set_context(request: web.Request) -> web.Response:
     if model.max_tokens and body.context and model.max_tokens > body.context:
         raise bad_field("context", f"is below the model's max_tokens ({model.max_tokens})")
     model = await _update(ctx, name, context=body.context)
-    log.info("model %s: context %d, by %s", name, body.context, _who(request))
+    log.info("model %s: context %d, by %s", name, body.context, caller(request))
     return json_response(_view(ctx, model))
 
 
@@ -342,7 +342,7 @@ async def serve_model(request: web.Request) -> web.Response:
     body = await read_body(request, ServeIn)
     if not 0 <= body.replicas <= MAX_REPLICAS:
         raise bad_field("replicas", f"must be between 0 and {MAX_REPLICAS}")
-    ctx = _ctx(request)
+    ctx = api_context(request)
     model = ctx.catalog.get(request.match_info["name"])
     if ctx.mirror is not None and model is not None and model.files and body.replicas:
         ctx.mirror.fetch(model.source, list(model.files))  # a set that failed: try again now
@@ -359,7 +359,7 @@ async def remove_model(request: web.Request) -> web.Response:
     files, its files no other model uses are deleted from the mirror and the nodes."""
     from llmgwd.api import mirror as api_mirror
 
-    ctx = _ctx(request)
+    ctx = api_context(request)
     name = request.match_info["name"]
     files = request.query.get("files", "false")
     if files not in ("true", "false"):
@@ -369,7 +369,7 @@ async def remove_model(request: web.Request) -> web.Response:
         await ctx.catalog.remove_model(name)
     except CatalogError:
         raise not_found("model", name) from None
-    log.info("model %s removed by %s", name, _who(request))
+    log.info("model %s removed by %s", name, caller(request))
     if files == "true" and model.files:
         swept = await api_mirror.remove_files_of(ctx, model)
         return json_response(ModelRemoved(name=name, removed=True, files=swept))

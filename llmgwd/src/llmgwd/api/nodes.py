@@ -14,12 +14,12 @@ from llmgwd.api.base import (
     ApiContext,
     ApiError,
     NodeInfo,
-    _ctx,
-    _scheduling,
-    _who,
+    api_context,
     bad_field,
+    caller,
     json_response,
     not_found,
+    scheduling_of,
 )
 from llmgwd.reconciler import NodeFlags
 
@@ -31,7 +31,7 @@ async def remove_node(request: web.Request) -> web.Response:
     now on), close its connection and place its replicas elsewhere. It comes back only by
     joining again with a token. Any valid name is revoked, known here or not (a node that
     joined before membership records were kept may not be); `known` says which."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     name = request.match_info["name"]
     if ctx.remove_node is None:
         raise ApiError(503, "nodes cannot be removed here", "server_error", "no_cluster")
@@ -41,9 +41,9 @@ async def remove_node(request: web.Request) -> web.Response:
         raise bad_field("name", str(e)) from None
     known = await ctx.remove_node(name)
     if known:
-        log.warning("node %s removed from the cluster by %s", name, _who(request))
+        log.warning("node %s removed from the cluster by %s", name, caller(request))
     else:
-        log.warning("node name %s revoked by %s (no such node known here)", name, _who(request))
+        log.warning("node name %s revoked by %s (no such node known here)", name, caller(request))
     return json_response(NodeRemoved(name=name, removed=True, known=known))
 
 
@@ -60,7 +60,7 @@ def _nodes(ctx: ApiContext) -> list[NodeInfo]:
 
 async def get_nodes(request: web.Request) -> web.Response:
     """GET /nodes: every node, by name."""
-    return json_response(_nodes(_ctx(request)))
+    return json_response(_nodes(api_context(request)))
 
 
 _NODE_FLAGS = {
@@ -72,13 +72,13 @@ _NODE_FLAGS = {
 
 async def set_node_flags(request: web.Request) -> web.Response:
     """POST /nodes/{name}/cordon|drain|uncordon"""
-    ctx = _ctx(request)
-    sched = _scheduling(ctx)
+    ctx = api_context(request)
+    sched = scheduling_of(ctx)
     name, action = request.match_info["name"], request.match_info["action"]
     known = {n.name for n in ctx.nodes.nodes()} | {p.node for p in sched.placements()}
     if name not in known:
         raise not_found("node", name)
     await sched.set_flags(name, _NODE_FLAGS[action])
-    log.info("node %s: %s, by %s", name, action, _who(request))
+    log.info("node %s: %s, by %s", name, action, caller(request))
     f = sched.flags(name)
     return json_response(NodeFlagsView(name=name, cordoned=f.cordoned, draining=f.draining))

@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw.api_types import ErrorAnswer
-from llmgwd.api.base import API_PREFIX, _ctx, json_response
+from llmgwd.api.base import API_PREFIX, api_context, json_response
 from llmgwd.api.route import ROUTES, Route
 from llmgwd.api.route import plain_path as plain_path  # the tests' name for it
 
@@ -86,4 +86,4 @@ def msgspec_schemas(types: list[Any]) -> tuple[tuple[dict[str, Any], ...], dict[
 
 async def get_openapi(request: web.Request) -> web.Response:
     """GET /openapi.json: this API's OpenAPI document, of the routes it is served from."""
-    return json_response(document(request.config_dict[ROUTES], _ctx(request).version))
+    return json_response(document(request.config_dict[ROUTES], api_context(request).version))

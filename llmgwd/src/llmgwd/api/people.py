@@ -29,7 +29,7 @@ from llmgw.api_types import (
     UserView,
 )
 from llmgwd import auth
-from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
+from llmgwd.api.base import ApiError, api_context, bad_field, json_response, not_found, read_body
 from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory
@@ -43,7 +43,7 @@ _STATUS = {"not_found": (404, "not_found_error"), "conflict": (409, "conflict_er
 
 
 def _dir(request: web.Request) -> Directory:
-    return Directory(_ctx(request).catalog.store)
+    return Directory(api_context(request).catalog.store)
 
 
 def _api_error(e: PeopleError) -> ApiError:
@@ -232,7 +232,7 @@ async def change_user(request: web.Request, who: Principal) -> web.Response:
     body = await read_body(request, UserChange)
     changes = {k: v for k, v in msgspec.structs.asdict(body).items() if v is not None}
     user = await _dir(request).change_user((await _user(request)).id, **changes)
-    _ctx(request).catalog.note_user(user)  # a deactivated user's keys stop here at once
+    api_context(request).catalog.note_user(user)  # a deactivated user's keys stop here at once
     log.info("user %s (%s) changed (%s) by %s", user.id, user.name, ", ".join(changes), who.label)
     return json_response(view(user, UserView))
 
@@ -241,7 +241,7 @@ async def delete_user(request: web.Request, who: Principal) -> web.Response:
     """DELETE /users/{user}: with their memberships, staff role and limits; their keys are
     refused at once here (and on every control plane by the catalog's watch), then revoked."""
     user = await _dir(request).delete_user((await _user(request)).id)
-    catalog = _ctx(request).catalog
+    catalog = api_context(request).catalog
     catalog.note_user(msgspec.structs.replace(user, active=False))
     for key in catalog.keys():  # noqa: SIM118 (a Catalog, no dict)
         if key.user == user.id and not key.revoked:
@@ -264,7 +264,7 @@ def plain(handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
     answer)."""
 
     async def run(request: web.Request) -> web.Response:
-        who = auth.principal_of(request, _ctx(request).catalog)
+        who = auth.principal_of(request, api_context(request).catalog)
         try:
             return await handler(request, who)
         except PeopleError as e:

@@ -11,7 +11,7 @@ from aiohttp import web
 from llmgw.api_types import PersonKeyIn
 from llmgw.api_types import PersonKeyView as PersonKeyView  # re-exported: the answers' type
 from llmgwd import auth
-from llmgwd.api.base import ApiError, _ctx, bad_field, json_response, not_found, read_body
+from llmgwd.api.base import ApiError, api_context, bad_field, json_response, not_found, read_body
 from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_READ, Principal, Rule, org_rule
 from llmgwd.catalog import ApiKey, KeyOwner, looks_like_key_id
@@ -38,11 +38,11 @@ def view(key: ApiKey, secret: str = "") -> PersonKeyView:
 
 
 def _all(request: web.Request) -> list[ApiKey]:
-    return _ctx(request).catalog.keys()
+    return api_context(request).catalog.keys()
 
 
 def _who(request: web.Request) -> Principal:
-    return auth.principal_of(request, _ctx(request).catalog)
+    return auth.principal_of(request, api_context(request).catalog)
 
 
 def _maker(request: web.Request) -> str:
@@ -66,7 +66,7 @@ async def _make(request: web.Request, owner: KeyOwner) -> web.Response:
         raise bad_field("name", "must be 1-64 printable characters")
     if looks_like_key_id(name):
         raise bad_field("name", "must not look like a key's id (12 hex digits)")
-    catalog = _ctx(request).catalog
+    catalog = api_context(request).catalog
     mine = (owner.user, owner.org, owner.project)
     if any(
         k.name == name and not k.revoked and (k.user, k.org, k.project) == mine
@@ -80,7 +80,7 @@ async def _make(request: web.Request, owner: KeyOwner) -> web.Response:
 
 async def _project(request: web.Request) -> tuple[str, str]:
     org, name = request.match_info["org"], request.match_info["project"]
-    projects = await Directory(_ctx(request).catalog.store).projects(org)
+    projects = await Directory(api_context(request).catalog.store).projects(org)
     if not any(p.name == name for p in projects):
         raise not_found("project", f"{org}/{name}")
     return org, name
@@ -90,7 +90,7 @@ async def _revoke(request: web.Request, key: ApiKey | None, ident: str) -> web.R
     if key is None:
         raise not_found("key", ident)
     if not key.revoked:
-        key = await _ctx(request).catalog.revoke_key(key.id)
+        key = await api_context(request).catalog.revoke_key(key.id)
         log.info("key %s (%s) revoked by %s", key.id, key.name, _who(request).label)
     return json_response(view(key))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgw.api_types import PlaceView, PlanView, ProfilePlan
-from llmgwd.api.base import _ctx, _scheduling, json_response
+from llmgwd.api.base import api_context, json_response, scheduling_of
 from llmgwd.api.models import _model_or_404, _parked
 from llmgwd.estimate import gib
 from llmgwd.profiles import DEFAULT
@@ -13,8 +13,8 @@ from llmgwd.profiles import DEFAULT
 
 async def get_plan(request: web.Request) -> web.Response:
     """GET /models/{name}/plan: where each replica is and would go, or why not."""
-    ctx = _ctx(request)
-    sched = _scheduling(ctx)
+    ctx = api_context(request)
+    sched = scheduling_of(ctx)
     model = _model_or_404(ctx, request.match_info["name"])
     placements = [p for p in sched.placements() if p.model == model.name]
     profiles = []

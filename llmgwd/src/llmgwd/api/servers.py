@@ -10,14 +10,14 @@ from aiohttp import web
 from llmgw.api_types import RemoveIn, ServerRemoved, ServerTokenIn, TokenView
 from llmgwd import control_planes as servers
 from llmgwd import server_tokens
-from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
+from llmgwd.api.base import ApiError, api_context, bad_field, caller, json_response, read_body
 from llmgwd.control_planes import ControlPlanes
 
 log = logging.getLogger(__name__)
 
 
 def _planes(request: web.Request) -> ControlPlanes:
-    planes = _ctx(request).control_planes
+    planes = api_context(request).control_planes
     if planes is None:
         raise ApiError(503, "this llmgwd keeps no control planes", "server_error", "no_servers")
     return planes
@@ -49,7 +49,7 @@ async def create_server_token(request: web.Request) -> web.Response:
         raise bad_field("ttl_s", f"must be 60 to {server_tokens.MAX_TTL_S} seconds")
     _etcd(planes)
     token = await planes.tokens.mint(body.ttl_s)
-    log.info("server token made by %s", _who(request))
+    log.info("server token made by %s", caller(request))
     url = planes.join_url
     command = f"llmgw server join {shlex.quote(url)} --token {shlex.quote(token)}"
     return json_response(
@@ -68,7 +68,7 @@ async def _remove(request: web.Request, name: str, leaving: bool) -> web.Respons
     except servers.Refusal as e:
         raise ApiError(409, str(e), "conflict_error", "quorum") from None
     await planes.store.delete(servers.SERVERS + name)
-    verb = "left" if leaving else "removed by " + _who(request)
+    verb = "left" if leaving else "removed by " + caller(request)
     log.warning("control plane %s %s (etcd member %x)", name, verb, gone.id)
     return json_response(ServerRemoved(name=name, member=format(gone.id, "x"), removed=True))
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from llmgw.api_types import SlurmNodeView, SlurmView
 from llmgwd.accounting.views import Invalid
-from llmgwd.api.base import ApiError, _ctx, _who, bad_field, json_response, read_body
+from llmgwd.api.base import ApiError, api_context, bad_field, caller, json_response, read_body
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import Busy, SettingsStore, SlurmSettings, SlurmSettingsIn
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def _settings(request: web.Request) -> SettingsStore:
-    store = _ctx(request).slurm
+    store = api_context(request).slurm
     if store is None:
         raise ApiError(503, "Slurm is not kept here", "server_error", "no_slurm")
     return store
@@ -27,7 +27,7 @@ def _settings(request: web.Request) -> SettingsStore:
 
 def _view(request: web.Request, settings: SlurmSettings) -> SlurmView:
     """The API's view of the settings, with each node's standing if this llmgwd knows it."""
-    known = _ctx(request).slurm_status
+    known = api_context(request).slurm_status
     status = known() if known is not None else None
     nodes = None if status is None else [_node(s) for s in status]
     return SlurmView(**msgspec.structs.asdict(settings), status=nodes)
@@ -53,7 +53,7 @@ async def put_slurm(request: web.Request) -> web.Response:
         raise bad_field(e.param, str(e)) from None
     except Busy as e:
         raise ApiError(409, str(e), "conflict_error", "busy") from None
-    log.info("Slurm's settings changed by %s (enabled: %s)", _who(request), new.enabled)
+    log.info("Slurm's settings changed by %s (enabled: %s)", caller(request), new.enabled)
     return json_response(_view(request, new))
 
 
@@ -68,5 +68,5 @@ async def lend(request: web.Request) -> web.Response:
         raise ApiError(409, str(e), "invalid_request_error", "slurm_" + e.param) from None
     except Busy as e:
         raise ApiError(409, str(e), "conflict_error", "busy") from None
-    log.info("node %s: %s to Slurm, by %s", name, action, _who(request))
+    log.info("node %s: %s to Slurm, by %s", name, action, caller(request))
     return json_response(_view(request, new))

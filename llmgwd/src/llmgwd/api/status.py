@@ -7,13 +7,13 @@ import time
 from aiohttp import web
 
 from llmgw.api_types import ModelCounts, NodeCounts, ReplicaCounts, StatusView
-from llmgwd.api.base import _ctx, json_response
+from llmgwd.api.base import api_context, json_response
 from llmgwd.api.models import replicas_by_model
 
 
 async def get_status(request: web.Request) -> web.Response:
     """GET /status: the cluster at a glance."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     nodes = ctx.nodes.nodes()
     models = ctx.catalog.all()
     by_model = replicas_by_model(nodes)

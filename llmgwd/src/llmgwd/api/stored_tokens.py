@@ -10,7 +10,7 @@ from aiohttp import web
 
 from llmgw.api_types import MetricsTokenView, ScimTokenView
 from llmgwd.api.access import RouteHandler
-from llmgwd.api.base import _ctx, _who, json_response
+from llmgwd.api.base import api_context, caller, json_response
 from llmgwd.metrics import endpoint
 from llmgwd.scim import token
 from llmgwd.stored_token import StoredToken
@@ -22,8 +22,8 @@ def minting(kind: StoredToken, what: str, view: Callable[[str], object]) -> Rout
     """A POST route making a new token of kind, the old one stopping, its secret in view."""
 
     async def create(request: web.Request) -> web.Response:
-        secret = await kind.mint(_ctx(request).catalog.store)
-        log.info("a new %s token made by %s (the old one stops)", what, _who(request))
+        secret = await kind.mint(api_context(request).catalog.store)
+        log.info("a new %s token made by %s (the old one stops)", what, caller(request))
         return json_response(view(secret), 201)
 
     return create

@@ -8,17 +8,17 @@ import shlex
 from aiohttp import web
 
 from llmgw.api_types import TokenView
-from llmgwd.api.base import _ctx, _who, json_response
+from llmgwd.api.base import api_context, caller, json_response
 
 log = logging.getLogger(__name__)
 
 
 async def create_token(request: web.Request) -> web.Response:
     """POST /tokens: a new join token and the command a node joins with."""
-    ctx = _ctx(request)
+    ctx = api_context(request)
     token = ctx.mint_token()
     await ctx.catalog.add_token(token, ctx.token_ttl_s)
-    log.info("join token made by %s", _who(request))
+    log.info("join token made by %s", caller(request))
     command = f"llmgw node join {shlex.quote(ctx.join_url)} --token {shlex.quote(token)}"
     view = TokenView(
         token=token, expires_in=int(ctx.token_ttl_s), url=ctx.join_url, command=command

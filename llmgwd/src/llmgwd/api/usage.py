@@ -7,7 +7,7 @@ from aiohttp import web
 
 from llmgwd.accounting import views
 from llmgwd.accounting.views import Owner
-from llmgwd.api.base import _checked, _ctx, json_response, not_found
+from llmgwd.api.base import api_context, checked, json_response, not_found
 from llmgwd.catalog import ApiKey
 from llmgwd.people.directory import Directory
 
@@ -21,16 +21,16 @@ async def get_usage(request: web.Request) -> web.Response:
 async def get_org_usage(request: web.Request) -> web.Response:
     """GET /orgs/{org}/usage?by=...&since=...: the usage of the organization's keys only."""
     org = request.match_info["org"]
-    if await Directory(_ctx(request).catalog.store).org(org) is None:
+    if await Directory(api_context(request).catalog.store).org(org) is None:
         raise not_found("organization", org)
     return await _report(request, org)
 
 
 async def _report(request: web.Request, org: str) -> web.Response:
     """The usage report the query asks for, of every key or of one organization's keys."""
-    ctx = _ctx(request)
-    by = _checked(views.parse_group, "by", request.query.get("by"))
-    since = _checked(views.parse_day, "since", request.query.get("since"))
+    ctx = api_context(request)
+    by = checked(views.parse_group, "by", request.query.get("by"))
+    since = checked(views.parse_day, "since", request.query.get("since"))
     every = ctx.catalog.keys()
     keys = [k for k in every if not org or k.org == org]
     names = {k.id: k.name for k in keys}
