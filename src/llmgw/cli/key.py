@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from llmgw.api_types import KeyView, NewKey
+from llmgw.api_types import KeyIn, KeyView, NewKey
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
 from llmgw.cli.output import echo_json, echo_table, json_option, when
@@ -36,11 +36,11 @@ def create(
     The key alone goes to stdout (KEY=$(llmgw key create NAME) keeps it), the note to stderr.
     Without limit options the key has no limits; `llmgw key limits` changes them later.
     """
-    body = {
-        "name": name,
-        "role": "admin" if admin else "user",
-        "limits": limits_body(rpm, tpm, budget_tokens, budget_spend),
-    }
+    body = KeyIn(
+        name=name,
+        role="admin" if admin else "user",
+        limits=limits_body(rpm, tpm, budget_tokens, budget_spend),
+    )
     answer = call(settings, "POST", f"{API}/keys", body)
     if as_json:
         echo_json(answer)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import msgspec
 
-from llmgw.api_types import LevelView
+from llmgw.api_types import LevelIn, LevelView
 from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
 from llmgw.cli.output import echo_json, echo_table, json_option
@@ -78,9 +79,9 @@ def set_(
 ) -> None:
     """Change a level's limits: the options not given stay as they are, 0 removes a limit.
     An organization's admin sets its own, its teams' and projects'; a staff admin any."""
-    body: dict[str, Any] = limits_body(rpm, tpm, budget_tokens, budget_spend)
-    if models is not None:
-        body["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    given = msgspec.structs.asdict(limits_body(rpm, tpm, budget_tokens, budget_spend))
+    names = None if models is None else [m.strip() for m in models.split(",") if m.strip()]
+    body = LevelIn(**given, models=names)
     answer = call(settings, "PATCH", _path(org, team, project, user), body)
     if as_json:
         echo_json(answer)

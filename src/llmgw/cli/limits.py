@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
-from llmgw.api_types import KeyLimits
+from llmgw.api_types import KeyLimits, LimitsIn, Period
 
 F = TypeVar("F", bound=Callable[..., Any])
 PERIODS = ("day", "month")
@@ -68,18 +68,18 @@ def limits_body(
     tpm: int | None,
     budget_tokens: tuple[int, str] | None,
     budget_spend: tuple[float, str] | None,
-) -> dict[str, Any]:
-    """The API's limits object with just the options given."""
-    body: dict[str, Any] = {}
-    if rpm is not None:
-        body["rpm"] = rpm
-    if tpm is not None:
-        body["tpm"] = tpm
-    if budget_tokens is not None:
-        body["budget_tokens"], body["budget_tokens_per"] = budget_tokens
-    if budget_spend is not None:
-        body["budget_spend"], body["budget_spend_per"] = budget_spend
-    return body
+) -> LimitsIn:
+    """The API's limits change with just the options given (None: kept as it is)."""
+    tokens, tokens_per = budget_tokens or (None, None)
+    spend, spend_per = budget_spend or (None, None)
+    return LimitsIn(
+        rpm=rpm,
+        tpm=tpm,
+        budget_tokens=tokens,
+        budget_tokens_per=cast(Period | None, tokens_per),  # BudgetType gives day or month
+        budget_spend=spend,
+        budget_spend_per=cast(Period | None, spend_per),
+    )
 
 
 def describe(limits: KeyLimits) -> str:

@@ -12,7 +12,16 @@ import click
 import msgspec
 
 from llmgw import ipc
-from llmgw.api_types import ImportOut, MirrorStatus, PeerView, SweepOut
+from llmgw.api_types import (
+    ImportFile,
+    ImportIn,
+    ImportOut,
+    MirrorStatus,
+    PeerIn,
+    PeerView,
+    SweepIn,
+    SweepOut,
+)
 from llmgw.cli.common import (
     API,
     Refused,
@@ -140,8 +149,8 @@ def import_(settings: Settings, directory: Path, repo: str, revision: str, as_js
         rel = path.relative_to(directory).as_posix()
         click.echo(f"[{i}/{len(paths)}] {rel}: {size(n)}, uploading", err=True)
         _upload(settings, path, sha, n)
-        files.append({"path": rel, "size": n, "sha256": sha, "git_oid": git})
-    body = {"repo": repo, "revision": revision, "files": files}
+        files.append(ImportFile(path=rel, size=n, sha256=sha, git_oid=git))
+    body = ImportIn(repo=repo, revision=revision, files=files)
     answer = call(settings, "POST", f"{API}/mirror/import", body)
     if as_json:
         echo_json(answer)
@@ -161,7 +170,7 @@ def import_(settings: Settings, directory: Path, repo: str, revision: str, as_js
 def sweep(settings: Settings, dry_run: bool, as_json: bool) -> None:
     """Delete the files no model uses, on the mirror and on every node. A node's figures are
     what it no longer lists once it has listed its files again, not what it was asked."""
-    answer = call(settings, "POST", f"{API}/mirror/sweep", {"dry_run": dry_run})
+    answer = call(settings, "POST", f"{API}/mirror/sweep", SweepIn(dry_run=dry_run))
     if as_json:
         echo_json(answer)
         return
@@ -188,7 +197,7 @@ def sweep(settings: Settings, dry_run: bool, as_json: bool) -> None:
 def add_peer(settings: Settings, url: str, token_file: str, as_json: bool) -> None:
     """Copy every set another mirror holds (URL: its /hf, https://HOST:7700/hf), and drop
     the ones it drops."""
-    answer = call(settings, "POST", f"{API}/mirror/peers", {"url": url, "token_file": token_file})
+    answer = call(settings, "POST", f"{API}/mirror/peers", PeerIn(url=url, token_file=token_file))
     if as_json:
         echo_json(answer)
     else:

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 import click
 
-from llmgw.api_types import ModelRemoved, ModelView, PlanView, SetStatus, Verdict
+from llmgw.api_types import (
+    ContextIn,
+    Engine,
+    ModelIn,
+    ModelRemoved,
+    ModelView,
+    PlanView,
+    PriceIn,
+    ProfileReplicasIn,
+    ServeIn,
+    SetStatus,
+    Verdict,
+)
 from llmgw.cli import progress
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, size
@@ -89,16 +101,16 @@ def add(
     """Add model NAME to the catalog; it is not served until `llmgw model serve` (an
     on-demand model: until its first request). An hf: source is pinned to a commit and
     fetched by the mirror; its progress is shown until the whole set is there."""
-    body = {
-        "name": name,
-        "source": source,
-        "engine": engine,
-        "args": list(args),
-        "context": context,
-        "max_tokens": max_tokens,
-        "on_demand": on_demand,
-        "idle_s": idle_s,
-    }
+    body = ModelIn(
+        name=name,
+        source=source,
+        engine=cast(Engine, engine),  # a click.Choice of Engine's
+        args=list(args),
+        context=context,
+        max_tokens=max_tokens,
+        on_demand=on_demand,
+        idle_s=idle_s,
+    )
     raw = call(settings, "POST", f"{API}/models", body)
     added = decoded(raw, ModelView)
     if added.mirror is not None and not no_wait:
@@ -139,7 +151,7 @@ def _summary(answer: Any) -> str:
 @pass_settings
 def serve(settings: Settings, name: str, replicas: int, as_json: bool) -> None:
     """Run N replicas of model NAME; the scheduler places them on nodes."""
-    answer = call(settings, "POST", api_path("models", name, "serve"), {"replicas": replicas})
+    answer = call(settings, "POST", api_path("models", name, "serve"), ServeIn(replicas=replicas))
     if as_json:
         echo_json(answer)
     else:
@@ -174,7 +186,7 @@ def stop(settings: Settings, name: str, as_json: bool) -> None:
 @pass_settings
 def price(settings: Settings, name: str, prompt: float, completion: float, as_json: bool) -> None:
     """Set what model NAME costs, per million tokens, in the currency of the keys' budgets."""
-    body = {"prompt": prompt, "completion": completion}
+    body = PriceIn(prompt=prompt, completion=completion)
     answer = call(settings, "PUT", api_path("models", name, "price"), body)
     if as_json:
         echo_json(answer)
@@ -233,11 +245,9 @@ def replicas(
     as_json: bool,
 ) -> None:
     """Run COUNT replicas of model NAME's profile; new ones start before old ones stop."""
-    body: dict[str, Any] = {"profile": profile, "replicas": count}
-    if kind:
-        body["kind"] = kind
-    if priority is not None:
-        body["priority"] = priority
+    # kind "" and priority None: a new profile's defaults, an existing one's kept
+    new_kind = cast(Literal["", "cpu", "gpu"], kind or "")
+    body = ProfileReplicasIn(profile=profile, replicas=count, kind=new_kind, priority=priority)
     answer = call(settings, "POST", api_path("models", name, "replicas"), body)
     if as_json:
         echo_json(answer)
@@ -252,7 +262,7 @@ def replicas(
 @pass_settings
 def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
     """Give model NAME's replicas a context of TOKENS (0: as trained, where it fits)."""
-    answer = call(settings, "PUT", api_path("models", name, "context"), {"context": tokens})
+    answer = call(settings, "PUT", api_path("models", name, "context"), ContextIn(context=tokens))
     if as_json:
         echo_json(answer)
     else:

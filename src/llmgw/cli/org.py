@@ -3,14 +3,20 @@ and projects, and who holds which role in them."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import click
 
 from llmgw.api_types import (
     Deleted,
     MemberRemoved,
     MembershipView,
+    NamedIn,
     OrgView,
+    PersonRole,
+    ProjectIn,
     ProjectView,
+    RoleIn,
     ScopeView,
     TeamView,
 )
@@ -32,7 +38,7 @@ def org() -> None:
 @pass_settings
 def create(settings: Settings, name: str, title: str, as_json: bool) -> None:
     """Make the organization NAME."""
-    answer = call(settings, "POST", api_path("orgs"), {"name": name, "title": title})
+    answer = call(settings, "POST", api_path("orgs"), NamedIn(name=name, title=title))
     if as_json:
         echo_json(answer)
         return
@@ -100,7 +106,7 @@ def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
         answer = call(settings, "DELETE", api_path("orgs", org_name, "teams", name))
         click.echo(f"Team {org_name}/{decoded(answer, Deleted).name} deleted.")
         return
-    answer = call(settings, "POST", api_path("orgs", org_name, "teams"), {"name": name})
+    answer = call(settings, "POST", api_path("orgs", org_name, "teams"), NamedIn(name=name))
     made = decoded(answer, TeamView)
     click.echo(f"Team {made.org}/{made.name} made.")
 
@@ -117,7 +123,7 @@ def project(settings: Settings, org_name: str, name: str, team_name: str, remove
         answer = call(settings, "DELETE", api_path("orgs", org_name, "projects", name))
         click.echo(f"Project {org_name}/{decoded(answer, Deleted).name} deleted.")
         return
-    body = {"name": name, "team": team_name}
+    body = ProjectIn(name=name, team=team_name)
     answer = call(settings, "POST", api_path("orgs", org_name, "projects"), body)
     made = decoded(answer, ProjectView)
     click.echo(f"Project {made.org}/{made.name} made.")
@@ -152,7 +158,8 @@ def member(
     """Give USER (a name or id) ROLE in ORG, or in one of its teams or projects; a role set
     here is never rewritten by a group rule."""
     path = _members_path(org_name, team_name, project_name, user)
-    kept = decoded(call(settings, "PUT", path, {"role": role}), MembershipView)
+    body = RoleIn(role=cast(PersonRole, role))  # ROLES: one of PersonRole's
+    kept = decoded(call(settings, "PUT", path, body), MembershipView)
     click.echo(f"{user} is {kept.role} of {_where(kept.scope)}.")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from llmgw import config, ipc
-from llmgw.api_types import StatusView
+from llmgw.api_types import SlurmSettingsIn, StatusView
 from llmgw.cli.common import API, Refused, Settings, Unreachable, call, decoded, pass_settings
 from llmgw.cli.node import echo_join_command
 from llmgw.cli.output import echo_json, json_option
@@ -194,7 +194,7 @@ def _slurm_on(settings: Settings, started: bool, quiet: bool) -> None:
         click.echo(f"Slurm: once llmgwd runs, `llmgw slurm setup --controller {name} "
                    "--nodes NODES` turns it on.", err=True)  # fmt: skip
         return
-    call(settings, "PUT", f"{API}/slurm", {"enabled": True, "controller": name})
+    call(settings, "PUT", f"{API}/slurm", SlurmSettingsIn(enabled=True, controller=name))
     if not quiet:
         click.echo(f"Slurm is on: slurmctld runs on node {name} once it joins.")
 

@@ -6,7 +6,7 @@ import subprocess
 
 import click
 
-from llmgw.api_types import ServerRemoved, ServerView, TokenView
+from llmgw.api_types import RemoveIn, ServerRemoved, ServerTokenIn, ServerView, TokenView
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
@@ -31,7 +31,7 @@ def token(settings: Settings, ttl_s: int, as_json: bool) -> None:
     etcd` first on a one-machine SQLite cluster). The token is not a node token, nor the
     reverse: `llmgw node join` refuses it.
     """
-    answer = call(settings, "POST", f"{API}/servers/tokens", {"ttl_s": ttl_s})
+    answer = call(settings, "POST", f"{API}/servers/tokens", ServerTokenIn(ttl_s=ttl_s))
     if as_json:
         echo_json(answer)
         return
@@ -62,7 +62,7 @@ def leave(settings: Settings, force: bool, keep_running: bool, as_json: bool) ->
     Refused for the last member, and (without --force) when the members left would not
     have a quorum of healthy members.
     """
-    answer = call(settings, "POST", f"{API}/servers/leave", {"force": force})
+    answer = call(settings, "POST", f"{API}/servers/leave", RemoveIn(force=force))
     if not keep_running:
         _stop_units()
     if as_json:
@@ -83,7 +83,7 @@ def remove(settings: Settings, name: str, force: bool, as_json: bool) -> None:
     Refused for the last member, for this control plane (`llmgw server leave`), and without
     --force for a healthy member or when the members left would lose their quorum.
     """
-    answer = call(settings, "DELETE", api_path("servers", name), {"force": force})
+    answer = call(settings, "DELETE", api_path("servers", name), RemoveIn(force=force))
     if as_json:
         echo_json(answer)
     else:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import click
+import msgspec
 
-from llmgw.api_types import SlurmView
+from llmgw.api_types import SlurmSettingsIn, SlurmView
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
@@ -84,15 +85,14 @@ def setup(
     distribution and run them on the files the leader makes. Every node enters Slurm
     drained: `llmgw slurm lend NODE` gives it to Slurm.
     """
-    body: dict[str, object] = {
-        "enabled": True,
-        "controller": controller,
-        "nodes": _names(node_names),
-    }
-    if cluster_name is not None:
-        body["cluster_name"] = cluster_name
-    if partition is not None:
-        body["partition"] = partition
+    unset = msgspec.UNSET  # a field not given keeps its setting
+    body = SlurmSettingsIn(
+        enabled=True,
+        controller=controller,
+        nodes=_names(node_names),
+        cluster_name=unset if cluster_name is None else cluster_name,
+        partition=unset if partition is None else partition,
+    )
     _show(call(settings, "PUT", f"{API}/slurm", body), as_json)
 
 
@@ -126,7 +126,7 @@ def off(settings: Settings, as_json: bool) -> None:
 
     The settings (controller, nodes, lent ones) are kept for the next `llmgw slurm setup`.
     """
-    _show(call(settings, "PUT", f"{API}/slurm", {"enabled": False}), as_json)
+    _show(call(settings, "PUT", f"{API}/slurm", SlurmSettingsIn(enabled=False)), as_json)
 
 
 def _show(answer: object, as_json: bool) -> None:

@@ -3,9 +3,19 @@ roles."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import click
 
-from llmgw.api_types import StaffView, UserDeleted, UserView
+from llmgw.api_types import (
+    StaffIn,
+    StaffRoleName,
+    StaffView,
+    UserChange,
+    UserDeleted,
+    UserIn,
+    UserView,
+)
 from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option, when
 
@@ -30,7 +40,7 @@ EXTERNAL_ID_HELP = (
 def create(settings: Settings, name: str, email: str, external_id: str, as_json: bool) -> None:
     """Make the user NAME (people signed in through OIDC or provisioned by SCIM come later;
     with --external-id, their sign-in is this user)."""
-    body = {"name": name, "email": email, "external_id": external_id}
+    body = UserIn(name=name, email=email, external_id=external_id)
     answer = call(settings, "POST", api_path("users"), body)
     if as_json:
         echo_json(answer)
@@ -71,9 +81,8 @@ def set_(
     active: bool | None,
 ) -> None:
     """Change the user NAME (a name or an id): the options given change."""
-    given = {"email": email, "external_id": external_id, "active": active}
-    body = {k: v for k, v in given.items() if v is not None}
-    if not body:
+    body = UserChange(email=email, external_id=external_id, active=active)  # None: kept
+    if (email, external_id, active) == (None, None, None):
         raise click.UsageError("nothing to change: give --email, --external-id or --active")
     now = decoded(call(settings, "PATCH", api_path("users", name), body), UserView)
     state = "active" if now.active else "inactive"
@@ -100,6 +109,6 @@ def delete(settings: Settings, name: str) -> None:
 def staff(settings: Settings, name: str, role: str) -> None:
     """Give the user NAME a cluster staff role: admin (everything), operator (models, nodes,
     mirror, Slurm), viewer (reads everything), or none."""
-    body = {"role": None if role == "none" else role}
+    body = StaffIn(role=None if role == "none" else cast(StaffRoleName, role))
     now = decoded(call(settings, "PUT", api_path("users", name, "staff"), body), StaffView)
     click.echo(f"{name}: staff role {now.staff or 'none'}.")
