@@ -25,7 +25,7 @@ trap '' TERM
 wait $!
 """
 # A job that says what of llmgw's runs on its node as it starts.
-PROBE = ("date +%s.%N > /tmp/{tag}.job; pgrep -c -x llama-server >> /tmp/{tag}.job; "
+PROBE = ("date +%s.%N > /tmp/{tag}.job; pgrep -c -f llmgw/llama-server >> /tmp/{tag}.job; "
          "systemctl list-units --plain --no-legend 'llmgw-engine-*' >> /tmp/{tag}.job")  # fmt: skip
 
 
@@ -60,7 +60,8 @@ def _deafen(cluster: SlurmCluster, node: str) -> str:
     host.ps.write_file(BINARY, DEAF, mode=0o755)
     (unit,) = host.engine_units()
     host.ps.systemctl("kill", "-s", "KILL", unit)
-    cluster.wait(lambda: _comm(cluster, node, unit) == "sh" and cluster.replica_nodes() == [node],
+    cluster.wait(lambda: _exe(cluster, node, unit).endswith(("sh", "dash"))
+                 and cluster.replica_nodes() == [node],
                  f"{node}'s engine again, under a shell deaf to SIGTERM", 120)  # fmt: skip
     return str(unit)
 
@@ -72,9 +73,10 @@ def _sbatch(cluster: SlurmCluster, node: str, script: str) -> str:
     return str(r.stdout.strip().split(";")[0])
 
 
-def _comm(cluster: SlurmCluster, node: str, unit: str) -> str:
+def _exe(cluster: SlurmCluster, node: str, unit: str) -> str:
+    """The program the unit's main process runs (a script's comm is the script's name)."""
     pid = cluster.nodes[node].main_pid(unit)
-    r = cluster.nodes[node].ps.run(["cat", f"/proc/{pid}/comm"], check=False)
+    r = cluster.nodes[node].ps.run(["readlink", f"/proc/{pid}/exe"], check=False)
     return r.stdout.strip() if pid else ""
 
 
@@ -86,28 +88,28 @@ def test_a_lend_waits_for_an_engine_deaf_to_sigterm(slurm: SlurmCluster) -> None
     slurm.wait(lambda: all(_drained_by_llmgw(slurm, n) for n in ("n1", "n2"))
                and len(slurm.replica_nodes()) == 1, "set up, one replica ready", 240)  # fmt: skip
     (lent,) = slurm.replica_nodes()
-    host = slurm.nodes[lent]
-    unit = _deafen(slurm, lent)
-    tag = "deaf"
+    host, tag, lend_at = slurm.nodes[lent], "deaf", 0.0
     try:
+        unit = _deafen(slurm, lent)
         with Stream(slurm) as stream:
             time.sleep(3)  # the stream under way
             lend_at = time.time()
             slurm.cp.llmgw("slurm", "lend", lent)
             job = _sbatch(slurm, lent, PROBE.format(tag=tag))
-            gone_at = 0.0
+            stopping_at = gone_at = 0.0
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and slurm.job_state(job) != "COMPLETED":
+                states = [r["state"] for r in slurm.cp.model(MODEL)["replica_status"]]
+                stopping_at = stopping_at or (time.time() if "stopping" in states else 0.0)
                 if not gone_at and unit not in host.engine_units():
                     gone_at = time.time()
                 time.sleep(0.5)
             time.sleep(3)  # the stream goes on after the lend
         assert slurm.job_state(job) == "COMPLETED", slurm.journals()
         said = host.ps.read_file(f"/tmp/{tag}.job").splitlines()
-        started = float(said[0])
-        print(f"\nlend at 0; {unit} gone at {gone_at - lend_at:.1f}s; the job started at "
-              f"{started - lend_at:.1f}s; {len(stream.rows)} /v1 requests, "
-              f"{len(stream.failures())} failed")  # fmt: skip
+        print(f"\nfrom the lend: replica stopping at {stopping_at - lend_at:.1f}s, {unit} gone "
+              f"at {gone_at - lend_at:.1f}s, the job started at {float(said[0]) - lend_at:.1f}s; "
+              f"{len(stream.rows)} /v1 requests, {len(stream.failures())} failed")  # fmt: skip
         # No engine of llmgw's on the node when the job started there.
         assert said[1:] == ["0"], said
         assert stream.rows and not stream.failures(), stream.failures()[:3]
@@ -115,8 +117,9 @@ def test_a_lend_waits_for_an_engine_deaf_to_sigterm(slurm: SlurmCluster) -> None
         assert "Killing" in journal or "SIGKILL" in journal, journal  # deaf: killed at the bound
     finally:
         host.ps.run(["mv", "-f", BINARY + ".real", BINARY], check=False)
-        slurm.cp.llmgw("slurm", "reclaim", lent)
-        slurm.wait(lambda: slurm.node_status(lent)["status"] == "in llmgw", f"{lent} back", 120)
+        if lend_at:
+            slurm.cp.llmgw("slurm", "reclaim", lent)
+            slurm.wait(lambda: slurm.node_status(lent)["status"] == "in llmgw", "back", 120)
 
 
 # Faults 1 and 2: an agent restarted while its node is taken back, llmgwd killed -9.
