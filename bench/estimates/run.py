@@ -83,8 +83,10 @@ def cgroup_memory(node: Node, unit: str) -> tuple[int, int]:
     """The unit's whole cgroup (every process of it, page cache included): its memory now and
     its peak, from cgroup v2's files or v1's memory controller; 0 for what is not there."""
     group = node.ps.systemctl("show", "-P", "ControlGroup", unit).stdout.strip()
-    places = (("/sys/fs/cgroup", "memory.current", "memory.peak"),
-              ("/sys/fs/cgroup/memory", "memory.usage_in_bytes", "memory.max_usage_in_bytes"))
+    places = (
+        ("/sys/fs/cgroup", "memory.current", "memory.peak"),
+        ("/sys/fs/cgroup/memory", "memory.usage_in_bytes", "memory.max_usage_in_bytes"),
+    )
     for root, now, most in places:  # fmt: skip
         got = node.ps.run(["cat", f"{root}{group}/{now}", f"{root}{group}/{most}"], check=False)
         figures = [number(line) for line in got.stdout.splitlines()]

@@ -55,8 +55,10 @@ HERE = Path(__file__).resolve().parent
 MODEL = "bench"
 SECRET = "llmgw-bench-secret"
 HUGE = 10**12
-CHAT = b'{"model":"bench","messages":[{"role":"system","content":"You are terse."},' \
+CHAT = (
+    b'{"model":"bench","messages":[{"role":"system","content":"You are terse."},'
     b'{"role":"user","content":"Say hello in one word, please."}],"max_tokens":64%s}'
+)
 
 
 class Keys:
@@ -206,7 +208,9 @@ async def calls(run: Run, n: int) -> tuple[float, float]:
     prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
     ours = sum(
-        v[1] for k, v in stats.stats.items() if "/llmgwd/" in k[0] or "/llmgw/" in k[0]  # type: ignore[attr-defined]
+        v[1]
+        for k, v in stats.stats.items()
+        if "/llmgwd/" in k[0] or "/llmgw/" in k[0]  # type: ignore[attr-defined]
     )
     return stats.total_calls / n, ours / n  # type: ignore[attr-defined]
 

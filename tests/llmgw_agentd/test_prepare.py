@@ -71,7 +71,8 @@ def on_cards(agent: Node, site: Path, rid: str, card: int) -> ReplicaSpec:
 
 
 async def test_llama_cpp_on_cards_is_built_once_then_started_with_the_build(
-    node: Node, site: Path  # noqa: F811
+    node: Node,
+    site: Path,  # noqa: F811
 ) -> None:
     node.inventory = recorded(load("dgx-h100-8x80gb"), toolkit="12.4")
     replicas = await node.new_replicas(command=None, prepare=None)  # the agent's own
@@ -94,7 +95,8 @@ async def test_llama_cpp_on_cards_is_built_once_then_started_with_the_build(
 
 
 async def test_a_failed_build_is_the_replicas_error_and_is_tried_again(
-    node: Node, site: Path  # noqa: F811
+    node: Node,
+    site: Path,  # noqa: F811
 ) -> None:
     node.inventory = recorded(load("dgx-h100-8x80gb"), toolkit="12.4")
     replicas = await node.new_replicas(command=None, prepare=None)
@@ -110,7 +112,8 @@ async def test_a_failed_build_is_the_replicas_error_and_is_tried_again(
 
 
 async def test_no_toolkit_no_build_and_the_replica_says_so(
-    node: Node, site: Path  # noqa: F811
+    node: Node,
+    site: Path,  # noqa: F811
 ) -> None:
     node.inventory = recorded(load("dgx-h100-8x80gb"), toolkit="")
     replicas = await node.new_replicas(command=None, prepare=None)
@@ -118,4 +121,3 @@ async def test_no_toolkit_no_build_and_the_replica_says_so(
     got = await until(replicas, lambda s: "r1" in s and s["r1"].state == "failed")
     assert "no CUDA toolkit on this node: llama.cpp runs on CPUs only here" in got["r1"].message
     assert not (site / "runs").exists() and node.fake.started == []
-

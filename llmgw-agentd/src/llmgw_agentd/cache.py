@@ -193,9 +193,7 @@ class Cache:
                 said = text
             await asyncio.sleep(self._tick_s)
 
-    def _progress(
-        self, files: list[ModelFile], missing: list[ModelFile], waiting: set[str]
-    ) -> str:
+    def _progress(self, files: list[ModelFile], missing: list[ModelFile], waiting: set[str]) -> str:
         """The whole set's progress, not the file in flight's: "fetching 2 files: 45%, 1.2 of
         2.6 GB"."""
         total = sum(f.size for f in files)

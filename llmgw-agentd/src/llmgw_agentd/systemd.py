@@ -163,8 +163,12 @@ class Systemd:
         bus.add_message_handler(self._on_message)
         for rule in _MATCH_RULES:
             await self._call(
-                "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                "AddMatch", "s", [rule],
+                "org.freedesktop.DBus",
+                "/org/freedesktop/DBus",
+                "org.freedesktop.DBus",
+                "AddMatch",
+                "s",
+                [rule],
             )
         await self._manager("Subscribe")
 
@@ -273,8 +277,12 @@ class Systemd:
         if self._bus is None:
             raise SystemdError("org.freedesktop.DBus.Error.Disconnected", "not connected")
         msg = Message(
-            destination=dest, path=path, interface=iface, member=member,
-            signature=signature, body=body,
+            destination=dest,
+            path=path,
+            interface=iface,
+            member=member,
+            signature=signature,
+            body=body,
         )
         reply = await self._bus.call(msg)
         if reply.message_type == MessageType.ERROR:

@@ -98,7 +98,6 @@ class Joining:
         )
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
-
     async def _undo(self, after: list[Member], peer_url: str) -> None:
         if self.etcd is not None:
             for m in after:

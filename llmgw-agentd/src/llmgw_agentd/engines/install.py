@@ -115,8 +115,9 @@ class _Job:
         await self._uv(["pip", "install", "--python", python, "--no-deps", want], tracker)
         overrides = work / "overrides.txt"
         overrides.write_text("".join(f"{o}\n" for o in local_pins(self._requires(env))))
-        await self._uv(["pip", "install", "--python", python, "--override", str(overrides), want],
-                       tracker)
+        await self._uv(
+            ["pip", "install", "--python", python, "--override", str(overrides), want], tracker
+        )
         return env
 
     def _requires(self, env: Path) -> list[str]:
@@ -130,15 +131,19 @@ class _Job:
     async def _uv(self, args: list[str], tracker: _Tracker | None = None) -> None:
         """Run uv; its output goes to tracker line by line; InstallError when it fails."""
         proc = await asyncio.create_subprocess_exec(
-            find_uv(), *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=self.env,
+            find_uv(),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self.env,
         )
         assert proc.stdout is not None
         tail: list[str] = []
         try:
             async for raw in proc.stdout:
                 line = raw.decode(errors="replace").rstrip()
-                tail = [*tail[-(TAIL - 1):], line]
+                tail = [*tail[-(TAIL - 1) :], line]
                 if tracker is not None:
                     tracker.line(line)
             rc = await proc.wait()
@@ -206,8 +211,11 @@ def explain(tail: list[str], dist: str, version: str, index: str, root: Path) ->
     text = redact("\n".join(tail))
     if "No space left on device" in text or "os error 28" in text:
         return f"disk full on {root}: cannot install {dist} {version}"
-    errors = [ln.strip() for ln in text.splitlines()
-              if ln.lstrip().startswith(("error:", "Caused by:", "cause:", "\u00d7", "\u2570"))]
+    errors = [
+        ln.strip()
+        for ln in text.splitlines()
+        if ln.lstrip().startswith(("error:", "Caused by:", "cause:", "\u00d7", "\u2570"))
+    ]
     detail = "; ".join(errors[-4:]) or (text.splitlines() or ["no output"])[-1]
     if _REACH.search(text):
         return f"cannot reach the package index {index} to install {dist} {version}: {detail}"
