@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.config import ClientPort, ClusterPort, ServerConfig
+from llmgw.config import ClientPort, ClusterPort, Metrics, ServerConfig
 from llmgwd.catalog import Model
 from llmgwd.daemon import Daemon
 from llmgwd.router import Router
@@ -133,6 +133,7 @@ async def test_llmgwd_serves_its_metrics_on_the_local_socket_and_to_a_loopback_p
         socket=str(tmp_path / "llmgwd.sock"),
         client=ClientPort(listen="127.0.0.1:0"),
         cluster=ClusterPort(listen="127.0.0.1:0", advertise="https://127.0.0.1:17710"),
+        metrics=Metrics(loopback_open=True),  # a loopback peer without a credential (2f4f451)
     )
     d = Daemon(config)
     await d.start()

@@ -521,6 +521,7 @@ class Upstream:
                 break
             tally.count(chunk.count(b"\n\n"), len(tokens.findall(chunk)))
             folder.feed(chunk)
+        tally.first_at = 0.0  # its client saw no first token: not in the first-token histogram
         overhead.engine_answered(request)
         if folder.error is not None:
             status, model = folder.error_status, endpoint.model
