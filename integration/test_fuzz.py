@@ -15,6 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from integration import fuzz_routes as fz
+from integration.fuzz_routes import (
+    EXPECTED_503,
+    check_openai_error,
+    engine_fields,
+    json_values,
+    raw_bodies,
+    small_ints,
+)
 from integration.harness import PrivateSystemd
 from integration.llmgw_node import MODEL, Node, gguf
 from integration.test_single_node import llama_server
@@ -29,54 +38,6 @@ FUZZ = settings(
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-# 503s llmgw gives on purpose (with Retry-After): the model is starting, or busy.
-EXPECTED_503 = {"model_not_ready", "model_busy"}
-# Fields engines take that change how much they generate, which slot is used, or what of their
-# internals they return: these must never pass as they are.
-ENGINE_FIELDS = [
-    "n_predict",
-    "ignore_eos",
-    "id_slot",
-    "t_max_predict_ms",
-    "cache_prompt",
-    "n_probs",
-    "n_keep",
-    "n_discard",
-    "samplers",
-    "lora",
-    "grammar",
-    "json_schema",
-    "post_sampling_probs",
-    "return_tokens",
-    "timings_per_token",
-    "n_indent",
-    "n_cmpl",
-    "min_keep",
-    "dry_multiplier",
-    "slot_id",
-    "response_fields",
-    "return_progress",
-    "chat_template_kwargs",
-    "api_base",
-]
-
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=40)
-)
-json_values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
-small_ints = st.integers(min_value=-3, max_value=40) | st.integers(
-    min_value=-(2**40), max_value=2**63
 )
 roles = st.sampled_from(["system", "user", "assistant", "tool", "developer", "robot", ""])
 content = (
@@ -119,7 +80,6 @@ sampling = {
     | json_values,
     "user": st.text(max_size=20) | json_values,
 }
-engine_fields = st.dictionaries(st.sampled_from(ENGINE_FIELDS), json_values, max_size=2)
 chat_body = st.builds(
     lambda base, extra: {**base, **extra},
     st.fixed_dictionaries(
@@ -169,9 +129,6 @@ embedding_body = st.builds(
         },
     ),
     engine_fields,
-)
-raw_bodies = st.binary(max_size=200) | st.sampled_from(
-    [b"", b"null", b"[]", b'{"model": NaN}', b"{" * 5000, b'{"model":"' + MODEL.encode() + b'"'],
 )
 
 
@@ -228,17 +185,6 @@ def http(node: Node) -> Http:
     return Http(node.client_port)
 
 
-def check_openai_error(data: Any, where: str) -> None:
-    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}, codes as strings."""
-    assert isinstance(data, dict) and isinstance(data.get("error"), dict), (where, data)
-    err = data["error"]
-    assert isinstance(err.get("message"), str) and err["message"], (where, data)
-    assert isinstance(err.get("type"), str), (where, data)
-    assert err.get("param") is None or isinstance(err["param"], str), (where, data)
-    assert err.get("code") is None or isinstance(err["code"], str), (where, data)
-    assert "timings" not in json.dumps(data), (where, data)
-
-
 def check_v1(http: Http, key: str, path: str, body: bytes) -> None:
     """One /v1 request: no 5xx of llmgw's own, and its answer in OpenAI's shape."""
     status, content_type, text = http.request("POST", path, body, key)
@@ -288,7 +234,9 @@ def test_fuzz_embeddings(node: Node, http: Http, before: dict[str, int], body: A
 @FUZZ
 @given(
     body=raw_bodies,
-    path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]),
+    path=st.sampled_from(
+        ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/rerank"]
+    ),
 )
 def test_fuzz_raw_bodies(
     node: Node, http: Http, before: dict[str, int], body: bytes, path: str
@@ -339,8 +287,201 @@ def test_fuzz_api(
         assert isinstance(err["message"], str) and isinstance(err["code"], str), where
 
 
+# Anthropic's Messages API, the Responses API, rerank and transcriptions.
+
+ANTHROPIC_AUTH = st.sampled_from(["bearer"] * 3 + ["x-api-key"] * 3 + ["wrong", "none"])
+JSON = ("Content-Type", "application/json")
+
+
+def post_json(node: Node, path: str, body: bytes, auth: str = "bearer") -> fz.Answer:
+    headers = [JSON, *fz.auth_headers(auth, node.key)]
+    return fz.tally(fz.send(node.client_port, "POST", path, body, headers))
+
+
+def as_bytes(body: Any) -> bytes:
+    return body if isinstance(body, bytes) else json.dumps(body).encode()
+
+
+@FUZZ
+@given(body=fz.messages_body | raw_bodies, auth=ANTHROPIC_AUTH)
+def test_fuzz_messages(node: Node, before: dict[str, int], body: Any, auth: str) -> None:
+    answer = post_json(node, "/v1/messages", as_bytes(body), auth)
+    fz.check_anthropic_answer(answer, count=False)
+    assert auth not in ("wrong", "none") or answer.status == 401, answer.where
+
+
+@FUZZ
+@given(body=fz.count_body | raw_bodies, auth=ANTHROPIC_AUTH)
+def test_fuzz_count_tokens(node: Node, before: dict[str, int], body: Any, auth: str) -> None:
+    answer = post_json(node, "/v1/messages/count_tokens", as_bytes(body), auth)
+    fz.check_anthropic_answer(answer, count=True)
+    assert auth not in ("wrong", "none") or answer.status == 401, answer.where
+
+
+@FUZZ
+@given(body=fz.responses_body)
+def test_fuzz_responses(node: Node, before: dict[str, int], body: Any) -> None:
+    fz.check_responses_answer(post_json(node, "/v1/responses", as_bytes(body)))
+
+
+@FUZZ
+@given(body=fz.rerank_body)
+def test_fuzz_rerank(node: Node, before: dict[str, int], body: Any) -> None:
+    fz.check_openai_answer(post_json(node, "/v1/rerank", as_bytes(body)))
+
+
+@FUZZ
+@given(form=fz.transcription_form(), expect=st.booleans())
+def test_fuzz_transcriptions(
+    node: Node, before: dict[str, int], form: tuple[bytes, str], expect: bool
+) -> None:
+    body, kind = form
+    headers = fz.auth_headers("bearer", node.key)
+    headers += [("Content-Type", kind)] if kind else []
+    headers += [("Expect", "100-continue")] if expect else []
+    answer = fz.tally(fz.send(node.client_port, "POST", "/v1/audio/transcriptions", body, headers))
+    fz.check_openai_answer(answer)
+
+
+# The hub's protocol at /hf: a set a model uses (the user key sees it) and one no model uses
+# (only staff see it).
+
+HUB_FILES = {
+    "README.md": "A set imported for the fuzz.\n",
+    "notes/params.json": json.dumps({"temperature": 0.2}) + "\n",
+    "deep/a/b/data.txt": "".join(f"{i:05d}\n" for i in range(800)),
+    "empty.txt": "",
+}
+
+
+def mirror_import(node: Node, files: dict[str, str], repo: str) -> str:
+    """files imported into the node's mirror as repo; its commit."""
+    where = f"/srv/import/{repo}"
+    for path, text in files.items():
+        node.ps.write_file(f"{where}/{path}", text)
+    return str(node.llmgw("mirror", "import", where, "--as", repo, "--json")["commit"])
+
+
+@pytest.fixture(scope="module")
+def hub(node: Node, admin_key: str) -> fz.HubSet:
+    commit = mirror_import(node, HUB_FILES, "fuzz/set")
+    mirror_import(node, {"secret.txt": "only staff see this set\n"}, "fuzz/hidden")
+    node.llmgw("model", "add", "fuzz-hf", "--from", "hf:fuzz/set", "--engine", "llama.cpp")
+    files = {p: t.encode() for p, t in HUB_FILES.items()}
+    hub = fz.HubSet("fuzz/set", "fuzz/hidden", commit, files)
+    for key, hidden in ((node.key, 404), (admin_key, 200)):
+        auth = fz.auth_headers("bearer", key)
+        seen = fz.send(node.client_port, "GET", "/hf/api/models/fuzz/set", None, auth)
+        assert seen.status == 200, seen.where
+        seen = fz.send(node.client_port, "GET", "/hf/api/models/fuzz/hidden", None, auth)
+        assert seen.status == hidden, seen.where
+    return hub
+
+
+@FUZZ
+@given(
+    data=st.data(),
+    query=fz.hub_query,
+    method=st.sampled_from(["GET", "GET", "HEAD"]),
+    who=st.sampled_from(["user"] * 3 + ["staff"] * 3 + ["wrong", "none"]),
+)
+def test_fuzz_hub(
+    node: Node,
+    admin_key: str,
+    hub: fz.HubSet,
+    before: dict[str, int],
+    data: st.DataObject,
+    query: str,
+    method: str,
+    who: str,
+) -> None:
+    path = data.draw(fz.hub_paths(hub), "path")
+    headers = data.draw(fz.hub_headers(hub), "headers")
+    key = {"user": node.key, "staff": admin_key}.get(who, "")
+    headers += fz.auth_headers("bearer" if key else who, key)
+    answer = fz.tally(fz.send(node.client_port, method, path + query, None, headers))
+    fz.check_hub_answer(answer, head=method == "HEAD")
+    if answer.status < 400 and who in ("wrong", "none"):
+        raise AssertionError(f"no key, yet answered: {answer.where}")
+    info = f"/hf/api/models/{hub.hidden}"
+    hidden = path == info or path.startswith((info + "/", f"/hf/{hub.hidden}/"))
+    assert not (hidden and who == "user" and answer.status < 400), answer.where
+    if answer.status in (200, 206) and method == "GET" and "/resolve/" in path:
+        fz.check_hub_bytes(answer, hub)
+
+
+# SCIM, with its own token: users and groups made first, then every route fuzzed.
+
+SCIM_ROUTES = [
+    ("GET", "/Users", None), ("GET", "/Groups", None), ("POST", "/Users", "user"),
+    ("POST", "/Groups", "group"), ("GET", "/Users/{}", None), ("PUT", "/Users/{}", "user"),
+    ("PATCH", "/Users/{}", "patch"), ("PATCH", "/Users/{}", "patch"),
+    ("DELETE", "/Users/{}", None), ("GET", "/Groups/{}", None), ("PUT", "/Groups/{}", "group"),
+    ("PATCH", "/Groups/{}", "patch"), ("DELETE", "/Groups/{}", None),
+    ("POST", "/.search", "search"), ("POST", "/Users/.search", "search"),
+    ("POST", "/Groups/.search", "search"), ("GET", "/Schemas/{}", None),
+    ("GET", "/ResourceTypes/{}", None), ("GET", "/ServiceProviderConfig", None),
+    ("PUT", "/Users", "user"), ("GET", "/Nope", None), ("POST", "/Users/{}/x", "user"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scim_token(node: Node) -> str:
+    return str(node.llmgw("scim", "token", "--json")["token"])
+
+
+@pytest.fixture(scope="module")
+def scim_ids(node: Node, scim_token: str) -> list[str]:
+    """Two users' ids and a group's (of both), made by SCIM."""
+    headers = [("Content-Type", fz.MEDIA), *fz.auth_headers("bearer", scim_token)]
+    ids = []
+    for name in ("ada", "bea"):
+        doc = {"schemas": [fz.USER], "userName": name, "emails": [{"value": f"{name}@x.org"}]}
+        made = fz.send(node.client_port, "POST", "/scim/v2/Users", as_bytes(doc), headers)
+        assert made.status == 201, made.where
+        ids.append(made.json()["id"])
+    group = {"schemas": [fz.GROUP], "displayName": "fuzzers",
+             "members": [{"value": i} for i in ids]}  # fmt: skip
+    made = fz.send(node.client_port, "POST", "/scim/v2/Groups", as_bytes(group), headers)
+    assert made.status == 201, made.where
+    return [*ids, made.json()["id"]]
+
+
+@FUZZ
+@given(
+    data=st.data(),
+    route=st.sampled_from(SCIM_ROUTES),
+    query=fz.scim_query,
+    token=st.sampled_from(["scim"] * 9 + ["key", "wrong", "none"]),
+    media=st.sampled_from([fz.MEDIA, fz.MEDIA, "application/json", "text/plain", ""]),
+)
+def test_fuzz_scim(
+    node: Node,
+    scim_token: str,
+    scim_ids: list[str],
+    before: dict[str, int],
+    data: st.DataObject,
+    route: tuple[str, str, str | None],
+    query: dict[str, str],
+    token: str,
+    media: str,
+) -> None:
+    method, path, kind = route
+    ident = data.draw(fz.scim_ident(scim_ids, deleting=method == "DELETE"), "id")
+    path = "/scim/v2" + path.format(ident) + ("?" + fz.quoted(query) if query else "")
+    body = None
+    if kind is not None:
+        body = as_bytes(data.draw(fz.scim_bodies(scim_ids)[kind] | raw_bodies, "body"))
+    secret = {"scim": scim_token, "key": node.key}.get(token, "")
+    headers = fz.auth_headers("bearer" if secret else token, secret)
+    headers += [("Content-Type", media)] if media else []
+    answer = fz.tally(fz.send(node.client_port, method, path, body, headers))
+    fz.check_scim_answer(answer)
+    assert token == "scim" or answer.status == 401, answer.where
+
+
 def test_after_the_fuzz_nothing_died_and_the_engine_kept_its_limit(
-    node: Node, before: dict[str, int], http: Http
+    node: Node, before: dict[str, int], http: Http, admin_key: str, scim_token: str
 ) -> None:
     """Run last in this module (pytest keeps file order)."""
     after = {unit: node.main_pid(unit) for unit in before}
@@ -353,7 +494,8 @@ def test_after_the_fuzz_nothing_died_and_the_engine_kept_its_limit(
             assert used <= int(limit), f"{unit}: {used} bytes used, limit {limit}"
             assert node.restarts(unit) == 0, f"{unit} was restarted"
     journal = node.ps.journal("llmgwd.service", 5000)
-    assert node.key not in journal
+    for secret in (node.key, admin_key, scim_token):
+        assert secret not in journal
     assert "Error handling request" not in journal, "aiohttp's own traceback reached the journal"
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
     status, _, text = http.request(
