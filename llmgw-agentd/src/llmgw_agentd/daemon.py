@@ -16,6 +16,7 @@ from aiohttp.typedefs import Handler
 
 from llmgw import entry, localsock, sdnotify, wire
 from llmgw.config import AgentConfig
+from llmgw.errors import ErrorAnswer, ErrorBody
 from llmgw_agentd import dcgm, fwkeep, inventory, link, membw
 from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
@@ -36,8 +37,9 @@ class JoinIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def _error(status: int, message: str, code: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-    return web.json_response(body, status=status)
+    """An error answer in /api/v1's shape (llmgw.errors.ErrorAnswer)."""
+    body = ErrorAnswer(ErrorBody(message, "invalid_request_error", code))
+    return web.json_response(msgspec.to_builtins(body), status=status)
 
 
 class Agent:

@@ -19,11 +19,11 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from llmgw.config import ClientPort
-from llmgwd.api.base import API_PREFIX, ApiError, error_response
+from llmgw.errors import ANTHROPIC
+from llmgwd.api.base import API_PREFIX, error_response
 from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
 from llmgwd.mirror import hub_server
 from llmgwd.router import errors
-from llmgwd.router.anthropic_errors import shaped
 from llmgwd.scim.base import ScimError
 from llmgwd.scim.base import error_answer as scim_error
 from llmgwd.scim.users import PREFIX as SCIM_PREFIX
@@ -52,11 +52,11 @@ def answer(path: str, error: errors.ApiError) -> web.Response:
     anywhere else."""
     d = error.detail
     if _under(path, API_PREFIX):
-        response = error_response(ApiError(error.status, d.message, d.type, d.code or d.type))
+        response = error_response(error)
     elif _under(path, SCIM_PREFIX):
         response = scim_error(ScimError(error.status, d.message))
     elif _under(path, "/v1/messages"):
-        response = shaped(error).response()
+        response = error.reshaped(ANTHROPIC).response()
     elif _under(path, hub_server.PREFIX):
         response = hub_server.error_answer(hub_server.HubError(error.status, d.message))
     else:

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from llmgw import pki, wire
+from llmgw.errors import cluster_error
 
 from .members import Members, refusal, removed_reason
 from .mirror import node_files
@@ -729,5 +730,4 @@ def _host(address: str) -> str:
 
 
 def _error(status: int, message: str, code: str = "") -> web.Response:
-    body = {"error": message, "code": code} if code else {"error": message}
-    return web.json_response(body, status=status)
+    return cluster_error(status, message, code)

@@ -22,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw import pki, wire
+from llmgw.errors import cluster_error
 from llmgwd.control_planes import EtcdCluster, Member
 from llmgwd.server_tokens import ServerTokens
 from llmgwd.store.etcd_http import EtcdError
@@ -122,4 +123,4 @@ def _said(e: Exception) -> str:
 
 
 def _error(status: int, message: str, code: str) -> web.Response:
-    return web.json_response({"error": message, "code": code}, status=status)
+    return cluster_error(status, message, code)

@@ -16,7 +16,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw import wire
-from llmgw.api_types import ErrorAnswer, ErrorBody, NodeView
+from llmgw.api_types import NodeView
+from llmgw.errors import API_V1
+from llmgw.errors import ApiError as ApiError
 from llmgwd import auth, engine_support
 from llmgwd.accounting.usage import Usage
 from llmgwd.accounting.views import Invalid
@@ -170,24 +172,6 @@ class ApiContext:
 CTX = web.AppKey("llmgw.api", ApiContext)
 
 
-class ApiError(Exception):
-    """An error answer a handler raises; the message is shown to the caller."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str,
-        code: str,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = ErrorBody(message=message, type=type_, code=code, param=param)
-        self.headers = headers or {}
-
-
 def bad_field(param: str, message: str) -> ApiError:
     """A 400 that names the field at fault."""
     return ApiError(400, f"{param}: {message}", "invalid_request_error", "invalid_field", param)
@@ -207,8 +191,8 @@ def json_response(data: object, status: int = 200) -> web.Response:
 
 
 def error_response(err: ApiError) -> web.Response:
-    """The JSON answer of an ApiError."""
-    resp = json_response(ErrorAnswer(err.body), err.status)
+    """The JSON answer of an ApiError, in /api/v1's shape (ErrorAnswer)."""
+    resp = web.Response(body=API_V1.body(err), status=err.status, content_type="application/json")
     resp.headers.update(err.headers)
     return resp
 

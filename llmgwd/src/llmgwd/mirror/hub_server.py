@@ -476,7 +476,7 @@ async def hub_errors(request: web.Request, handler: Handler) -> web.StreamRespon
     except HubError as e:
         return _error(request, e)
     except ApiError as e:  # from the auth middleware
-        return _error(request, HubError(e.status, e.body.message, headers=e.headers))
+        return _error(request, HubError(e.status, e.detail.message, headers=e.headers))
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -12,6 +12,7 @@ from typing import Protocol
 from aiohttp import web
 
 from llmgw import pki
+from llmgw.errors import cluster_error
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 FILES = "/mirror/files/"  # + a sha256
@@ -67,4 +68,4 @@ def _plane(request: web.Request) -> str | None:
 
 def _error(status: int, message: str, code: str = "not_found") -> web.Response:
     """The cluster port's error shape."""
-    return web.json_response({"error": message, "code": code}, status=status)
+    return cluster_error(status, message, code)

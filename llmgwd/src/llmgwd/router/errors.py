@@ -1,4 +1,5 @@
-"""Errors in OpenAI's shape, built in one place, and the middleware that answers /v1 failures."""
+"""The /v1 errors (llmgw.errors.ApiError in OpenAI's shape), built in one place, and the
+middleware that answers /v1 failures."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
-from typing import TypeVar
 
-import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from llmgw.errors import ApiError as ApiError
 from llmgwd.router.overhead import STARTED
 
 log = logging.getLogger("llmgwd.router")
@@ -28,68 +28,6 @@ REPLICA = web.RequestKey("llmgw_replica", str)
 STREAM = web.RequestKey("llmgw_stream", web.StreamResponse)
 
 _MAX_ECHO = 200  # longest client-supplied text (a model name) quoted back in a message
-
-
-class ErrorDetail(msgspec.Struct, omit_defaults=False):
-    """The inner object of OpenAI's error body."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(msgspec.Struct):
-    """OpenAI's error body: {"error": {...}}."""
-
-    error: ErrorDetail
-
-
-E = TypeVar("E", bound="ApiError")
-
-
-class ApiError(Exception):
-    """A failure the client is told about in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = ErrorDetail(message=message, type=type_, param=param, code=code)
-        self.headers = dict(headers or {})
-
-    def reshaped(self, kind: type[E]) -> E:
-        """This error as kind (a route's own shape), its status, detail and headers kept."""
-        if isinstance(self, kind):
-            return self
-        d = self.detail
-        return kind(self.status, d.message, d.type, param=d.param, code=d.code,
-                    headers=self.headers)  # fmt: skip
-
-    def body(self) -> bytes:
-        """The JSON body of this error."""
-        return msgspec.json.encode(ErrorBody(error=self.detail))
-
-    def response(self) -> web.Response:
-        """This error as a complete HTTP response."""
-        return web.Response(
-            status=self.status,
-            body=self.body(),
-            content_type="application/json",
-            headers=self.headers,
-        )
-
-    def sse_event(self) -> bytes:
-        """This error as the last event of a stream that already began."""
-        return b"data: " + self.body() + b"\n\n"
 
 
 def quote(text: str) -> str:
