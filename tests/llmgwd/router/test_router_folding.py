@@ -105,10 +105,17 @@ def test_choices_fold_by_their_index_and_absurd_indexes_are_dropped() -> None:
     ]
 
 
-@pytest.mark.parametrize("path", ["messages", "responses"])
-def test_a_stream_without_its_frame_is_unfinished(path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [  # Responses without its final response; Messages with no event at all (one without
+        # message_start is opened by the router: test_router_held_back_start.py)
+        ("responses", b'data: {"type":"response.output_text.delta","delta":"x"}\n\n'),
+        ("messages", b"data: [DONE]\n\n"),
+    ],
+)
+def test_a_stream_without_its_frame_is_unfinished(path: str, stream: bytes) -> None:
     folder = folding.Folder(ROUTES[path])
-    folder.feed(b'data: {"type":"content_block_delta","index":0,"delta":{"text":"x"}}\n\n')
+    folder.feed(stream)
     with pytest.raises(folding.Unfinished):
         folder.answer()
 

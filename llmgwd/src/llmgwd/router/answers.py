@@ -119,7 +119,9 @@ class Stream:
         self._named = (
             None
             if own is None
-            else route_answers.NamedStream(model, tally, own, self._error, self._tokens)
+            else route_answers.NamedStream(
+                model, tally, own, self._error, self._tokens, route.opening
+            )
         )
 
     def relay(self, block: bytes) -> bytes:

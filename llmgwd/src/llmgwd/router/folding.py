@@ -59,7 +59,10 @@ class Folder:
         if self._tail:
             self._event(self._tail)
             self._tail = b""
-        return _encoder.encode(self._fold(self._docs))
+        opening, docs = self._route.opening, self._docs
+        if opening is not None and docs and (first := opening(docs[0], "")) is not None:
+            docs.insert(0, _unknown_prompt(first))  # the engine's own was never sent
+        return _encoder.encode(self._fold(docs))
 
     def _event(self, event: bytes) -> None:
         head, sep, data = event.rpartition(b"data:")
@@ -76,6 +79,15 @@ class Folder:
                 self.error, self.error_status = data, _status(doc)
             return
         self._docs.append(doc)
+
+
+def _unknown_prompt(opening: Document) -> Document:
+    """A stand-in opening event without its usage's prompt count (a whole answer shows null:
+    the engine never told it, and the prompt's bound is charged)."""
+    usage = opening.get("message", {}).get("usage")
+    if isinstance(usage, dict):
+        usage.pop("input_tokens", None)
+    return opening
 
 
 def _status(doc: Document) -> int:

@@ -4,6 +4,7 @@ sees them, their usage read for the meter."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated, Any, Literal, get_args
 
 import msgspec
@@ -179,13 +180,29 @@ def clean(doc: Document, model: str, tally: Tally) -> Document | None:
     elif kind == "message_start" and isinstance(doc.get("message"), dict):
         _message(doc["message"], model, tally)
     elif kind == "message_delta" and isinstance(doc.get("usage"), dict):
+        known = tally.usage is not None  # message_start told the prompt's tokens
         prompt = tally.usage[0] if tally.usage is not None else 0
-        tally.took(prompt, doc["usage"].get("output_tokens"))
+        tally.took(prompt, doc["usage"].get("output_tokens"), known)
     elif "input_tokens" in doc and len(doc) == 1:  # count_tokens' answer: the tokens read,
         tally.took(doc["input_tokens"], 0)  # held against the key's rate, never billed
     elif isinstance(doc.get("message"), str):  # llama.cpp's error event: its error object bare
         return _error(doc, model)
     return doc
+
+
+def opening(first: Document, model: str) -> Document | None:
+    """The message_start a stream must open with, when the engine's first event is another:
+    llama-server sends it only with its first token's event, which it holds back while that
+    token is part of a character (a stream of one emoji has none). Its usage says 0: the
+    engine never told the prompt's tokens (the router charges the prompt's bound)."""
+    if first.get("type") == "message_start":
+        return None
+    message: Document = {
+        "id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
+        "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }  # fmt: skip
+    return {"type": "message_start", "message": message}
 
 
 def _error(found: Document, model: str) -> Document:
@@ -209,4 +226,7 @@ def _message(doc: Document, model: str, tally: Tally) -> None:
         if isinstance(prompt, int) and isinstance(cached, int):
             prompt += cached
     usage["input_tokens"] = prompt
-    tally.took(prompt, usage.get("output_tokens"))
+    if isinstance(prompt, int):
+        tally.took(prompt, usage.get("output_tokens"))
+    else:  # the engine never told it (a stream opened by the router: opening())
+        tally.took(0, usage.get("output_tokens"), prompt_told=False)

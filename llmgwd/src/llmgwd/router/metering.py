@@ -76,6 +76,8 @@ class Reservation:
         if tally.events is None:  # a whole answer: its usage, else the most it could be
             return tally.usage if tally.usage is not None else (bound.prompt, bound.completion)
         prompt, told = tally.usage if tally.usage is not None else (bound.prompt, 0)
+        if not tally.prompt_told:
+            prompt = bound.prompt
         return prompt, max(told, min(tally.tokens, bound.completion))
 
     def settle(self) -> None:

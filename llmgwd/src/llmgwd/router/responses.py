@@ -190,6 +190,18 @@ def _response(doc: Document, model: str, tally: Tally) -> Document:
     return out
 
 
+def opening(first: Document, model: str) -> Document | None:
+    """The response.created a stream must open with, when the engine's first event is another
+    (llama-server sends it with its first token's event, held back while that token is part
+    of a character): the response that event carries, in progress and empty."""
+    response = first.get("response")
+    if first.get("type") == "response.created" or not isinstance(response, dict):
+        return None
+    opened = {k: v for k, v in response.items() if k in _FIELDS and k != "usage"}
+    opened.update(model=model, status="in_progress", output=[])
+    return {"type": "response.created", "sequence_number": 0, "response": opened}
+
+
 def _error(found: Document, model: str) -> Document:
     """An engine's error event, its words replaced by the router's (its number kept)."""
     error = engine_refusals.of_object(500, found, model, WORDS).detail

@@ -21,6 +21,7 @@ Bound = Callable[[Document, Model, int, int], Estimate]  # (doc, model, body byt
 Clean = Callable[[Document, str, Tally], Document | None]  # an answer or event as sent on
 Shape = Callable[[ApiError, int], ApiError]  # an error in the route's shape (events before it)
 Fold = Callable[[list[Document]], Document]  # a stream's events as one whole answer
+Opening = Callable[[Document, str], "Document | None"]  # (first event, model): what must precede
 NO_TOKENS = re.compile(rb"(?!)")  # matches nothing: a route whose streams carry no token
 
 
@@ -40,6 +41,7 @@ class Route:
     clean: Clean | None = None  # its own answer shape's cleaning (None: OpenAI's completion)
     shape: Shape = as_is  # its errors' shape
     fold: Fold | None = None  # a generating route: asked as a stream, folded for a whole answer
+    opening: Opening | None = None  # the event its streams must open with, if the engine's lacks
     tokens: re.Pattern[bytes] = NO_TOKENS  # what marks a stream event that carries a token
     usage_option: bool = False  # its streams' usage is asked by OpenAI's stream_options
     slots: bool = False  # llama.cpp's slot is chosen for it (client.cache_isolation)

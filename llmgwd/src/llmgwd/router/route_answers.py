@@ -43,12 +43,14 @@ class NamedStream:
         clean: Clean,
         error: Callable[[Document], bytes],
         tokens: re.Pattern[bytes],
+        opening: Callable[[Document, str], Document | None] | None = None,
     ) -> None:
         self._model = model
         self._tally = tally
         self._clean = clean
         self._error = error
         self._tokens = tokens  # what marks an event that carries a token
+        self._opening = opening  # the event the stream must open with; None once seen
 
     def relay(self, block: bytes) -> bytes:
         """Whole events from the engine (a trailing partial one is passed on as it is)."""
@@ -69,7 +71,18 @@ class NamedStream:
             return event + _END
         if "error" in doc and doc.get("type") in (None, "error"):
             return self._error(doc)
+        opened = b""
+        if self._opening is not None:  # the first event: the one the stream must open with
+            first = self._opening(doc, self._model)
+            self._opening = None
+            if first is not None:
+                opened = _named(first)
         kept = self._clean(doc, self._model, self._tally)
         if kept is None:
-            return b""
-        return head + b"data: " + _encoder.encode(kept) + _END
+            return opened
+        return opened + head + b"data: " + _encoder.encode(kept) + _END
+
+
+def _named(doc: Document) -> bytes:
+    """A named event of the router's own making (already clean)."""
+    return b"event: " + str(doc["type"]).encode() + b"\ndata: " + _encoder.encode(doc) + _END

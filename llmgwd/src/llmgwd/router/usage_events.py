@@ -30,13 +30,14 @@ class Tally:
     """What the engine said it used for one request, and what the client wants to see of it."""
 
     __slots__ = ("answered", "draining", "events", "first_at", "on_drained", "pass_usage",
-                 "tokens", "usage")  # fmt: skip
+                 "prompt_told", "tokens", "usage")  # fmt: skip
 
     def __init__(self) -> None:
         self.answered = False  # the engine answered 200
         self.events: int | None = None  # stream events relayed (None: not a stream)
         self.tokens = 0  # a stream's events that carried a token (text, reasoning, arguments)
         self.usage: tuple[int, int] | None = None  # (prompt, completion) from the engine
+        self.prompt_told = True  # usage's prompt is the engine's (not a stand-in 0)
         self.pass_usage = False  # the client asked for stream_options.include_usage
         self.first_at = 0.0  # perf_counter() at a stream's first event (0: none yet)
         # The client left and the engine's rest is still being read (router/proxy.py): the
@@ -56,10 +57,12 @@ class Tally:
         if usage is not None:
             self.usage = (usage.prompt_tokens, usage.completion_tokens)
 
-    def took(self, prompt: object, completion: object) -> None:
-        """The engine's counts, kept when both are integers."""
+    def took(self, prompt: object, completion: object, prompt_told: bool = True) -> None:
+        """The engine's counts, kept when both are integers; prompt_told false: the engine
+        said the completion's count only (the prompt's bound is charged)."""
         if _count(prompt) and _count(completion):
             self.usage = (prompt, completion)
+            self.prompt_told = prompt_told
 
     def stream_started(self) -> None:
         """A stream answer began (status 200)."""

@@ -42,10 +42,10 @@ EMBEDDINGS = Route("embeddings", embeddings.check, embeddings.bound,
                    Words("embeddings", "input", optional=True))  # fmt: skip
 RESPONSES = Route("responses", responses.check, responses.bound, responses.WORDS,
                   clean=responses.clean, shape=responses_errors.shaped, fold=folding.responses,
-                  tokens=RESPONSES_TOKENS, slots=True)  # fmt: skip
+                  opening=responses.opening, tokens=RESPONSES_TOKENS, slots=True)  # fmt: skip
 MESSAGES = Route("messages", messages.check, messages.bound, messages.WORDS,
                  clean=messages.clean, shape=_anthropic, fold=folding.messages,
-                 tokens=MESSAGES_TOKENS, slots=True)  # fmt: skip
+                 opening=messages.opening, tokens=MESSAGES_TOKENS, slots=True)  # fmt: skip
 COUNT_TOKENS = Route("messages/count_tokens", messages.check_count, messages.bound_count,
                      messages.COUNT_WORDS, clean=messages.clean, shape=_anthropic)  # fmt: skip
 RERANK = Route("rerank", rerank.check, rerank.bound, Words("rerank", optional=True),
