@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import msgspec
@@ -12,8 +13,10 @@ from llmgw.api_types.common import ErrorAnswer, ErrorBody
 __all__ = [
     "ANTHROPIC",
     "API_V1",
+    "HF",
     "OPENAI",
     "RESPONSES",
+    "SCIM",
     "ApiError",
     "ClusterError",
     "ErrorAnswer",
@@ -22,9 +25,10 @@ __all__ = [
     "OpenAIErrorAnswer",
     "Shape",
     "cluster_error",
-    "hub_body",
-    "scim_body",
 ]
+
+
+_JSON = "application/json"
 
 
 class ErrorDetail(msgspec.Struct, omit_defaults=False):
@@ -45,6 +49,8 @@ class OpenAIErrorAnswer(msgspec.Struct):
 class Shape:
     """How an error is written on one family of routes; this one: OpenAI's (/v1)."""
 
+    own_codes = False  # True: the shape's codes are its own words (SCIM's scimType, the hub's)
+
     def body(self, error: ApiError) -> bytes:
         """The JSON body of an answer that has not begun."""
         return msgspec.json.encode(OpenAIErrorAnswer(error.detail))
@@ -52,6 +58,15 @@ class Shape:
     def event(self, error: ApiError) -> bytes:
         """The last event of a stream that already began."""
         return b"data: " + self.body(error) + b"\n\n"
+
+    def response(self, error: ApiError) -> web.Response:
+        """A complete answer (ApiError.response writes OpenAI's itself, the hot path's)."""
+        return web.Response(
+            status=error.status,
+            body=self.body(error),
+            content_type="application/json",
+            headers=error.headers,
+        )
 
 
 class ApiError(Exception):
@@ -81,7 +96,8 @@ class ApiError(Exception):
         if self.shape is shape:
             return self
         d = self.detail
-        out = ApiError(self.status, d.message, d.type, d.code, d.param, headers=self.headers)
+        code = None if shape.own_codes else d.code  # an OpenAI code is no scimType
+        out = ApiError(self.status, d.message, d.type, code, d.param, headers=self.headers)
         out.shape = shape
         return out
 
@@ -91,9 +107,12 @@ class ApiError(Exception):
 
     def response(self) -> web.Response:
         """This error as a complete HTTP response, in its shape."""
+        shape = self.shape
+        if shape is not OPENAI:
+            return shape.response(self)
         return web.Response(
             status=self.status,
-            body=self.shape.body(self),
+            body=shape.body(self),
             content_type="application/json",
             headers=self.headers,
         )
@@ -155,29 +174,77 @@ class _ApiV1(Shape):
 
     def body(self, error: ApiError) -> bytes:
         d = error.detail
-        return msgspec.json.encode(
-            ErrorAnswer(ErrorBody(d.message, d.type, d.code or d.type, d.param))
-        )
+        inner = ErrorBody(d.message, d.type, d.code or d.type, d.param)
+        return msgspec.json.encode(ErrorAnswer(inner))
+
+    def response(self, error: ApiError) -> web.Response:
+        out = web.Response(status=error.status, body=self.body(error), content_type=_JSON)
+        out.headers.update(error.headers)
+        return out
+
+
+SCIM_ERROR = "urn:ietf:params:scim:api:messages:2.0:Error"
+SCIM_MEDIA = "application/scim+json"
+
+
+class _Scim(Shape):
+    """SCIM's (RFC 7644 3.12): {"schemas": [...Error], "status": "400", "detail": MESSAGE,
+    "scimType"?: CODE}, as application/scim+json."""
+
+    own_codes = True
+
+    def body(self, error: ApiError) -> bytes:
+        d = error.detail
+        doc: dict[str, object] = {"schemas": [SCIM_ERROR], "status": str(error.status)}
+        doc["detail"] = d.message
+        if d.code:
+            doc["scimType"] = d.code
+        return json.dumps(doc).encode()
+
+    def response(self, error: ApiError) -> web.Response:
+        body = self.body(error).decode()
+        out = web.Response(status=error.status, text=body, content_type=SCIM_MEDIA)
+        if error.status == 401:
+            out.headers["WWW-Authenticate"] = 'Bearer realm="llmgw-scim"'
+        out.headers.update(error.headers)
+        return out
+
+
+# The hub's answer to a key it does not accept; the client shows it as such (not "repo not found").
+_BAD_CREDENTIALS = "Invalid credentials in Authorization header"
+
+
+class _Hub(Shape):
+    """The Hugging Face hub's (/hf): {"error": MESSAGE}, with X-Error-Message (and
+    X-Error-Code) headers, which its client reads."""
+
+    own_codes = True
+
+    def body(self, error: ApiError) -> bytes:
+        return json.dumps({"error": error.detail.message}).encode()
+
+    def response(self, error: ApiError) -> web.Response:
+        d = error.detail
+        message = _BAD_CREDENTIALS if error.status == 401 else d.message
+        headers = error.headers | {"X-Error-Message": _header_safe(message)}
+        if d.code:
+            headers["X-Error-Code"] = d.code
+        return web.json_response({"error": d.message}, status=error.status, headers=headers)
+
+
+def _header_safe(text: str) -> str:
+    """Text fit for a header: printable ASCII (others escaped)."""
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 OPENAI = Shape()
 ANTHROPIC = _Anthropic()
 RESPONSES = _Responses()
 API_V1 = _ApiV1()
+SCIM = _Scim()
+HF = _Hub()
 ApiError.shape = OPENAI
-
-
-def scim_body(status: int, detail: str, scim_type: str, error_urn: str) -> dict[str, object]:
-    """RFC 7644 3.12's error document (SCIM's shape)."""
-    doc: dict[str, object] = {"schemas": [error_urn], "status": str(status), "detail": detail}
-    if scim_type:
-        doc["scimType"] = scim_type
-    return doc
-
-
-def hub_body(message: str) -> dict[str, str]:
-    """The Hugging Face hub's error body, {"error": MESSAGE} (its headers say the rest)."""
-    return {"error": message}
 
 
 class ClusterError(msgspec.Struct, omit_defaults=True):

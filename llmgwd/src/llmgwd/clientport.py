@@ -19,13 +19,11 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from llmgw.config import ClientPort
-from llmgw.errors import ANTHROPIC
-from llmgwd.api.base import API_PREFIX, error_response
+from llmgw.errors import ANTHROPIC, API_V1, HF, SCIM
+from llmgwd.api.base import API_PREFIX
 from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
 from llmgwd.mirror import hub_server
 from llmgwd.router import errors
-from llmgwd.scim.base import ScimError
-from llmgwd.scim.base import error_answer as scim_error
 from llmgwd.scim.users import PREFIX as SCIM_PREFIX
 
 log = logging.getLogger("llmgwd.clientport")
@@ -50,15 +48,14 @@ def answer(path: str, error: errors.ApiError) -> web.Response:
     """error in the shape of the sub-app path is under: /api/v1's ErrorAnswer, SCIM's error
     document under /scim/v2, Anthropic's under /v1/messages, the hub's under /hf, OpenAI's
     anywhere else."""
-    d = error.detail
     if _under(path, API_PREFIX):
-        response = error_response(error)
+        response = error.reshaped(API_V1).response()
     elif _under(path, SCIM_PREFIX):
-        response = scim_error(ScimError(error.status, d.message))
+        response = error.reshaped(SCIM).response()
     elif _under(path, "/v1/messages"):
         response = error.reshaped(ANTHROPIC).response()
     elif _under(path, hub_server.PREFIX):
-        response = hub_server.error_answer(hub_server.HubError(error.status, d.message))
+        response = error.reshaped(HF).response()
     else:
         response = error.response()
     response.headers.update(error.headers)

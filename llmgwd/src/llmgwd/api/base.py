@@ -192,9 +192,7 @@ def json_response(data: object, status: int = 200) -> web.Response:
 
 def error_response(err: ApiError) -> web.Response:
     """The JSON answer of an ApiError, in /api/v1's shape (ErrorAnswer)."""
-    resp = web.Response(body=API_V1.body(err), status=err.status, content_type="application/json")
-    resp.headers.update(err.headers)
-    return resp
+    return API_V1.response(err)
 
 
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}

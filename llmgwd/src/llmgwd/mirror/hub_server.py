@@ -50,9 +50,9 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmgw.errors import HF, ApiError
 from llmgw.sources import REPO_RE, REV_RE
 from llmgw.wire import ModelFile
-from llmgwd.api.base import ApiError
 from llmgwd.mirror.snapshot import EVERY, Scope, Snapshot, SnapshotSource
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,6 @@ TREE_PAGE_SIZE = 1000  # the hub's page of a tree listing
 RETRY_AFTER_S = 2  # what a 503 "not yet mirrored" asks the client to wait
 MAX_PATH = 1024
 
-# The hub's answer to a key it does not accept; the client shows it as such (not "repo not found").
-_BAD_CREDENTIALS = "Invalid credentials in Authorization header"
 _LFS_SPEC = "https://git-lfs.github.com/spec/v1"
 _KEPT_HEADERS = ("Allow", "WWW-Authenticate")  # of an HTTPException, into the hub's shape
 # One byte range (RFC 9110 14.1.2); the unit is case-insensitive, the digits ASCII only.
@@ -75,17 +73,17 @@ _CURSOR_RE = re.compile(r"[0-9]{1,12}", re.ASCII)
 _FAR = 1 << 62  # a position past the end of any file (a range's number of more digits)
 
 
-class HubError(Exception):
-    """An error answer in the hub's shape; the message is shown to the caller."""
+class HubError(ApiError):
+    """An ApiError in the hub's shape (llmgw.errors.HF); the message is shown to the caller,
+    the code (X-Error-Code) read by its client."""
+
+    shape = HF
 
     def __init__(
         self, status: int, message: str, code: str = "", headers: dict[str, str] | None = None
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.headers = headers or {}
+        type_ = "server_error" if status >= 500 else "invalid_request_error"
+        super().__init__(status, message, type_, code or None, headers=headers)
 
 
 # Input.
@@ -446,26 +444,16 @@ async def resolve(request: web.Request) -> web.StreamResponse:
 # The application.
 
 
-def _header_safe(text: str) -> str:
-    """Text fit for a header: printable ASCII (others escaped)."""
-    text = text.encode("ascii", "backslashreplace").decode("ascii")
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
 def _error(request: web.Request, e: HubError) -> web.Response:
     """The answer, logged once (the path and the message, never a header)."""
     level = logging.ERROR if e.status >= 500 else logging.INFO
-    log.log(level, "hf: %s %r: %d %s", request.method, request.path, e.status, e.message)
+    log.log(level, "hf: %s %r: %d %s", request.method, request.path, e.status, e.detail.message)
     return error_answer(e)
 
 
 def error_answer(e: HubError) -> web.Response:
     """The hub's error body, {"error": MESSAGE}, with X-Error-Message (and X-Error-Code)."""
-    message = _BAD_CREDENTIALS if e.status == 401 else e.message
-    headers = e.headers | {"X-Error-Message": _header_safe(message)}
-    if e.code:
-        headers["X-Error-Code"] = e.code
-    return web.json_response({"error": e.message}, status=e.status, headers=headers)
+    return e.response()
 
 
 @web.middleware

@@ -13,14 +13,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw.config import GroupRule
+from llmgw.errors import SCIM, SCIM_ERROR, SCIM_MEDIA, ApiError
 from llmgwd.catalog import Catalog
 from llmgwd.scim import token
 from llmgwd.stored_token import bearer
 
 log = logging.getLogger(__name__)
 
-MEDIA = "application/scim+json"
-ERROR = "urn:ietf:params:scim:api:messages:2.0:Error"
+MEDIA = SCIM_MEDIA
+ERROR = SCIM_ERROR
 LIST = "urn:ietf:params:scim:api:messages:2.0:ListResponse"
 SEARCH = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
 PATCH_OP = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
@@ -45,12 +46,15 @@ class ScimContext:
 CTX = web.AppKey("llmgw.scim", ScimContext)
 
 
-class ScimError(Exception):
-    """An error answer in SCIM's shape; the detail is shown (it names no secret)."""
+class ScimError(ApiError):
+    """An ApiError in SCIM's shape (llmgw.errors.SCIM), said in SCIM's words: its detail
+    (shown: it names no secret) and scimType (its code)."""
+
+    shape = SCIM
 
     def __init__(self, status: int, detail: str, scim_type: str = "") -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.scim_type = status, detail, scim_type
+        type_ = "server_error" if status >= 500 else "invalid_request_error"
+        super().__init__(status, detail, type_, scim_type or None)
 
 
 def fail(status: int, detail: str, scim_type: str = "") -> NoReturn:
@@ -65,13 +69,7 @@ def answer(doc: Doc, status: int = 200) -> web.Response:
 
 def error_answer(e: ScimError) -> web.Response:
     """RFC 7644 3.12's error body."""
-    doc: Doc = {"schemas": [ERROR], "status": str(e.status), "detail": e.detail}
-    if e.scim_type:
-        doc["scimType"] = e.scim_type
-    headers = {"WWW-Authenticate": 'Bearer realm="llmgw-scim"'} if e.status == 401 else None
-    response = answer(doc, e.status)
-    response.headers.update(headers or {})
-    return response
+    return e.response()
 
 
 def require_schema(body: Doc, urn: str, what: str) -> None:
@@ -92,7 +90,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except ScimError as e:
-        log.info("SCIM %s %s refused: %s %s", request.method, request.path, e.status, e.detail)
+        log.info(
+            "SCIM %s %s refused: %s %s", request.method, request.path, e.status, e.detail.message
+        )
         return error_answer(e)
     except web.HTTPException as e:
         if e.status < 400:
