@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from llmgw import wire
+from llmgw.errors import ApiError
 from llmgwd import cluster, servers
-from llmgwd.api.base import ApiError
 from llmgwd.catalog import Catalog
 from llmgwd.cluster import ClusterState
 from llmgwd.leader import LEADER, Election, LeaderRecord

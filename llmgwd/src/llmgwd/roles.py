@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import logging
 
+from llmgw.errors import ApiError
 from llmgwd import members, servers, wakeups
-from llmgwd.api.base import ApiError
 from llmgwd.catalog import Catalog, Model
 from llmgwd.cluster import ClusterState
 from llmgwd.fence import Fenced, FencedStore

@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
+from llmgw.errors import ApiError
 from llmgw.wire import ModelFile
-from llmgwd.api.base import ApiError
 from llmgwd.mirror.hub_server import hub_app
 from llmgwd.mirror.snapshot import Snapshot
 

@@ -9,9 +9,10 @@ from typing import NoReturn
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmgw.errors import ApiError
 from llmgw.localsock import allowed, peer_credentials
 from llmgwd import auth
-from llmgwd.api.base import ApiError, KeyLookup, api_context
+from llmgwd.api.base import KeyLookup, api_context
 from llmgwd.auth import Principal, Rule
 from llmgwd.people.directory import Directory
 

@@ -17,8 +17,7 @@ from aiohttp.typedefs import Handler
 
 from llmgw import wire
 from llmgw.api_types import NodeView
-from llmgw.errors import API_V1
-from llmgw.errors import ApiError as ApiError
+from llmgw.errors import API_V1, ApiError
 from llmgwd import auth, engine_support
 from llmgwd.accounting.usage import Usage
 from llmgwd.accounting.views import Invalid

@@ -9,10 +9,10 @@ from aiohttp import web
 from llmgw.api_types import KeyIn, LimitsIn
 from llmgw.api_types import KeyView as KeyView  # re-exported: the answers' types
 from llmgw.api_types import NewKey as NewKey
+from llmgw.errors import ApiError
 from llmgwd.accounting import views
 from llmgwd.api.base import (
     ApiContext,
-    ApiError,
     api_context,
     bad_field,
     caller,

@@ -8,8 +8,9 @@ from aiohttp import web
 
 from llmgw.api_types import OidcInfo, OidcLogin
 from llmgw.config import Oidc
+from llmgw.errors import ApiError
 from llmgwd.api import login_device
-from llmgwd.api.base import ApiError, errors_middleware, json_response, read_body
+from llmgwd.api.base import errors_middleware, json_response, read_body
 from llmgwd.api.login_session import KEYS, OIDC, SIGNIN, off, parts, refuse, session_for
 from llmgwd.catalog import Catalog
 from llmgwd.people.oidc import Provider, SignInError

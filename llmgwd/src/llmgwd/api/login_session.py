@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.api_types import LoginAnswer
-from llmgwd.api.base import ApiError
+from llmgw.errors import ApiError
 from llmgwd.catalog import Catalog, KeyOwner
 from llmgwd.people.oidc import Provider, SignInError
 from llmgwd.people.signin import SignIn

@@ -10,9 +10,9 @@ from aiohttp import web
 from llmgw import sources
 from llmgw.api_types import ImportIn, ImportOut, PeerIn, PeerView, SweepIn, SweepOut, UploadView
 from llmgw.blobstore import BlobStoreError, ChecksumMismatch, DiskFull
+from llmgw.errors import ApiError
 from llmgwd.api.base import (
     ApiContext,
-    ApiError,
     api_context,
     bad_field,
     caller,

@@ -23,6 +23,7 @@ from llmgw.api_types import (
 )
 from llmgw.api_types import ModelView as ModelView  # re-exported: the answers' types
 from llmgw.api_types import ReplicaView as ReplicaView
+from llmgw.errors import ApiError
 from llmgwd.catalog import CatalogError, Model, profiles_of
 from llmgwd.profiles import Profile, problems
 from llmgwd.shapes import read_shape
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 from llmgwd.api.base import (
     ApiContext,
-    ApiError,
     NodeInfo,
     api_context,
     bad_field,

@@ -10,9 +10,9 @@ from aiohttp import web
 
 from llmgw import pki
 from llmgw.api_types import NodeFlagsView, NodeRemoved
+from llmgw.errors import ApiError
 from llmgwd.api.base import (
     ApiContext,
-    ApiError,
     NodeInfo,
     api_context,
     bad_field,

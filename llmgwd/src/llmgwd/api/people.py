@@ -28,8 +28,9 @@ from llmgw.api_types import (
     UserIn,
     UserView,
 )
+from llmgw.errors import ApiError
 from llmgwd import auth
-from llmgwd.api.base import ApiError, api_context, bad_field, json_response, not_found, read_body
+from llmgwd.api.base import api_context, bad_field, json_response, not_found, read_body
 from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_ADMIN, STAFF_READ, Principal, Rule, org_rule
 from llmgwd.people.directory import Directory

@@ -10,8 +10,9 @@ from aiohttp import web
 
 from llmgw.api_types import PersonKeyIn
 from llmgw.api_types import PersonKeyView as PersonKeyView  # re-exported: the answers' type
+from llmgw.errors import ApiError
 from llmgwd import auth
-from llmgwd.api.base import ApiError, api_context, bad_field, json_response, not_found, read_body
+from llmgwd.api.base import api_context, bad_field, json_response, not_found, read_body
 from llmgwd.api.route import Route
 from llmgwd.auth import STAFF_READ, Principal, Rule, org_rule
 from llmgwd.catalog import ApiKey, KeyOwner, looks_like_key_id

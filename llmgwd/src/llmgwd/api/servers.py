@@ -8,9 +8,10 @@ import shlex
 from aiohttp import web
 
 from llmgw.api_types import RemoveIn, ServerRemoved, ServerTokenIn, TokenView
+from llmgw.errors import ApiError
 from llmgwd import control_planes as servers
 from llmgwd import server_tokens
-from llmgwd.api.base import ApiError, api_context, bad_field, caller, json_response, read_body
+from llmgwd.api.base import api_context, bad_field, caller, json_response, read_body
 from llmgwd.control_planes import ControlPlanes
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,9 @@ import msgspec
 from aiohttp import web
 
 from llmgw.api_types import SlurmNodeView, SlurmView
+from llmgw.errors import ApiError
 from llmgwd.accounting.views import Invalid
-from llmgwd.api.base import ApiError, api_context, bad_field, caller, json_response, read_body
+from llmgwd.api.base import api_context, bad_field, caller, json_response, read_body
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import Busy, SettingsStore, SlurmSettings, SlurmSettingsIn
 
