@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 
 from llmgw import pinned_ca, pki, wire
+from llmgw.errors import ClusterError
 
 from . import renew
 from .planes import Planes
@@ -121,8 +122,8 @@ async def _post_join(
 
 def _reason(body: bytes) -> str:
     try:
-        error = msgspec.json.decode(body, type=dict[str, str])["error"]
-    except (msgspec.DecodeError, msgspec.ValidationError, KeyError):
+        error = msgspec.json.decode(body, type=ClusterError).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return "no reason given"
     return error[:500]
 
