@@ -4,6 +4,7 @@ even when the client leaves before the end (DESIGN.md, "Metering")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -99,15 +100,24 @@ def _status(doc: Document) -> int:
 
 def chat(docs: list[Document]) -> Document:
     """chat.completion.chunk events as one chat.completion."""
-    out: Document = {"object": "chat.completion"}
+    return _by_choice({"object": "chat.completion"}, docs, _chat_choice, _chat_delta)
+
+
+def _by_choice(
+    out: Document,
+    docs: list[Document],
+    new: Callable[[int], Document],
+    add: Callable[[Document, Document], None],
+) -> Document:
+    """OpenAI's chunks folded choice by choice (by their index): new(i) starts choice i, add
+    folds a chunk's part of it in; id, created, model and usage from the chunks."""
     choices: dict[int, Document] = {}
     for doc in docs:
         _head(out, doc)
         for part in _list(doc.get("choices")):
             i = part.get("index", 0)
             if isinstance(i, int) and 0 <= i <= _MAX_INDEX:
-                choice = choices.get(i) or choices.setdefault(i, _chat_choice(i))
-                _chat_delta(choice, part)
+                add(choices.get(i) or choices.setdefault(i, new(i)), part)
     out["choices"] = [choices[i] for i in sorted(choices)]
     return out
 
@@ -158,24 +168,19 @@ def _tool_calls(message: Document, deltas: list[Document]) -> None:
 
 def completion(docs: list[Document]) -> Document:
     """text_completion events as one text_completion."""
-    out: Document = {"object": "text_completion"}
-    choices: dict[int, Document] = {}
-    for doc in docs:
-        _head(out, doc)
-        for part in _list(doc.get("choices")):
-            i = part.get("index", 0)
-            if not isinstance(i, int) or not 0 <= i <= _MAX_INDEX:
-                continue
-            choice = choices.setdefault(
-                i, {"index": i, "text": "", "logprobs": None, "finish_reason": None}
-            )
-            if isinstance(part.get("text"), str):
-                choice["text"] += part["text"]
-            if part.get("finish_reason") is not None:
-                choice["finish_reason"] = part["finish_reason"]
-            _completion_logprobs(choice, part.get("logprobs"))
-    out["choices"] = [choices[i] for i in sorted(choices)]
-    return out
+    return _by_choice({"object": "text_completion"}, docs, _text_choice, _text_part)
+
+
+def _text_choice(i: int) -> Document:
+    return {"index": i, "text": "", "logprobs": None, "finish_reason": None}
+
+
+def _text_part(choice: Document, part: Document) -> None:
+    if isinstance(part.get("text"), str):
+        choice["text"] += part["text"]
+    if part.get("finish_reason") is not None:
+        choice["finish_reason"] = part["finish_reason"]
+    _completion_logprobs(choice, part.get("logprobs"))
 
 
 def _completion_logprobs(choice: Document, logprobs: object) -> None:
