@@ -218,6 +218,12 @@ SETTINGS = {
         "models it last knew; after that it answers 503 store_unreachable, so a key revoked "
         "meanwhile stops working there too. 0: it answers for ever."
     ),
+    "server.slurm_hold_s": (
+        "A new leader (or a restarted llmgwd) changes no node's part in Slurm (it starts, "
+        "stops and rewrites none of slurmctld, slurmd, munge or their files) before the "
+        "controller and every node of Slurm's have connected, or this many seconds have "
+        "passed since it began to lead; a node still silent then keeps what it runs."
+    ),
     "agent.node_name": "This node's name in the cluster; empty: the host name.",
     "agent.address": (
         "The address this node's engines listen on and the control plane reaches them at; "

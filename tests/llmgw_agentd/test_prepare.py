@@ -71,8 +71,8 @@ def on_cards(agent: Node, site: Path, rid: str, card: int) -> ReplicaSpec:
 
 
 async def test_llama_cpp_on_cards_is_built_once_then_started_with_the_build(
-    node: Node,
-    site: Path,  # noqa: F811
+    node: Node,  # noqa: F811
+    site: Path,
 ) -> None:
     node.inventory = recorded(load("dgx-h100-8x80gb"), toolkit="12.4")
     replicas = await node.new_replicas(command=None, prepare=None)  # the agent's own
@@ -95,8 +95,8 @@ async def test_llama_cpp_on_cards_is_built_once_then_started_with_the_build(
 
 
 async def test_a_failed_build_is_the_replicas_error_and_is_tried_again(
-    node: Node,
-    site: Path,  # noqa: F811
+    node: Node,  # noqa: F811
+    site: Path,
 ) -> None:
     node.inventory = recorded(load("dgx-h100-8x80gb"), toolkit="12.4")
     replicas = await node.new_replicas(command=None, prepare=None)
@@ -112,8 +112,8 @@ async def test_a_failed_build_is_the_replicas_error_and_is_tried_again(
 
 
 async def test_no_toolkit_no_build_and_the_replica_says_so(
-    node: Node,
-    site: Path,  # noqa: F811
+    node: Node,  # noqa: F811
+    site: Path,
 ) -> None:
     node.inventory = recorded(load("dgx-h100-8x80gb"), toolkit="")
     replicas = await node.new_replicas(command=None, prepare=None)
