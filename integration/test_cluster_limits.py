@@ -324,8 +324,11 @@ def test_store_writes_do_not_grow_with_requests(cluster: CpCluster) -> None:
                       "--budget-tokens", "10000000/day")  # fmt: skip
     load(cluster, key, mode="steady", rate=3, seconds=5)  # the shares taken, flushes begun
     idle = measured(cluster, key, 0, 20)
-    low = measured(cluster, key, 3, 30)
-    high = measured(cluster, key, 9, 30)
+    # Rates the three planes' one engine keeps up with: with client.cache_isolation org (the
+    # default) and several control planes, llama.cpp reuses no cached prompt, and 9 req/s
+    # of these chats were served at 4.7 req/s (a CI run of dc3f512), the requests backing up.
+    low = measured(cluster, key, 1.5, 30)
+    high = measured(cluster, key, 4, 30)
     rev = "revision"
     print(f"\nstore writes/s (revisions): idle {idle[rev]}, at {low['req_s']:.1f} req/s "
           f"{low[rev]}, at {high['req_s']:.1f} req/s {high[rev]}; writes per request over "
