@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,18 @@ def serving(ps: PrivateSystemd, llama_server: str, client_port: int, cluster_por
     n.serve_model(1)
     n.key = n.llmgw("key", "create", "tests", "--json")["key"]
     return n
+
+
+def engine_counter(node: Node, scrape: str, name: str, model: str = MODEL) -> int:
+    """A counter of model's engines summed over its replicas (llama-server's, its colon an
+    underscore: llamacpp_tokens_predicted_total), as llmgwd relays them at /metrics/engines,
+    read with the scrape token."""
+    url = f"http://127.0.0.1:{node.client_port}/metrics/engines"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {scrape}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        text = r.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith(name + "{") and f'model="{model}"' in line
+    )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, serving
+from integration.llmgw_node import MODEL, Node, engine_counter, serving
 from integration.test_single_node import llama_server
 
 CLIENT_PORT, CLUSTER_PORT = 17820, 17830  # apart from the other integration tests' ports
@@ -40,20 +40,6 @@ def set_isolation(node: Node, mode: str) -> None:
     node.wait_ready(1)
 
 
-def cached(node: Node, scrape: str) -> int:
-    """The prompt tokens MODEL's engines took from their caches so far (llama-server's
-    prompt_tokens_cached_total, relayed by llmgwd at /metrics/engines)."""
-    url = f"http://127.0.0.1:{node.client_port}/metrics/engines"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {scrape}"})
-    with urllib.request.urlopen(request, timeout=30) as r:
-        text = r.read().decode()
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("llamacpp_prompt_tokens_cached_total{") and f'model="{MODEL}"' in line
-    )
-
-
 def chat(node: Node, secret: str, messages: list[dict[str, str]]) -> dict[str, Any]:
     body = {"model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0}
     request = urllib.request.Request(
@@ -74,13 +60,13 @@ def served_from_cache(node: Node, name: str) -> tuple[int, int, int]:
     b = node.llmgw("key", "create", f"{name}-b", "--json")["key"]
     prompt = [{"role": "user", "content": PROMPT}]
     sent = chat(node, a, prompt)["usage"]["prompt_tokens"]
-    before = cached(node, scrape)
+    before = engine_counter(node, scrape, "llamacpp_prompt_tokens_cached_total")
     chat(node, b, prompt)
-    by_b = cached(node, scrape) - before
+    by_b = engine_counter(node, scrape, "llamacpp_prompt_tokens_cached_total") - before
     turn = [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Shelf 3?"}]
-    before = cached(node, scrape)
+    before = engine_counter(node, scrape, "llamacpp_prompt_tokens_cached_total")
     chat(node, a, prompt + turn)
-    by_a = cached(node, scrape) - before
+    by_a = engine_counter(node, scrape, "llamacpp_prompt_tokens_cached_total") - before
     return sent, by_b, by_a
 
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, gguf, serving
+from integration.llmgw_node import MODEL, Node, engine_counter, gguf, serving
 from integration.test_single_node import llama_server
 
 CLIENT_PORT, CLUSTER_PORT = 17780, 17790  # apart from the other integration tests' ports
@@ -89,20 +89,6 @@ def test_messages_streamed_and_not_are_answered_and_counted(node: Node) -> None:
     assert counted["completion_tokens"] == answer.usage.output_tokens + final.usage.output_tokens
 
 
-def engine_made(node: Node, scrape: str) -> int:
-    """The tokens MODEL's engines made so far: llama-server's tokens_predicted_total, relayed
-    by llmgwd at /metrics/engines."""
-    url = f"http://127.0.0.1:{node.client_port}/metrics/engines"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {scrape}"})
-    with urllib.request.urlopen(request, timeout=30) as r:
-        text = r.read().decode()
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("llamacpp_tokens_predicted_total{") and f'model="{MODEL}"' in line
-    )
-
-
 def leave(node: Node, secret: str, path: str, stream: bool) -> None:
     """A request of up to 400 tokens on path, left after 8 of its stream's events, or after
     1.5 s of waiting for its whole answer."""
@@ -131,7 +117,7 @@ def test_every_token_made_is_charged_when_clients_leave(node: Node) -> None:
     left after a few events and a whole answer left while the engine works are charged the
     tokens the engine made (it is told, and stops), within a token per request."""
     scrape, secret = node.llmgw("metrics", "token", "--json")["token"], key(node, "leaves")
-    before = engine_made(node, scrape)
+    before = engine_counter(node, scrape, "llamacpp_tokens_predicted_total")
     for path in ("chat/completions", "completions", "messages", "responses"):
         for stream in (True, False):
             leave(node, secret, path, stream)
@@ -140,7 +126,7 @@ def test_every_token_made_is_charged_when_clients_leave(node: Node) -> None:
         if counted["requests"] == 8:
             break
         time.sleep(0.2)
-    made = engine_made(node, scrape) - before
+    made = engine_counter(node, scrape, "llamacpp_tokens_predicted_total") - before
     assert counted["requests"] == 8
     assert 8 * 8 <= made < 8 * 400  # every request was left before its end
     assert abs(counted["completion_tokens"] - made) <= 8
