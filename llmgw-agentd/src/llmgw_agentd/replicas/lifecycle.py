@@ -1,14 +1,11 @@
-"""This node's engines as transient systemd units: started, probed, restarted and adopted."""
+"""This node's engines as transient systemd units: started, supervised, restarted, adopted
+again by a later agent, and stopped once no longer wanted."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
-import re
-import signal
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -16,55 +13,28 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
-from dbus_fast import Variant
 
-from llmgw import engine_memory
 from llmgw.config import AgentConfig
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
-from llmgw_agentd import cpus, devices, engines, oom, prepare
+from llmgw_agentd import cpus, engines, oom, prepare
 from llmgw_agentd.cache import Cache, FetchError
-from llmgw_agentd.engines import HEALTH_PATH, PROPS_PATH, EngineError
+from llmgw_agentd.engines import EngineError
 from llmgw_agentd.gpm import GpmSampler
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.inventory import collect
+from llmgw_agentd.replicas import admission, ports, unit_properties
+from llmgw_agentd.replicas.health import EngineProbe
+from llmgw_agentd.replicas.key_files import KeyFiles
+from llmgw_agentd.replicas.records import EngineRecord, Records
+from llmgw_agentd.replicas.unit_properties import KEY_ARG, UNIT_PREFIX, unit_name
 from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
 
 log = logging.getLogger(__name__)
 
-UNIT_PREFIX = "llmgw-engine-"
-ENGINE_SLICE = "llmgw-engines.slice"
 RUNTIME_DIR = Path("/run/llmgw-agent")
-# systemd copies the 0600 key file into the unit's credentials directory, readable by its
-# dynamic user, and expands the variable in ExecStart itself.
-KEY_CREDENTIAL = "key"
-KEY_ARG = "${CREDENTIALS_DIRECTORY}/" + KEY_CREDENTIAL
 LOOPBACK = "127.0.0.1"  # where engines listen before the link has said anything better
 ANY = "0.0.0.0"  # where older agents' engines listen: the first apply starts them again
 UNHEALTHY_PROBES = 3  # missed /health answers before a ready engine is reported failed
-
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-# What a transient service can have (systemd 252) without hindering a CPU or GPU engine.
-SANDBOX: tuple[tuple[str, Variant], ...] = (
-    ("DynamicUser", Variant("b", True)),
-    ("NoNewPrivileges", Variant("b", True)),
-    ("PrivateTmp", Variant("b", True)),
-    ("ProtectSystem", Variant("s", "strict")),
-    ("ProtectHome", Variant("s", "read-only")),
-    ("ProtectKernelTunables", Variant("b", True)),
-    ("ProtectKernelModules", Variant("b", True)),
-    ("ProtectKernelLogs", Variant("b", True)),
-    ("ProtectControlGroups", Variant("b", True)),
-    ("ProtectClock", Variant("b", True)),
-    ("ProtectHostname", Variant("b", True)),
-    ("RestrictRealtime", Variant("b", True)),
-    ("RestrictSUIDSGID", Variant("b", True)),
-    ("RestrictNamespaces", Variant("t", 0)),  # over D-Bus: the mask of namespaces allowed
-    ("LockPersonality", Variant("b", True)),
-    ("CapabilityBoundingSet", Variant("t", 0)),
-    ("SystemCallArchitectures", Variant("as", ["native"])),
-    ("RestrictAddressFamilies", Variant("(bas)", [True, ["AF_INET", "AF_INET6", "AF_UNIX"]])),
-)
 
 # spec, host, port, key file argument (None: no key) -> argv
 CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
@@ -72,29 +42,6 @@ CommandBuilder = Callable[[ReplicaSpec, str, int, str | None], list[str]]
 Preparer = Callable[[ReplicaSpec, Callable[[str], None]], Awaitable[None]]
 OnChange = Callable[[], None]
 InventoryReader = Callable[[], Inventory]
-
-
-class _Settings(msgspec.Struct):
-    """The part of /props' default_generation_settings the agent reads."""
-
-    n_ctx: int = 0  # a slot's context: the most tokens one request may hold
-
-
-class _Props(msgspec.Struct):
-    """The part of llama.cpp's GET /props the agent reads."""
-
-    total_slots: int = 0
-    default_generation_settings: _Settings = msgspec.field(default_factory=_Settings)
-
-
-class EngineRecord(msgspec.Struct):
-    """STATE_DIR/engines/<id>.json: what the agent started, for a later agent to adopt."""
-
-    fingerprint: str
-    port: int
-    spec: ReplicaSpec  # with api_key blanked: the key lives only in its 0600 file
-    host: str = ""  # where it listens; "": every address (an agent older than this field)
-    cpus: list[int] = []  # the CPU ids of its AllowedCPUs; []: not pinned
 
 
 @dataclass(eq=False)
@@ -127,18 +74,6 @@ def _fields(r: _Replica) -> dict[str, str]:
     return {"model": r.spec.model, "replica": r.spec.id, "unit": r.unit}
 
 
-def unit_name(replica_id: str) -> str:
-    """The transient unit of a replica."""
-    return f"{UNIT_PREFIX}{replica_id}.service"
-
-
-def check(spec: ReplicaSpec) -> None:
-    """Refuse, before any unit exists, a spec that could never start; raises EngineError."""
-    if not _ID.fullmatch(spec.id):
-        raise EngineError(f"replica id {spec.id!r}: use letters, digits, '.', '_' and '-'")
-    engines.check(spec)
-
-
 class Replicas:
     """Supervises the engines of this node; units outlive the agent and are adopted again."""
 
@@ -161,8 +96,8 @@ class Replicas:
     ) -> None:
         self._config = config
         self._systemd = Systemd(bus_address)
-        self._records = Path(config.state_dir) / "engines"
-        self._keys = runtime_dir / "keys"
+        self._records = Records(Path(config.state_dir) / "engines")
+        self._keys = KeyFiles(runtime_dir / "keys")
         self._on_change = on_change
         self._command = command or self._engine_command
         self._prepare = prepare or self._prepare_engine
@@ -200,14 +135,15 @@ class Replicas:
         await self._adopt()
 
     async def apply(self, desired: list[ReplicaSpec]) -> None:
-        """Make this node run exactly desired: start, restart (changed spec) and stop units."""
+        """Make this node run exactly desired: start, restart (changed spec) and stop units.
+        Each spec is checked once, here as it enters (admission.check): one refused is
+        reported failed and runs nowhere on this node."""
         async with self._lock:
             self._rejected = {}
             want: dict[str, ReplicaSpec] = {}
             for spec in desired:
                 try:
-                    check(spec)
-                    self._check_cards(spec)
+                    admission.check(spec, self._inventory)
                 except EngineError as e:
                     self._reject(spec, e)
                     continue
@@ -260,10 +196,7 @@ class Replicas:
 
     async def _adopt(self) -> None:
         units = {u.name: u for u in await self._systemd.list_units(f"{UNIT_PREFIX}*.service")}
-        for path in sorted(self._records.glob("*.json")):
-            record = _read_record(path)
-            if record is None:
-                continue
+        for record in self._records.read_all():
             r = _Replica(record.spec, record.fingerprint, record.port, record.host or ANY)
             r.cpus = list(record.cpus)
             self._replicas[r.spec.id] = r
@@ -285,7 +218,7 @@ class Replicas:
         r = self._replicas.get(spec.id)
         if r is not None and r.fingerprint == fingerprint and r.host == self._host:
             if r.task is None:  # adopted from its record, but not running
-                self._write_key(spec)
+                self._keys.write(spec)
                 r.state, r.message = "starting", ""
                 self._supervise(r, launch=True)
             return
@@ -299,15 +232,17 @@ class Replicas:
             port = r.port
             await self._remove(spec.id)
         try:
-            port = self._allocate_port(prefer=port)
+            taken = {o.port for o in self._replicas.values()}
+            port = ports.allocate(self._host, self._config.port_range, taken, prefer=port)
         except EngineError as e:
             self._reject(spec, e)
             return
-        kept = msgspec.structs.replace(spec, api_key="", memory_max_bytes=self._memory_max(spec))
+        memory_max = unit_properties.memory_max(spec, self._config)
+        kept = msgspec.structs.replace(spec, api_key="", memory_max_bytes=memory_max)
         r = _Replica(kept, fingerprint, port, self._host)
         r.cpus = self._pick_cpus(spec, prefer=old_cpus)
-        self._write_key(spec)
-        self._write_record(r)
+        self._keys.write(spec)
+        self._records.write(EngineRecord(r.fingerprint, r.port, r.spec, r.host, r.cpus))
         self._replicas[spec.id] = r
         self._supervise(r, launch=True)
 
@@ -316,6 +251,13 @@ class Replicas:
             "replica %s refused: %s", spec.id, e, extra={"model": spec.model, "replica": spec.id}
         )
         self._rejected[spec.id] = ReplicaStatus(spec.id, spec.model, "failed", message=str(e))
+
+    def _pick_cpus(self, spec: ReplicaSpec, prefer: list[int]) -> list[int]:
+        """The CPU ids for spec's cores: those it had (a spec changed), else free ones."""
+        held = [o.cpus for o in self._replicas.values() if o.spec.id != spec.id]
+        return cpus.pick(spec.cores, held, self._online_cpus(), prefer)
+
+    # Stopping
 
     async def _remove(self, rid: str) -> None:
         """Stop a replica: reported "stopping" (no new request reaches it; a lent node waits)
@@ -330,8 +272,8 @@ class Replicas:
         self._set(r, "stopping", "its unit stopping")
         await self._stop_unit(r.unit)
         del self._replicas[rid]
-        (self._records / f"{rid}.json").unlink(missing_ok=True)
-        self._key_file(rid).unlink(missing_ok=True)
+        self._records.remove(rid)
+        self._keys.remove(rid)
         log.info("%s: stopped, no longer wanted here", r.unit, extra=_fields(r))
         self._changed()
 
@@ -340,7 +282,7 @@ class Replicas:
         /metrics says; one that does not answer holds none)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.engines.drain_s
-        while (busy := await self._busy(r)) > 0:
+        while (busy := await self._probe(r).requests_held()) > 0:
             if loop.time() >= deadline:
                 log.warning(
                     "%s: still %d request(s) after %gs; stopping it anyway", r.unit, busy,
@@ -349,19 +291,6 @@ class Replicas:
                 return
             self._set(r, "stopping", f"finishing {busy} request(s)")
             await asyncio.sleep(self._interval)
-
-    async def _busy(self, r: _Replica) -> int:
-        """The requests the engine holds now, from its /metrics (asked with its key); 0 when
-        it does not answer."""
-        assert self._http is not None
-        url = f"http://{_probe_host(r.host)}:{r.port}{engines.METRICS_PATH}"
-        try:
-            async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
-                if resp.status != 200:
-                    return 0
-                return engines.requests_held(r.spec, await resp.text())
-        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
-            return 0
 
     async def _stop_unit(self, unit: str) -> None:
         try:
@@ -442,7 +371,7 @@ class Replicas:
     async def _launch(self, r: _Replica) -> str | None:
         """Start the unit; None when it runs, else why not."""
         spec = await self._local(r)
-        key = self._key_file(r.spec.id)
+        key = self._keys.path(r.spec.id)
         try:
             await self._prepare(spec, partial(self._set, r, "starting"))
             argv = self._command(spec, r.host, r.port, KEY_ARG if key.exists() else None)
@@ -482,12 +411,13 @@ class Replicas:
                     last = r.last if st.removed and r.last is not None else st
                     return self._note_end(r, last), was_ready
                 continue
-            code = await self._probe(r)
-            if code == 200 and not was_ready and not await self._lists_model(r):
+            engine = self._probe(r)
+            code = await engine.health()
+            if code == 200 and not was_ready and not await engine.lists_model():
                 code = 503  # up, but its model not listed yet (vLLM's /v1/models)
             if code == 200:
                 if not was_ready:  # ready for the first time in this run: its props, once
-                    props = await self._props(r)
+                    props = await engine.props()
                     r.slots = props.total_slots
                     r.context = props.default_generation_settings.n_ctx
                 misses, was_ready = 0, True
@@ -499,49 +429,35 @@ class Replicas:
                 if misses >= UNHEALTHY_PROBES:
                     self._set(r, "failed", "engine stopped answering /health")
 
-    async def _probe(self, r: _Replica) -> int:
-        """/health's status code (503 for a 200 whose body says it still loads), 0 when
-        nothing answered."""
-        assert self._http is not None
-        host = _probe_host(r.host)
-        try:
-            async with self._http.get(f"http://{host}:{r.port}{HEALTH_PATH}") as resp:
-                return health_code(resp.status, await resp.read())
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return 0
+    def _note_end(self, r: _Replica, st: UnitState) -> str:
+        """Count how a unit ended (the kernel's OOM kill apart from other ends); its words."""
+        now = self._kernel_ooms()
+        killed = oom.killed(st, r.kernel_ooms, now)
+        r.kernel_ooms = now
+        if killed:
+            r.reason = "oom"
+            r.oom_kills += 1
+            return UnitState(st.name, result="oom-kill").describe()
+        if st.result or st.exit_code:
+            r.reason = "exit"
+        return st.describe()
 
-    async def _lists_model(self, r: _Replica) -> bool:
-        """Whether the engine lists its model where it says so (asked with its key); True
-        for an engine whose /health is enough."""
-        path = engines.models_path(r.spec)
-        if path is None:
-            return True
-        assert self._http is not None
-        url = f"http://{_probe_host(r.host)}:{r.port}{path}"
-        try:
-            async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
-                return resp.status == 200 and engines.lists_model(r.spec, await resp.read())
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+    def _properties(self, r: _Replica, key: Path | None) -> unit_properties.Properties:
+        """The unit's properties: r's placement, the cache read-only, key as its credential."""
+        cache_root = self._cache.root if self._cache is not None else None
+        return unit_properties.properties(
+            r.spec,
+            r.cpus,
+            key,
+            config=self._config,
+            cache_root=cache_root,
+            inventory=self._inventory,
+        )
 
-    async def _props(self, r: _Replica) -> _Props:
-        """The engine's slots and context from /props (asked with its key); 0 for what it does
-        not say."""
+    def _probe(self, r: _Replica) -> EngineProbe:
+        """The replica's engine, asked over the agent's session (open between start and close)."""
         assert self._http is not None
-        url = f"http://{_probe_host(r.host)}:{r.port}{PROPS_PATH}"
-        try:
-            async with self._http.get(url, headers=self._auth(r.spec.id)) as resp:
-                if resp.status != 200:
-                    return _Props()
-                return msgspec.json.decode(await resp.read(), type=_Props)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError,
-                msgspec.ValidationError):  # fmt: skip
-            return _Props()
-
-    def _auth(self, rid: str) -> dict[str, str]:
-        """The header with the replica's key, as the router sends it (none without a key)."""
-        key = self._key_file(rid)
-        return {"Authorization": f"Bearer {key.read_text().strip()}"} if key.exists() else {}
+        return EngineProbe(self._http, r.spec, r.host, r.port, self._keys.path(r.spec.id))
 
     def _set(self, r: _Replica, state: ReplicaState, message: str) -> None:
         if (r.state, r.message) == (state, message):
@@ -559,189 +475,16 @@ class Replicas:
         except Exception:
             log.exception("on_change callback failed")
 
-    # Units, files and ports
+    # The defaults of command and prepare
 
     def _engine_command(
         self, spec: ReplicaSpec, host: str, port: int, key: str | None
     ) -> list[str]:
-        cuda = prepare.cuda(spec, self._inventory())
-        return engines.command(spec, self._config, host=host, port=port, key_file=key, cuda=cuda)
+        return unit_properties.engine_command(
+            spec, self._config, self._inventory(), host, port, key
+        )
 
     async def _prepare_engine(self, spec: ReplicaSpec, progress: Callable[[str], None]) -> None:
         """The engine's software: vLLM installed, llama-server built with CUDA for its cards,
         before the unit starts (never in the agent's start-up: in the replica's own task)."""
         await prepare.ensure(spec, self._config, self._inventory(), progress)
-
-    def _properties(self, r: _Replica, key: Path | None) -> list[tuple[str, Variant]]:
-        spec = r.spec
-        description = f"llmgw engine {spec.engine}: {spec.model} (replica {spec.id})"
-        props = [
-            ("Description", Variant("s", description)),
-            ("Slice", Variant("s", ENGINE_SLICE)),
-            ("Type", Variant("s", "exec")),
-            ("KillMode", Variant("s", "mixed")),
-            # SIGTERM to the engine, SIGKILL to its cgroup once stop_timeout_s passed.
-            ("TimeoutStopUSec", Variant("t", int(self._config.engines.stop_timeout_s * 1e6))),
-            ("SendSIGKILL", Variant("b", True)),
-            ("FinalKillSignal", Variant("i", int(signal.SIGKILL))),
-            ("StandardOutput", Variant("s", "journal")),
-            ("StandardError", Variant("s", "journal")),
-            ("SyslogIdentifier", Variant("s", r.unit.removesuffix(".service"))),
-            # Over it the kernel ends the engine (Result=oom-kill) and the agent restarts it;
-            # no swap, or the limit would only slow it down instead of bounding it.
-            ("MemoryMax", Variant("t", self._memory_max(spec))),
-            ("MemorySwapMax", Variant("t", 0)),
-            *SANDBOX,
-            *self._placement_properties(r),
-        ]
-        if spec.files and self._cache is not None:  # the cache, seen read-only ("-": if any)
-            props.append(("ReadOnlyPaths", Variant("as", [f"-{self._cache.root}"])))
-        if key is not None:
-            props.append(("LoadCredential", Variant("a(ss)", [(KEY_CREDENTIAL, str(key))])))
-        if spec.engine == "vllm":  # torch's gloo (vLLM's workers) lists interfaces by netlink
-            props.append(("RestrictAddressFamilies", Variant("(bas)", [True, ["AF_NETLINK"]])))
-        return props
-
-    # The placement: memory, CPUs, cards (kept apart from the rest of the unit's properties)
-
-    def _placement_properties(self, r: _Replica) -> list[tuple[str, Variant]]:
-        """What holds an engine to its placement: MemoryHigh below its MemoryMax (the kernel
-        reclaims and slows it there, before killing it at the limit), AllowedCPUs and the
-        threads of its engine's runtime (the CPUs the agent picked for its cores), and
-        DevicePolicy=closed with DeviceAllow for exactly its cards' device nodes, plus
-        CUDA_VISIBLE_DEVICES naming them; raises EngineError for a card not on this node."""
-        spec = r.spec
-        high = engine_memory.high(self._memory_max(spec))
-        props = [("MemoryHigh", Variant("t", high)), ("DevicePolicy", Variant("s", "closed"))]
-        env = cpus.thread_env(spec.engine, r.cpus)
-        if r.cpus:  # the cgroup's cpuset (cgroup v2 only), and the threads' affinity (any)
-            props.append(("AllowedCPUs", Variant("ay", cpus.mask(r.cpus))))
-            props.append(("CPUAffinity", Variant("ay", cpus.mask(r.cpus))))
-        if spec.devices:  # the cards (or MIG instances) the scheduler gave it, and only those
-            nodes = devices.nodes(spec.devices, self._inventory())
-            props.append(("DeviceAllow", Variant("a(ss)", [(n, "rw") for n in nodes])))
-            env.append("CUDA_VISIBLE_DEVICES=" + ",".join(spec.devices))
-        if env:
-            props.append(("Environment", Variant("as", env)))
-        return props
-
-    def _check_cards(self, spec: ReplicaSpec) -> None:
-        """Refuse a spec whose cards are not on this node or are below its engine's needs."""
-        if spec.devices:
-            devices.check(spec, self._inventory())
-
-    def _pick_cpus(self, spec: ReplicaSpec, prefer: list[int]) -> list[int]:
-        """The CPU ids for spec's cores: those it had (a spec changed), else free ones."""
-        held = [o.cpus for o in self._replicas.values() if o.spec.id != spec.id]
-        return cpus.pick(spec.cores, held, self._online_cpus(), prefer)
-
-    def _note_end(self, r: _Replica, st: UnitState) -> str:
-        """Count how a unit ended (the kernel's OOM kill apart from other ends); its words."""
-        now = self._kernel_ooms()
-        killed = oom.killed(st, r.kernel_ooms, now)
-        r.kernel_ooms = now
-        if killed:
-            r.reason = "oom"
-            r.oom_kills += 1
-            return UnitState(st.name, result="oom-kill").describe()
-        if st.result or st.exit_code:
-            r.reason = "exit"
-        return st.describe()
-
-    def _memory_max(self, spec: ReplicaSpec) -> int:
-        """The spec's limit, or the node's default when it has none (never 0: that kills)."""
-        return spec.memory_max_bytes or engine_memory.default_limit(
-            _node_memory(), self._config.engines.memory_max_bytes
-        )
-
-    def _key_file(self, rid: str) -> Path:
-        return self._keys / f"{rid}.key"
-
-    def _write_key(self, spec: ReplicaSpec) -> None:
-        """The API key, readable by root only (systemd passes it on as a credential)."""
-        path = self._key_file(spec.id)
-        if not spec.api_key:
-            path.unlink(missing_ok=True)
-            return
-        self._keys.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(spec.api_key + "\n")
-        os.replace(tmp, path)
-
-    def _write_record(self, r: _Replica) -> None:
-        self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self._records / f"{r.spec.id}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        record = EngineRecord(r.fingerprint, r.port, r.spec, r.host, r.cpus)
-        tmp.write_bytes(msgspec.json.encode(record))
-        os.replace(tmp, path)
-
-    def _allocate_port(self, prefer: int = 0) -> int:
-        """A port of the range that no replica has and nothing listens on."""
-        taken = {r.port for r in self._replicas.values()}
-        lo, hi = self._config.port_range
-        for port in ([prefer] if prefer else []) + list(range(lo, hi + 1)):
-            if port not in taken and _port_free(self._host, port):
-                return port
-        raise EngineError(f"no free port left in {lo}-{hi}")
-
-
-def _read_record(path: Path) -> EngineRecord | None:
-    try:
-        record = msgspec.json.decode(path.read_bytes(), type=EngineRecord)
-    except (OSError, msgspec.DecodeError) as e:
-        log.warning("%s: ignored, cannot be read: %s", path, e)
-        return None
-    if f"{record.spec.id}.json" != path.name or not _ID.fullmatch(record.spec.id):
-        log.warning("%s: ignored, its replica id does not match its name", path)
-        return None
-    return record
-
-
-class _Health(msgspec.Struct):
-    """The part of a /health body the agent reads."""
-
-    status: str | None = None
-
-
-def health_code(status: int, body: bytes) -> int:
-    """/health's answer as readiness: a 200 is ready when its body is empty (vLLM), not JSON,
-    or JSON whose "status" is absent or "ok" (llama.cpp 11434.0.0 answers {"status":"ok"}
-    once loaded, 503 {"error":{"message":"Loading model"}} before); a 200 whose status is
-    anything else ({"status":"loading model"}, as some engine versions answer) counts as a
-    503: still loading."""
-    if status != 200 or not body.strip():
-        return status
-    try:
-        said = msgspec.json.decode(body, type=_Health).status
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return status
-    return status if said is None or said.lower() == "ok" else 503
-
-
-def _node_memory() -> int:
-    """The node's RAM in bytes."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _probe_host(host: str) -> str:
-    """Where to reach an engine bound to host from this node."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # As servers do: a port with only closed connections (TIME_WAIT) left is free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
