@@ -31,7 +31,7 @@ from aiohttp import web
 
 from llmgw_agentd.engines import llamacpp
 from llmgwd.catalog import ApiKey, Model, hash_secret
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Router
 from llmgwd.router.engine_client import Answer
 from llmgwd.router.proxy import Upstream

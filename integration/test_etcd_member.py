@@ -1,4 +1,4 @@
-"""llmgw-etcd.service as installed: a member from the config llmgwd.etcd_member writes, run
+"""llmgw-etcd.service as installed: a member from the config llmgwd.planes.etcd_member writes, run
 as llmgw under the unit's hardening, ready by sd_notify, clients on 127.0.0.1:7720 only
 and with a cluster certificate only, and llmgwd's store on it."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from integration.harness import REPO, MakeSystemd, PrivateSystemd, install_units
 from llmgw import pki
-from llmgwd import etcd_member
+from llmgwd.planes import etcd_member
 
 ETCD = Path("/usr/bin/etcd")
 STATE = "/var/lib/llmgw"

@@ -182,3 +182,16 @@ def test_the_checks_see_a_function_level_import_and_a_circle() -> None:
     assert [n.names[0].name for n in load_time(tree.body)] == ["a"]
     assert cycles({"x": {"y"}, "y": {"x"}, "z": {"x"}}) == [["x", "y"]]
     assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_the_control_planes_root_keeps_only_its_wiring() -> None:
+    """llmgwd's modules live in rooms by domain (planes, nodes, placement, router, ...): its
+    root keeps the daemon's wiring, at most 8 modules, and every room says what it is for."""
+    root = ROOTS["llmgwd"] / "llmgwd"
+    top = sorted(p.name for p in root.glob("*.py"))
+    assert "daemon.py" in top
+    assert len(top) <= 8, top
+    rooms = [p for p in root.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert len(rooms) >= 10
+    for room in rooms:
+        assert ast.get_docstring(ast.parse((room / "__init__.py").read_text())), room.name

@@ -19,9 +19,9 @@ from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog, Model
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
-from llmgwd.profiles import Profile
-from llmgwd.reconciler import Failure, NodeFlags
-from llmgwd.scheduler import Placement, Verdict
+from llmgwd.placement.profiles import Profile
+from llmgwd.placement.reconciler import Failure, NodeFlags
+from llmgwd.placement.scheduler import Placement, Verdict
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.sqlite import SqliteStore
 

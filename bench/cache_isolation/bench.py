@@ -48,7 +48,7 @@ from bench.prefix.bench import (  # noqa: E402
 )
 from llmgw_agentd.engines import llamacpp  # noqa: E402
 from llmgwd.catalog import ApiKey  # noqa: E402
-from llmgwd.pool import Endpoint  # noqa: E402
+from llmgwd.nodes.pool import Endpoint  # noqa: E402
 from llmgwd.router import Router, isolation  # noqa: E402
 from llmgwd.router.isolation import Mode  # noqa: E402
 

@@ -44,7 +44,7 @@ from bench.prefix.bench import (  # noqa: E402
     engines,
     free_port,
 )
-from llmgwd.pool import Endpoint  # noqa: E402
+from llmgwd.nodes.pool import Endpoint  # noqa: E402
 from llmgwd.router import Balancer, Router  # noqa: E402
 from llmgwd.router.metering import Meter  # noqa: E402
 

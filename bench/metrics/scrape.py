@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from llmgw.wire import ReplicaStatus  # noqa: E402
-from llmgwd.cluster import NodeInfo  # noqa: E402
 from llmgwd.metrics import endpoint  # noqa: E402
 from llmgwd.metrics.cluster import ClusterCollector  # noqa: E402
 from llmgwd.metrics.gpus import GpuCollector  # noqa: E402
 from llmgwd.metrics.scrape import Scraper  # noqa: E402
+from llmgwd.nodes.cluster import NodeInfo  # noqa: E402
 from llmgwd.router.metrics import RouterMetrics  # noqa: E402
 from tests.llmgw_agentd.nvml_inventory import load, recorded  # noqa: E402
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmgw_agentd.engines import llamacpp  # noqa: E402
 from llmgwd.catalog import ApiKey, Model  # noqa: E402
-from llmgwd.pool import Endpoint  # noqa: E402
+from llmgwd.nodes.pool import Endpoint  # noqa: E402
 from llmgwd.router import Balancer, Router  # noqa: E402
 from llmgwd.router.prefix import Affinity  # noqa: E402
 

@@ -984,7 +984,7 @@ AREAS = [
             "llmgwd/router/",
             "llmgwd/accounting/",
             "llmgwd/catalog",
-            "llmgwd/cluster",
+            "llmgwd/nodes/",
         ),
     ),
     (

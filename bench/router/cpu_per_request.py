@@ -1,7 +1,7 @@
 """bench/router/cpu_per_request.py: the router's CPU per /v1 request, in one process, counted
 rather than timed against the clock, so that a busy machine moves it little.
 
-The real stack as llmgwd builds it (clientport.serve: its connection protocol, CORS hook and
+The real stack as llmgwd builds it (listener.serve: its connection protocol, CORS hook and
 error middleware; the Router with its error and metrics middlewares, a Meter, a key with
 rpm/tpm limits and budgets, prefix-aware balancing over two replicas; the access line
 formatted by llmgw.log's stderr handler, written to /dev/null) runs in this process on uvloop;
@@ -45,9 +45,9 @@ from prometheus_client import CollectorRegistry
 
 from llmgw import log as llmgw_log
 from llmgw.config import ClientPort
-from llmgwd import clientport
 from llmgwd.catalog import ApiKey, KeyLimits, Model
-from llmgwd.pool import Endpoint
+from llmgwd.clientport import listener
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Router
 from llmgwd.router.metering import Meter
 
@@ -233,7 +233,7 @@ async def router_port(
                     count=settings.request_metrics)  # fmt: skip
     app = web.Application(client_max_size=settings.max_body_bytes)
     app.add_subapp("/v1", router.app)
-    runner = await clientport.serve(app, settings, "127.0.0.1", 0)
+    runner = await listener.serve(app, settings, "127.0.0.1", 0)
     port = runner.addresses[0][1]
     return runner, int(port)
 
@@ -293,7 +293,7 @@ async def bench(args: argparse.Namespace, mock_port: int) -> None:
                for on in metrics for f in five]  # fmt: skip
     ports = [port for _, port in runners]
     n, rounds = args.n, args.rounds
-    where = Path(clientport.__file__).parents[1]
+    where = Path(listener.__file__).parents[2]
     print(f"n={n} a case, best of {rounds} rounds; concurrent: {args.concurrency} connections; "
           f"streams of {args.chunks} chunks; llmgwd from {where}")  # fmt: skip
     head = f"{'case':28} {'CPU us/req':>10} {'direct':>7} {'router':>7} {'calls/req':>9} " \

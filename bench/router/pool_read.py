@@ -13,8 +13,8 @@ import timeit
 from collections.abc import Callable
 
 from llmgw import wire
-from llmgwd.cluster import ClusterState, _Node
-from llmgwd.live import LiveReplica, Published, RolePool
+from llmgwd.nodes.cluster import ClusterState, _Node
+from llmgwd.planes.live import LiveReplica, Published, RolePool
 
 INVENTORY = wire.Inventory(cores=2, memory_bytes=8 << 30, memory_free_bytes=4 << 30)
 

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from llmgw.wire import Gpu, Inventory  # noqa: E402
 from llmgw_agentd.gpus import GpuReader  # noqa: E402
-from llmgwd.estimate import GIB  # noqa: E402
-from llmgwd.gguf_meta import shape_of  # noqa: E402
-from llmgwd.profiles import Profile  # noqa: E402
-from llmgwd.scheduler import Demand, Node, Placement, schedule  # noqa: E402
+from llmgwd.placement.estimate import GIB  # noqa: E402
+from llmgwd.placement.gguf_meta import shape_of  # noqa: E402
+from llmgwd.placement.profiles import Profile  # noqa: E402
+from llmgwd.placement.scheduler import Demand, Node, Placement, schedule  # noqa: E402
 from tests.llmgw_agentd.fake_nvml import FakeNvml  # noqa: E402
 
 GGUF = ROOT / "tests/llmgwd/gguf"

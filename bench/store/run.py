@@ -3,7 +3,7 @@ prefix of 100 keys), writes (one at a time, and 16 at once), and a watch's laten
 put's call to the event seen by a watcher), each as median and p99, and etcd/SQLite.
 
 etcd: three etcd processes on loopback (TLS between peers and to clients, as llmgw runs them:
-each started from the config llmgwd.etcd_member writes), llmgwd's EtcdStore on one of them,
+each started from the config llmgwd.planes.etcd_member writes), llmgwd's EtcdStore on one of them,
 the leader or a follower (--follower). SQLite: SqliteStore on a file in the same temp dir.
 
     .venv/bin/python bench/store/run.py [--n 500] [--follower]

@@ -14,7 +14,7 @@ from llmgw.cli import server
 from llmgw.cli.main import main
 from llmgwd.api.base import ApiContext
 from llmgwd.catalog import Catalog
-from llmgwd.members import Members
+from llmgwd.nodes.members import Members
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.sqlite import SqliteStore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgwd.control_planes import Member
+from llmgwd.planes.listing import Member
 from llmgwd.store.etcd_http import EtcdError
 
 

@@ -22,11 +22,11 @@ from aiohttp.typedefs import Middleware
 
 from llmgw import wire
 from llmgw.localsock import allowed, secure_socket
-from llmgwd import cluster
 from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes, NodeInfo
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
+from llmgwd.nodes import cluster
 from llmgwd.store.sqlite import SqliteStore
 
 JOIN_URL = "https://cp.example:7710"

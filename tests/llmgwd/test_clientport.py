@@ -21,8 +21,8 @@ from aiohttp import web
 
 from llmgw import pki
 from llmgw.config import ClientPort, ClusterPort, Metrics, ServerConfig
-from llmgwd import clientport
-from llmgwd.clientgate import ConnectionGate
+from llmgwd.clientport import listener
+from llmgwd.clientport.gate import ConnectionGate
 from llmgwd.daemon import Daemon
 
 CANARY = "sk-llmgw-CANARYc4n4ryC4N4RY"  # a key-shaped secret that must never come back
@@ -331,7 +331,7 @@ async def test_the_time_a_handler_does_not_read_is_not_counted_against_the_body(
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app.router.add_post("/upload", slow_reader)
     settings = ClientPort(body_grace_s=1.0, body_min_bytes_per_s=1_000_000)
-    runner = await clientport.serve(app, settings, "127.0.0.1", 0)
+    runner = await listener.serve(app, settings, "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{runner.addresses[0][1]}/upload"
         async with aiohttp.ClientSession() as s, s.post(url, data=b"x" * 4_000_000) as r:

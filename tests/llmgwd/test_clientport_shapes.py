@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from llmgw.api_types import ErrorAnswer
-from llmgwd import clientport
+from llmgwd.clientport import listener
 from llmgwd.router import errors
 from tests.llmgwd.test_clientport import exchange, llmgwd
 
@@ -67,7 +67,7 @@ async def test_a_request_aiohttp_refuses_is_answered_in_its_sub_apps_shape(
 @pytest.mark.parametrize("status", [400, 405, 413, 500])
 def test_answer_puts_each_status_in_the_shape_of_the_path(path: str, status: int) -> None:
     error = errors.ApiError(status, "refused", "invalid_request_error", code="refused")
-    response = clientport.answer(path, error)
+    response = listener.answer(path, error)
     assert response.status == status and response.headers["Server"] == "llmgw"
     assert response.body is not None
     assert isinstance(response.body, bytes)

@@ -19,8 +19,8 @@ import pytest
 from llmgw import pki, wire
 from llmgw_agentd import renew
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context
-from llmgwd import cluster as cluster_module
-from llmgwd.members import Members, refusal
+from llmgwd.nodes import cluster as cluster_module
+from llmgwd.nodes.members import Members, refusal
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_cluster import SPEC, Agent, Cluster, eventually, node_dir, register
 from tests.llmgwd.test_cluster import cluster as cluster  # a fixture

@@ -16,7 +16,7 @@ from llmgwd.api.access import key_auth
 from llmgwd.api.base import ApiContext, ClusterNodes
 from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
-from llmgwd.control_planes import (
+from llmgwd.planes.listing import (
     ControlPlanes,
     Member,
     NoSuchServer,
@@ -24,7 +24,7 @@ from llmgwd.control_planes import (
     remove,
     view,
 )
-from llmgwd.server_tokens import ServerTokens
+from llmgwd.planes.tokens import ServerTokens
 from llmgwd.store import Store
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.fake_etcd import FakeEtcd

@@ -12,8 +12,8 @@ import pytest
 from llmgw import wire
 from llmgw_agentd import inventory
 from llmgw_agentd.gpus import GpuReader
-from llmgwd import engine_support
 from llmgwd.api.base import ClusterNodes
+from llmgwd.nodes import engine_support
 from tests.llmgw_agentd.fake_nvml import FakeNvml
 
 NO_TOOLKIT = "no CUDA toolkit: llama.cpp runs on CPUs only here"

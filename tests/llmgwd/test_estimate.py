@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from llmgwd.estimate import (
+from llmgwd.placement.estimate import (
     CONTEXT_STEP,
     GIB,
     MIB,
@@ -24,8 +24,8 @@ from llmgwd.estimate import (
     memory_bytes,
     shard_bytes,
 )
-from llmgwd.gguf_meta import GgufError, LongArray, read_header, shape_of
-from llmgwd.safetensors_meta import ConfigError, shape_from_config, shape_of_dir
+from llmgwd.placement.gguf_meta import GgufError, LongArray, read_header, shape_of
+from llmgwd.placement.safetensors_meta import ConfigError, shape_from_config, shape_of_dir
 from tests.llmgwd.gguf.make_fixture import SHAPES
 
 FIXTURES = Path(__file__).parent / "gguf"
@@ -250,7 +250,7 @@ def test_a_split_gguf_counts_the_weights_of_all_its_files(tmp_path: Path) -> Non
 def test_vllm_takes_its_runtime_besides_the_model() -> None:
     """vLLM's three torch processes take about 3 GiB whatever the model (4.1-4.3 GB measured
     with SmolLM2's 260 MB and 1 GiB of KV cache): its memory limit leaves room for them."""
-    from llmgwd.estimate import ram_bytes
+    from llmgwd.placement.estimate import ram_bytes
 
     s = shape_of(SMOL)
     llama = ram_bytes(s, 2048)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmgw import pki
-from llmgwd import etcd_member, migrate
 from llmgwd.catalog import Catalog, Model
-from llmgwd.etcd_cluster import EtcdCluster
+from llmgwd.planes import etcd_member, migrate
+from llmgwd.planes.etcd_cluster import EtcdCluster
 from llmgwd.store import prefix_end
 from llmgwd.store.etcd import EtcdStore
 from llmgwd.store.etcd_http import EtcdHttp, tls_context

@@ -13,7 +13,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from llmgw import pki
-from llmgwd import etcd_member
+from llmgwd.planes import etcd_member
 from tests.llmgwd.store import local_etcd
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gguf.constants as upstream
 
-from llmgwd import gguf_meta
+from llmgwd.placement import gguf_meta
 
 
 def test_the_magic_and_value_types_are_gguf_s() -> None:

@@ -15,9 +15,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw import pki, wire
-from llmgwd import cluster, join_host
-from llmgwd.server_join import Joining, add_route
-from llmgwd.server_tokens import ServerTokens
+from llmgwd.nodes import cluster
+from llmgwd.planes import join_host
+from llmgwd.planes.join import Joining, add_route
+from llmgwd.planes.tokens import ServerTokens
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.fake_etcd import FakeEtcd
 

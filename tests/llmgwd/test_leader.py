@@ -13,10 +13,10 @@ import pytest
 
 from llmgw.wire import ReplicaSpec
 from llmgwd.catalog import Catalog
-from llmgwd.fence import Fenced, FencedStore
-from llmgwd.leader import LEADER, Election, LeaderRecord
-from llmgwd.reconciler import NODE_FLAGS, NodeFlags, NodeView, Reconciler
-from llmgwd.session import Session
+from llmgwd.placement.reconciler import NODE_FLAGS, NodeFlags, NodeView, Reconciler
+from llmgwd.planes.fence import Fenced, FencedStore
+from llmgwd.planes.leader import LEADER, Election, LeaderRecord
+from llmgwd.planes.session import Session
 from llmgwd.store import Compare, Put, Store
 from llmgwd.store.sqlite import SqliteStore
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from llmgwd import live
 from llmgwd.catalog import engine_key
-from llmgwd.live import LiveReplica, Published, RolePool
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
+from llmgwd.planes import live
+from llmgwd.planes.live import LiveReplica, Published, RolePool
 
 SECRET = b"s" * 32
 

@@ -17,11 +17,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.wire import ReplicaStatus
-from llmgwd.cluster import NodeInfo
 from llmgwd.metrics import endpoint
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Fixed, Scraper
+from llmgwd.nodes.cluster import NodeInfo
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw_agentd.nvml_inventory import load, recorded
 from tests.llmgwd.router.test_router_slots import HEADERS, body, gateway, replica
@@ -198,7 +198,7 @@ async def test_the_engines_metrics_are_relayed_once_each_family_with_their_repli
     from aiohttp.test_utils import TestServer
 
     from llmgwd.metrics.engines import EngineRelay
-    from llmgwd.pool import Endpoint
+    from llmgwd.nodes.pool import Endpoint
 
     async def serve(request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != "Bearer engine-key":

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgwd import migrate
 from llmgwd.catalog import Catalog, Model
+from llmgwd.planes import migrate
 from llmgwd.store import Put, Store, prefix_end
 from llmgwd.store.sqlite import SqliteStore
 

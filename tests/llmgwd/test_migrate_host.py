@@ -10,8 +10,8 @@ import pytest
 
 from llmgw import config
 from llmgw.config import ServerConfig
-from llmgwd import migrate_host
 from llmgwd.catalog import Catalog, Model
+from llmgwd.planes import migrate_host
 from llmgwd.store.etcd import EtcdStore
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.store import local_etcd

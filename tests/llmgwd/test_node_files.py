@@ -14,10 +14,10 @@ import pytest
 
 from llmgw import pki, wire
 from llmgw_agentd.link import Link, link_ssl_context
-from llmgwd import cluster as cluster_module
-from llmgwd.cluster import ClusterState, make_app, serve, server_ssl_context
-from llmgwd.members import Members
 from llmgwd.mirror.holdings import Holdings
+from llmgwd.nodes import cluster as cluster_module
+from llmgwd.nodes.cluster import ClusterState, make_app, serve, server_ssl_context
+from llmgwd.nodes.members import Members
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_cluster import INVENTORY, Cluster, eventually, node_dir
 from tests.llmgwd.test_cluster import running as running  # a fixture

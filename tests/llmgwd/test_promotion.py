@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from llmgwd import promotion
-from llmgwd.promotion import Promoter
+from llmgwd.planes import promotion
+from llmgwd.planes.promotion import Promoter
 from tests.llmgwd.fake_etcd import FakeEtcd
 
 

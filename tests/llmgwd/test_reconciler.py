@@ -13,10 +13,10 @@ import pytest
 from llmgw import engine_memory
 from llmgw.wire import Gpu, Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgwd.catalog import Catalog, Model, engine_key
-from llmgwd.estimate import memory_bytes, ram_bytes
-from llmgwd.gguf_meta import shape_of
-from llmgwd.profiles import Profile
-from llmgwd.reconciler import NodeFlags, Reconciler, gpu_fraction
+from llmgwd.placement.estimate import memory_bytes, ram_bytes
+from llmgwd.placement.gguf_meta import shape_of
+from llmgwd.placement.profiles import Profile
+from llmgwd.placement.reconciler import NodeFlags, Reconciler, gpu_fraction
 from llmgwd.store.sqlite import SqliteStore
 
 GIB = 1 << 30

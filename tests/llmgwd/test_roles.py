@@ -12,14 +12,15 @@ import pytest
 
 from llmgw import wire
 from llmgw.errors import ApiError
-from llmgwd import cluster, servers
 from llmgwd.catalog import Catalog
-from llmgwd.cluster import ClusterState
-from llmgwd.leader import LEADER, Election, LeaderRecord
-from llmgwd.members import Members
-from llmgwd.reconciler import NodeFlags
-from llmgwd.roles import Roles
-from llmgwd.session import Session
+from llmgwd.nodes import cluster
+from llmgwd.nodes.cluster import ClusterState
+from llmgwd.nodes.members import Members
+from llmgwd.placement.reconciler import NodeFlags
+from llmgwd.planes import registry
+from llmgwd.planes.leader import LEADER, Election, LeaderRecord
+from llmgwd.planes.roles import Roles
+from llmgwd.planes.session import Session
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_leader import eventually
 from tests.llmgwd.test_standby import INVENTORY, FakeWs
@@ -48,7 +49,7 @@ async def control_plane(store: SqliteStore, name: str) -> ControlPlane:
     await catalog.load()
     cluster = ClusterState(grace_s=30)
     session = Session(store, 1.0)
-    announcer = servers.Announcer(store, name, url, lambda: session.lease)
+    announcer = registry.Announcer(store, name, url, lambda: session.lease)
     session._on_new = lambda _lease: announcer.renew()
     election = Election(store, session, LeaderRecord(name, url))
     roles = Roles(store, catalog, cluster, b"secret", election, announcer, grace_s=30)
@@ -79,7 +80,7 @@ async def test_only_the_leader_reconciles_and_takes_agents(
     await eventually(lambda: standby.cluster.leader_url == leader.url)
 
     async def recorded() -> dict[str, str]:
-        found, _ = await servers.read(store)
+        found, _ = await registry.read(store)
         return {s.name: s.role for s in found}
 
     for _ in range(500):

@@ -9,10 +9,10 @@ import msgspec
 
 from llmgw.wire import Inventory
 from llmgw_agentd.gpus import GpuReader
-from llmgwd.estimate import GIB, ModelShape, gib, memory_bytes
-from llmgwd.gguf_meta import shape_of
-from llmgwd.profiles import Profile
-from llmgwd.scheduler import Demand, Node, Placement, explain, schedule
+from llmgwd.placement.estimate import GIB, ModelShape, gib, memory_bytes
+from llmgwd.placement.gguf_meta import shape_of
+from llmgwd.placement.profiles import Profile
+from llmgwd.placement.scheduler import Demand, Node, Placement, explain, schedule
 from tests.llmgw_agentd.fake_nvml import FakeNvml
 
 GGUF = Path(__file__).parent / "gguf"

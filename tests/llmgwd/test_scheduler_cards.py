@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 
 from llmgw.wire import Inventory
-from llmgwd.estimate import memory_bytes
-from llmgwd.profiles import Profile
-from llmgwd.scheduler import Demand, Node, explain, schedule
+from llmgwd.placement.estimate import memory_bytes
+from llmgwd.placement.profiles import Profile
+from llmgwd.placement.scheduler import Demand, Node, explain, schedule
 from tests.llmgw_agentd.nvml_inventory import load, pascal, recorded
 from tests.llmgwd.test_scheduler import CPU, LLAMA, SMOL, ids
 

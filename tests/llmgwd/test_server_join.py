@@ -14,10 +14,10 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from llmgw import pki, wire
-from llmgwd import server_tokens
 from llmgwd.catalog import Catalog, JoinToken, hash_secret
-from llmgwd.server_join import Joining, add_route
-from llmgwd.server_tokens import ServerTokens
+from llmgwd.planes import tokens
+from llmgwd.planes.join import Joining, add_route
+from llmgwd.planes.tokens import ServerTokens
 from llmgwd.store import Store
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.fake_etcd import FakeEtcd
@@ -99,7 +99,7 @@ async def test_no_token_a_node_token_a_used_or_expired_one_get_nothing(port: Por
     await _refused(port, used)
     expired = pki.new_join_token(CA.cert_pem)
     rec = JoinToken(hash=hash_secret(expired), expires_at=time.time() - 1)
-    await port.store.put(server_tokens.PREFIX + rec.hash, msgspec.json.encode(rec))
+    await port.store.put(tokens.PREFIX + rec.hash, msgspec.json.encode(rec))
     await _refused(port, expired)
     status, body = await _join(port.url, {"name": "cp9"})
     assert status == 400 and not _leaks(body)

@@ -17,16 +17,17 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw import wire
-from llmgwd import cluster, servers
 from llmgwd.catalog import ApiKey, Model, engine_key, hash_secret
-from llmgwd.fence import FencedStore
-from llmgwd.leader import LEADER
-from llmgwd.live import LIVE, Published, Publisher, RolePool
+from llmgwd.nodes import cluster
+from llmgwd.planes import registry
+from llmgwd.planes.fence import FencedStore
+from llmgwd.planes.leader import LEADER
+from llmgwd.planes.live import LIVE, Published, Publisher, RolePool
+from llmgwd.planes.wakeups import WAKE, Waker, follow
 from llmgwd.router import Router
 from llmgwd.store import prefix_end
 from llmgwd.store.etcd_http import EtcdUnavailable
 from llmgwd.store.sqlite import SqliteStore
-from llmgwd.wakeups import WAKE, Waker, follow
 
 SECRET = b"the-cluster-secret-every-control-plane-holds"
 USER = "sk-llmgw-user-0123456789abcdef"
@@ -268,13 +269,13 @@ async def test_the_leaders_own_wake_ups_write_nothing(store: SqliteStore) -> Non
 
 async def test_each_control_plane_is_recorded_with_its_lease_and_role(store: SqliteStore) -> None:
     lease = await store.lease_grant(60)
-    a = servers.Announcer(store, "cp1", "https://cp1:7710", lambda: lease)
+    a = registry.Announcer(store, "cp1", "https://cp1:7710", lambda: lease)
     task = asyncio.create_task(a.run())
     try:
         a.renew()
         a.set_role("leader", 7)
         for _ in range(500):
-            found, _ = await servers.read(store)
+            found, _ = await registry.read(store)
             if found and found[0].role == "leader":
                 break
             await asyncio.sleep(0.01)
@@ -286,7 +287,7 @@ async def test_each_control_plane_is_recorded_with_its_lease_and_role(store: Sql
             7,
         )
         await store.lease_revoke(lease)  # it died: its record goes with its lease
-        assert (await servers.read(store))[0] == []
+        assert (await registry.read(store))[0] == []
     finally:
         task.cancel()
 

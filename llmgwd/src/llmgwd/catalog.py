@@ -18,11 +18,11 @@ import msgspec
 from llmgw.api_types import KeyLimits as KeyLimits
 from llmgw.api_types import Period as Period
 from llmgw.wire import Engine, ModelFile
-from llmgwd import profiles as profiles_
-from llmgwd.estimate import ModelShape
 from llmgwd.people.directory import USERS
 from llmgwd.people.records import User
-from llmgwd.profiles import Profile
+from llmgwd.placement import profiles as profiles_
+from llmgwd.placement.estimate import ModelShape
+from llmgwd.placement.profiles import Profile
 from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw import entry, localsock, pki, sdnotify
 from llmgw.config import ServerConfig
-from llmgwd import clientport, cluster, memory_bound, servers, servers_setup
+from llmgwd import memory_bound
 from llmgwd.accounting.allotments import Allotments
 from llmgwd.accounting.levels import Levels
 from llmgwd.accounting.usage import Usage
@@ -31,24 +31,27 @@ from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
-from llmgwd.leader import Election, LeaderRecord
-from llmgwd.live import Published, RolePool
-from llmgwd.members import Members
+from llmgwd.clientport import listener
 from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.engines import EngineRelay
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Scraper
 from llmgwd.mirror import setup as mirror_setup
-from llmgwd.roles import Roles
+from llmgwd.nodes import cluster
+from llmgwd.nodes.members import Members
+from llmgwd.planes import registry, setup
+from llmgwd.planes.leader import Election, LeaderRecord
+from llmgwd.planes.live import Published, RolePool
+from llmgwd.planes.roles import Roles
+from llmgwd.planes.session import Session
+from llmgwd.planes.wakeups import Waker
 from llmgwd.router import Router, isolation, transcriptions
 from llmgwd.router.metering import Meter
 from llmgwd.scim import app as scim
 from llmgwd.scim.base import ScimContext
-from llmgwd.session import Session
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.open import open_store
-from llmgwd.wakeups import Waker
 
 log = logging.getLogger("llmgwd")
 
@@ -162,9 +165,7 @@ class Daemon:
             cfg, state_dir, self.store, self.catalog, plane=self._mirror_plane(keys, url)
         )
         self._start_roles(url, secret)
-        self.planes = servers_setup.build(
-            cfg, self.store, keys.ca, secret, name=server_name(url), url=url
-        )
+        self.planes = setup.build(cfg, self.store, keys.ca, secret, name=server_name(url), url=url)
         for work in self.planes.tasks():  # the promoter of joined members (etcd only)
             self._spawn(work)
         self._spawn(self.catalog.follow(revision))
@@ -208,7 +209,7 @@ class Daemon:
         cfg = self.config
         name = server_name(url)
         self.session = Session(self.store, cfg.leader_ttl_s, on_new_lease=self._announce)
-        self.announcer = servers.Announcer(self.store, name, url, lambda: self.session.lease)
+        self.announcer = registry.Announcer(self.store, name, url, lambda: self.session.lease)
         self.election = Election(self.store, self.session, LeaderRecord(name, url))
         self.roles = Roles(self.store, self.catalog, self.cluster, secret, self.election,
                            self.announcer, grace_s=cfg.node_grace_s,
@@ -280,7 +281,7 @@ class Daemon:
         )
         # llama.cpp's slots are reused only while this control plane is the only one.
         self.router.isolation.wait_for_planes()
-        self._spawn(servers.follow(self.store, self.router.isolation.planes))
+        self._spawn(registry.follow(self.store, self.router.isolation.planes))
         self._register_metrics(pool)
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
@@ -295,7 +296,7 @@ class Daemon:
                              (metrics.ENGINES_PATH, self.engine_metrics.render)):  # fmt: skip
             app.router.add_get(path, metrics.client_handler(render, self.catalog, store, open_))
         host, port = split_listen(cfg.listen)
-        self.client_runner = await clientport.serve(app, cfg, host, port)
+        self.client_runner = await listener.serve(app, cfg, host, port)
         self._runners.append(self.client_runner)
 
     def _register_metrics(self, pool: RolePool) -> None:

@@ -8,7 +8,7 @@ import sys
 from llmgw.config import SERVER_CONFIG, ServerConfig
 from llmgw.entry import run_daemon
 
-HOST_COMMANDS = ("join", "migrate")  # llmgwd.host_commands: what the CLI runs
+HOST_COMMANDS = ("join", "migrate")  # llmgwd.planes.host_commands: what the CLI runs
 DESCRIPTION = (
     "the llmgw control plane (`llmgwd join` and `llmgwd migrate` are this host's side of "
     "`llmgw server join` and `llmgw server migrate`, which run them)"
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of /usr/bin/llmgwd."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] and args[0] in HOST_COMMANDS:
-        from llmgwd.host_commands import run as run_host_command
+        from llmgwd.planes.host_commands import run as run_host_command
 
         run_host_command(args)
         return

@@ -68,4 +68,4 @@ def join(settings: Settings, url: str, token: str, advertise: str | None, peer_i
         args += ["--advertise", advertise]
     if peer_ip_:  # checked here, so that a usage error names this command
         args += ["--peer-ip", peer_ip(peer_ip_, "")]
-    run_llmgwd(args, env={"LLMGW_SERVER_TOKEN": token})  # llmgwd.host_commands.join
+    run_llmgwd(args, env={"LLMGW_SERVER_TOKEN": token})  # llmgwd.planes.host_commands.join

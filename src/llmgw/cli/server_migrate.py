@@ -45,4 +45,4 @@ def migrate(settings: Settings, target: str, peer_ip_: str | None, config_path: 
     args = ["migrate", "--to", target, "--config", str(config_path), "--socket", settings.socket]
     if peer_ip_:  # checked here, so that a usage error names this command
         args += ["--peer-ip", peer_ip(peer_ip_, "")]
-    run_llmgwd(args)  # llmgwd.host_commands.migrate
+    run_llmgwd(args)  # llmgwd.planes.host_commands.migrate

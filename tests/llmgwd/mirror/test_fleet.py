@@ -20,11 +20,12 @@ from aiohttp import web
 
 from llmgw import pki, wire
 from llmgw.wire import ModelFile
-from llmgwd import cluster, servers
 from llmgwd.mirror import node_files, setup
 from llmgwd.mirror.holders import CLAIMS
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
+from llmgwd.nodes import cluster
+from llmgwd.planes import registry
 from llmgwd.store.sqlite import SqliteStore
 
 REPO, COMMIT = "acme/big", "b" * 40
@@ -109,7 +110,7 @@ async def _plane(c: Cluster, name: str, runners: list[web.AppRunner]) -> Plane:
     runners.append(runner)
     plane.url = f"https://localhost:{runner.addresses[0][1]}"
     info = msgspec.json.encode(wire.ServerInfo(name, plane.url))
-    await c.store.put(servers.SERVERS + name, info, lease=lease)  # as its Announcer does
+    await c.store.put(registry.SERVERS + name, info, lease=lease)  # as its Announcer does
     return plane
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Balancer
 
 

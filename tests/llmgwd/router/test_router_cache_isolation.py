@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from llmgwd.catalog import ApiKey, hash_secret
-from llmgwd.profiles import Profile
+from llmgwd.placement.profiles import Profile
 from llmgwd.router import Router, prefix
 from llmgwd.router.isolation import CacheIsolation, Mode, Ticket
 from tests.llmgwd.router import test_router_v1 as v1

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Balancer, Router
 from tests.llmgwd.router.test_router_slots import HEADERS, body, replica
 from tests.llmgwd.router.test_router_v1 import (

@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Balancer
 from llmgwd.router.prefix import Affinity, chain, prompt_text
 from tests.llmgwd.router.test_router_balancer import Pool, ep

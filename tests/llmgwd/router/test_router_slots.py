@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Balancer, Router
 from llmgwd.router.ejection import Ejections
 from tests.llmgwd.router.test_router_ejection import Clock

@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgwd.catalog import ApiKey, Model, hash_secret
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Router
 
 USER_SECRET = "sk-llmgw-user-0123456789abcdef"

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from llmgw.wire import Gpu, Inventory
-from llmgwd.fence import Fenced, FencedStore
-from llmgwd.leader import LEADER
+from llmgwd.planes.fence import Fenced, FencedStore
+from llmgwd.planes.leader import LEADER
 from llmgwd.slurm import kept
 from llmgwd.slurm.cgroup import cgroup_conf
 from llmgwd.slurm.conf import SlurmNode, hardware, slurm_conf

@@ -6,7 +6,7 @@ Slurm that does not answer, is held)."""
 from __future__ import annotations
 
 from llmgw.wire import SlurmReport
-from llmgwd.reconciler import NodeFlags
+from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.slurm import lending
 from llmgwd.slurm.lending import IN_LLMGW, LENDING, LENT, RECLAIMING, standing
 from llmgwd.slurm.settings import SlurmSettings

@@ -13,7 +13,7 @@ from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
-from llmgwd.members import Members
+from llmgwd.nodes.members import Members
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import SETTINGS, Busy, SettingsStore, SlurmSettingsIn
 from llmgwd.store.sqlite import SqliteStore

@@ -13,10 +13,10 @@ import msgspec
 import pytest
 
 from llmgw.wire import Inventory, ReplicaStatus, SlurmPart, SlurmReport
-from llmgwd.fence import FencedStore
-from llmgwd.leader import LEADER
-from llmgwd.reconciler import NodeFlags
-from llmgwd.scheduler import Placement
+from llmgwd.placement.reconciler import NodeFlags
+from llmgwd.placement.scheduler import Placement
+from llmgwd.planes.fence import FencedStore
+from llmgwd.planes.leader import LEADER
 from llmgwd.slurm import kept
 from llmgwd.slurm.munge import munge_key
 from llmgwd.slurm.settings import SETTINGS, SlurmSettings

@@ -1,5 +1,5 @@
 """Real etcd members on loopback for tests and bench/store: free ports, a temp dir, TLS from a
-fresh cluster CA, each started from the config file llmgwd.etcd_member writes."""
+fresh cluster CA, each started from the config file llmgwd.planes.etcd_member writes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw import pki
-from llmgwd import etcd_member
+from llmgwd.planes import etcd_member
 
 ETCD = Path("/usr/bin/etcd")
 READY_S = 30.0

@@ -9,7 +9,7 @@ import pytest
 
 from llmgw import config
 from llmgw.config import ServerConfig
-from llmgwd import etcd_member
+from llmgwd.planes import etcd_member
 from llmgwd.store.etcd import EtcdStore
 from llmgwd.store.open import open_store
 from llmgwd.store.sqlite import SqliteStore

@@ -18,19 +18,20 @@ from aiohttp.typedefs import Handler
 from llmgw import wire
 from llmgw.api_types import NodeView
 from llmgw.errors import API_V1, ApiError
-from llmgwd import auth, engine_support
+from llmgwd import auth
 from llmgwd.accounting.usage import Usage
 from llmgwd.accounting.views import Invalid
 from llmgwd.catalog import ApiKey, Catalog, Model
-from llmgwd.profiles import Profile
-from llmgwd.reconciler import Failure, NodeFlags
-from llmgwd.scheduler import Placement, Verdict
+from llmgwd.nodes import engine_support
+from llmgwd.placement.profiles import Profile
+from llmgwd.placement.reconciler import Failure, NodeFlags
+from llmgwd.placement.scheduler import Placement, Verdict
 from llmgwd.store import StoreUnavailable
 
 if TYPE_CHECKING:
-    from llmgwd.control_planes import ControlPlanes
     from llmgwd.mirror.service import Mirror
     from llmgwd.mirror.sweep import NodeFiles
+    from llmgwd.planes.listing import ControlPlanes
     from llmgwd.slurm.lending import NodeStatus
     from llmgwd.slurm.settings import SettingsStore
 

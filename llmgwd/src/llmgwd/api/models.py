@@ -25,8 +25,8 @@ from llmgw.api_types import ModelView as ModelView  # re-exported: the answers' 
 from llmgw.api_types import ReplicaView as ReplicaView
 from llmgw.errors import ApiError
 from llmgwd.catalog import CatalogError, Model, profiles_of
-from llmgwd.profiles import Profile, problems
-from llmgwd.shapes import read_shape
+from llmgwd.placement.model_shape import read_shape
+from llmgwd.placement.profiles import Profile, problems
 
 if TYPE_CHECKING:
     from llmgwd.mirror.service import Mirror

@@ -21,7 +21,7 @@ from llmgwd.api.base import (
     not_found,
     scheduling_of,
 )
-from llmgwd.reconciler import NodeFlags
+from llmgwd.placement.reconciler import NodeFlags
 
 log = logging.getLogger(__name__)
 

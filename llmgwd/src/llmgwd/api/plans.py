@@ -7,8 +7,8 @@ from aiohttp import web
 from llmgw.api_types import PlaceView, PlanView, ProfilePlan
 from llmgwd.api.base import api_context, json_response, scheduling_of
 from llmgwd.api.models import _model_or_404, _parked
-from llmgwd.estimate import gib
-from llmgwd.profiles import DEFAULT
+from llmgwd.placement.estimate import gib
+from llmgwd.placement.profiles import DEFAULT
 
 
 async def get_plan(request: web.Request) -> web.Response:

@@ -9,10 +9,9 @@ from aiohttp import web
 
 from llmgw.api_types import RemoveIn, ServerRemoved, ServerTokenIn, TokenView
 from llmgw.errors import ApiError
-from llmgwd import control_planes as servers
-from llmgwd import server_tokens
 from llmgwd.api.base import api_context, bad_field, caller, json_response, read_body
-from llmgwd.control_planes import ControlPlanes
+from llmgwd.planes import listing, tokens
+from llmgwd.planes.listing import ControlPlanes
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ def _planes(request: web.Request) -> ControlPlanes:
     return planes
 
 
-def _etcd(planes: ControlPlanes) -> servers.EtcdCluster:
+def _etcd(planes: ControlPlanes) -> listing.EtcdCluster:
     if planes.etcd is None:
         raise ApiError(
             409,
@@ -39,15 +38,15 @@ def _etcd(planes: ControlPlanes) -> servers.EtcdCluster:
 async def list_servers(request: web.Request) -> web.Response:
     """GET /servers: every control plane, its etcd member's health, and who leads."""
     planes = _planes(request)
-    return json_response(await servers.view(planes.store, planes.etcd, planes.me))
+    return json_response(await listing.view(planes.store, planes.etcd, planes.me))
 
 
 async def create_server_token(request: web.Request) -> web.Response:
     """POST /servers/tokens {ttl_s?}: a one-time token a new control plane joins with."""
     planes = _planes(request)
     body = await read_body(request, ServerTokenIn)
-    if not 60 <= body.ttl_s <= server_tokens.MAX_TTL_S:
-        raise bad_field("ttl_s", f"must be 60 to {server_tokens.MAX_TTL_S} seconds")
+    if not 60 <= body.ttl_s <= tokens.MAX_TTL_S:
+        raise bad_field("ttl_s", f"must be 60 to {tokens.MAX_TTL_S} seconds")
     _etcd(planes)
     token = await planes.tokens.mint(body.ttl_s)
     log.info("server token made by %s", caller(request))
@@ -63,12 +62,12 @@ async def _remove(request: web.Request, name: str, leaving: bool) -> web.Respons
     body = await read_body(request, RemoveIn)
     etcd = _etcd(planes)
     try:
-        gone = await servers.remove(etcd, name, me=planes.me, force=body.force, leaving=leaving)
-    except servers.NoSuchServer as e:
+        gone = await listing.remove(etcd, name, me=planes.me, force=body.force, leaving=leaving)
+    except listing.NoSuchServer as e:
         raise ApiError(404, str(e), "not_found_error", "server_not_found") from None
-    except servers.Refusal as e:
+    except listing.Refusal as e:
         raise ApiError(409, str(e), "conflict_error", "quorum") from None
-    await planes.store.delete(servers.SERVERS + name)
+    await planes.store.delete(listing.SERVERS + name)
     verb = "left" if leaving else "removed by " + caller(request)
     log.warning("control plane %s %s (etcd member %x)", name, verb, gone.id)
     return json_response(ServerRemoved(name=name, member=format(gone.id, "x"), removed=True))

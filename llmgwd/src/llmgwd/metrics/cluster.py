@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmgwd.cluster import NodeInfo
 from llmgwd.metrics.scrape import Fixed
-from llmgwd.pool import Pool
+from llmgwd.nodes.cluster import NodeInfo
+from llmgwd.nodes.pool import Pool
 
 Names = Callable[[], Iterable[str]]  # the catalog's model names
 Nodes = Callable[[], Iterable[NodeInfo]]

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from llmgwd.pool import Endpoint, Pool
+from llmgwd.nodes.pool import Endpoint, Pool
 
 ENGINE_TIMEOUT_S = 5.0
 Names = Callable[[], Iterable[str]]  # the catalog's model names

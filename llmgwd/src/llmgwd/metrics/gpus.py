@@ -13,8 +13,8 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.wire import Gpu, GpuCounters
-from llmgwd.cluster import NodeInfo
 from llmgwd.metrics.scrape import Fixed
+from llmgwd.nodes.cluster import NodeInfo
 
 Nodes = Callable[[], Iterable[NodeInfo]]
 _CARD = ["node", "gpu"]

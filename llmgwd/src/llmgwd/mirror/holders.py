@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from llmgwd import servers
+from llmgwd.planes import registry
 from llmgwd.store import Compare, Delete, Get, Put, Store, prefix_end
 
 CLAIMS = "/mirror/claims/"  # + the pinned source -> the control plane fetching it upstream
@@ -83,5 +83,5 @@ class Holders:
 
     async def urls(self) -> dict[str, str]:
         """Every live control plane's cluster URL, by name (this one's too)."""
-        infos, _ = await servers.read(self._store)
+        infos, _ = await registry.read(self._store)
         return {i.name: i.url for i in infos}

@@ -15,12 +15,12 @@ from llmgw.config import ServerConfig
 from llmgw.wire import HeldFile, ModelFile, Sweep
 from llmgwd import auth
 from llmgwd.catalog import ApiKey, Catalog, CatalogError
-from llmgwd.cluster import ClusterState
 from llmgwd.mirror import fleet, hub_auth, hub_server, peers
 from llmgwd.mirror.holders import Holders
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
 from llmgwd.mirror.shapes import shape_of_set
+from llmgwd.nodes.cluster import ClusterState
 from llmgwd.people.directory import Directory
 from llmgwd.store import Store, StoreUnavailable
 

@@ -9,8 +9,8 @@ import msgspec
 
 from llmgw.blobstore import BlobStore
 from llmgw.wire import ModelFile
-from llmgwd import gguf_meta, safetensors_meta
-from llmgwd.estimate import ModelShape
+from llmgwd.placement import gguf_meta, safetensors_meta
+from llmgwd.placement.estimate import ModelShape
 
 
 def shape_of_set(store: BlobStore, files: list[ModelFile]) -> tuple[ModelShape | None, str]:

@@ -9,7 +9,7 @@ Entry point, for the daemon::
 
 `keys` and `models` are the daemon's in-memory caches (the Keys and Models protocols);
 Keys.authenticate may return a revoked key (revoked=True) so the 401 can say "revoked".
-`pool` is the llmgwd.pool.Pool. The router reads request bodies itself with max_body_bytes,
+`pool` is the llmgwd.nodes.pool.Pool. The router reads request bodies itself with max_body_bytes,
 so the client app's client_max_size does not limit /v1 (an HTTPRequestEntityTooLarge from
 it still answers 413 in OpenAI's shape). A client that leaves mid-request has its engine
 request closed whether or not the daemon's AppRunner sets handler_cancellation.

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
-from llmgwd.pool import Endpoint, Pool
+from llmgwd.nodes.pool import Endpoint, Pool
 from llmgwd.router.ejection import Ejections
 from llmgwd.router.prefix import Affinity, PrefixIndex
 from llmgwd.router.waitlist import QUEUE_SIZE, QUEUE_TIMEOUT_S, Busy, Waiter, Waitlist

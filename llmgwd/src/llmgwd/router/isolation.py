@@ -10,7 +10,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from llmgwd.catalog import ApiKey, Model, profiles_of
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import cache_salt, prefix
 
 Mode = Literal["org", "key", "none"]

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 
 BLOCK_CHARS = 256  # characters of serialized prompt per hashed block
 MAX_BLOCKS = 256  # blocks hashed per request (64 KiB of prompt): the cost stays bounded

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import answers, errors, folding, overhead
 from llmgwd.router.balancer import Balancer
 from llmgwd.router.engine_client import (

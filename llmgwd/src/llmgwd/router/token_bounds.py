@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgwd.catalog import Model
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import errors, fields
 
 # Reserved per choice, and written as max_tokens, when neither the request, the catalog nor

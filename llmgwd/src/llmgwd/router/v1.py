@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
 from llmgwd.catalog import ApiKey, Model
-from llmgwd.pool import Endpoint, Pool
+from llmgwd.nodes.pool import Endpoint, Pool
 from llmgwd.router import errors, expect, fields, overhead, prefix, transcriptions, v1_routes
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Literal
 
-from llmgwd.pool import Endpoint
+from llmgwd.nodes.pool import Endpoint
 
 QUEUE_SIZE = 256  # requests waiting per model before the next is refused at once
 QUEUE_TIMEOUT_S = 30.0  # how long one waits for a slot before it is refused

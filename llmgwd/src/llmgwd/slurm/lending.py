@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import msgspec
 
 from llmgw.wire import SlurmReport
-from llmgwd.reconciler import NodeFlags
+from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.slurm.settings import SlurmSettings
 
 IN_LLMGW = "in llmgw"  # the scheduler's as any node (Slurm has it drained, or none at all)

@@ -11,7 +11,7 @@ import msgspec
 from llmgw import pki
 from llmgw.api_types import SlurmSettingsIn as SlurmSettingsIn  # PUT /slurm's body
 from llmgwd.accounting.views import Invalid
-from llmgwd.members import Members
+from llmgwd.nodes.members import Members
 from llmgwd.store import Compare, Put, Store
 
 SETTINGS = "/slurm/settings"

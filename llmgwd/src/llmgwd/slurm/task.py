@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from llmgw.wire import Inventory, ReplicaStatus, SlurmPart
-from llmgwd.fence import Fenced
-from llmgwd.reconciler import NodeFlags
-from llmgwd.scheduler import Placement
+from llmgwd.placement.reconciler import NodeFlags
+from llmgwd.placement.scheduler import Placement
+from llmgwd.planes.fence import Fenced
 from llmgwd.slurm import kept, lending
 from llmgwd.slurm.parts import Seen, busy, parts, reported
 from llmgwd.slurm.settings import SETTINGS, SettingsStore, SlurmSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgw.config import ServerConfig
-from llmgwd import etcd_member
+from llmgwd.planes import etcd_member
 from llmgwd.store.base import Store
 from llmgwd.store.etcd import EtcdStore
 from llmgwd.store.sqlite import SqliteStore

@@ -10,7 +10,7 @@ import msgspec
 
 from llmgw import wire
 from llmgw.api_types import Health, ServerView
-from llmgwd.server_tokens import ServerTokens
+from llmgwd.planes.tokens import ServerTokens
 from llmgwd.store import Store, prefix_end
 
 SERVERS = "/servers/"  # each live control plane's wire.ServerInfo, under its lease

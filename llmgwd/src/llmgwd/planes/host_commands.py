@@ -15,8 +15,9 @@ from llmgw import config
 from llmgw.cli.common import Refused, Settings
 from llmgw.cli.server import default_advertise, systemd_running, wait_for_llmgwd, write_config
 from llmgw.cli.units import ETCD_UNIT, LLMGWD_UNIT, peer_ip, progress, systemctl
-from llmgwd import daemon, etcd_member, join_host, migrate_host
-from llmgwd.migrate import Copied
+from llmgwd import daemon
+from llmgwd.planes import etcd_member, join_host, migrate_host
+from llmgwd.planes.migrate import Copied
 
 USER = "llmgw"  # llmgwd's and the member's user, made by the package
 

@@ -13,11 +13,11 @@ import msgspec
 
 from llmgw import engine_memory
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaStatus
-from llmgwd import scheduler
 from llmgwd.catalog import Catalog, Model, engine_key, profiles_of
-from llmgwd.estimate import ModelShape, ram_bytes
-from llmgwd.profiles import DEFAULT, Profile
-from llmgwd.scheduler import Demand, Placement, Removal, Verdict
+from llmgwd.placement import scheduler
+from llmgwd.placement.estimate import ModelShape, ram_bytes
+from llmgwd.placement.profiles import DEFAULT, Profile
+from llmgwd.placement.scheduler import Demand, Placement, Removal, Verdict
 from llmgwd.store import Store, prefix_end
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from llmgwd.leader import LEADER
+from llmgwd.planes.leader import LEADER
 from llmgwd.store import KV, Compare, Delete, Event, Get, Put, Store, TxnResult
 
 log = logging.getLogger(__name__)

@@ -21,12 +21,18 @@ from aiohttp.web_protocol import RequestHandler
 from llmgw.config import ClientPort
 from llmgw.errors import ANTHROPIC, API_V1, HF, SCIM
 from llmgwd.api.base import API_PREFIX
-from llmgwd.clientgate import SERVER, ConnectionGate, CountedTLS, peer_address, too_many_connections
+from llmgwd.clientport.gate import (
+    SERVER,
+    ConnectionGate,
+    CountedTLS,
+    peer_address,
+    too_many_connections,
+)
 from llmgwd.mirror import hub_server
 from llmgwd.router import errors
 from llmgwd.scim.users import PREFIX as SCIM_PREFIX
 
-log = logging.getLogger("llmgwd.clientport")
+log = logging.getLogger("llmgwd.clientport.listener")
 
 # aiohttp's default backlog (128) overflowed with a few hundred clients connecting at once
 # (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.

@@ -12,7 +12,7 @@ import yaml
 
 from llmgw import config
 from llmgw.config import ServerConfig
-from llmgwd import etcd_member, migrate
+from llmgwd.planes import etcd_member, migrate
 from llmgwd.store.open import SQLITE_FILE, open_store
 from llmgwd.store.sqlite import SqliteStore
 

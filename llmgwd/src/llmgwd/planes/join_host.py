@@ -18,8 +18,8 @@ import msgspec
 
 from llmgw import pinned_ca, pki, wire
 from llmgw.config import ServerConfig
-from llmgwd import etcd_member
-from llmgwd.servers_setup import member_tls
+from llmgwd.planes import etcd_member
+from llmgwd.planes.setup import member_tls
 from llmgwd.store.etcd_http import EtcdError, EtcdHttp
 
 CONNECT_TIMEOUT_S = 10.0

@@ -23,8 +23,8 @@ from aiohttp import web
 
 from llmgw import pki, wire
 from llmgw.errors import cluster_error
-from llmgwd.control_planes import EtcdCluster, Member
-from llmgwd.server_tokens import ServerTokens
+from llmgwd.planes.listing import EtcdCluster, Member
+from llmgwd.planes.tokens import ServerTokens
 from llmgwd.store.etcd_http import EtcdError
 
 log = logging.getLogger(__name__)

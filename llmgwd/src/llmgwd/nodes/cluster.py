@@ -22,11 +22,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from llmgw import pki, wire
 from llmgw.errors import cluster_error
-
-from .members import Members, refusal, removed_reason
-from .mirror import node_files
-from .mirror.holdings import Holdings
-from .pool import Endpoint
+from llmgwd.mirror import node_files
+from llmgwd.mirror.holdings import Holdings
+from llmgwd.nodes.members import Members, refusal, removed_reason
+from llmgwd.nodes.pool import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgwd.estimate import CacheType, ModelShape
+from llmgwd.placement.estimate import CacheType, ModelShape
 
 # torch_dtype: bytes per weight, and the KV cache type vLLM's "auto" gives it.
 DTYPES: dict[str, tuple[int, CacheType]] = {

@@ -41,7 +41,7 @@ import msgspec
 from llmgw import engine_cards, engine_memory
 from llmgw.api_types import Verdict as Verdict  # GET /models/{name}/plan shows them
 from llmgw.wire import Inventory
-from llmgwd.estimate import (
+from llmgwd.placement.estimate import (
     ModelShape,
     context_that_fits,
     cpu_bandwidth,
@@ -53,7 +53,7 @@ from llmgwd.estimate import (
     runtime_bytes,
     shard_bytes,
 )
-from llmgwd.profiles import Profile, capability
+from llmgwd.placement.profiles import Profile, capability
 
 DEFAULT_CONTEXT = 4096  # where neither the profile, the model nor its file gives one
 

@@ -18,7 +18,7 @@ from typing import BinaryIO, cast
 
 import msgspec
 
-from llmgwd.estimate import ModelShape
+from llmgwd.placement.estimate import ModelShape
 
 # Arrays longer than these are counted but not kept (a vocabulary, its merges and scores).
 KEEP_NUMBERS = 4096

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from llmgwd.session import Session
+from llmgwd.planes.session import Session
 from llmgwd.store import Compare, Delete, Get, Put, Store
 
 log = logging.getLogger(__name__)

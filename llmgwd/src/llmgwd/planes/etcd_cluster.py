@@ -8,7 +8,7 @@ import ssl
 
 import aiohttp
 
-from llmgwd.control_planes import Member
+from llmgwd.planes.listing import Member
 from llmgwd.store.etcd_http import EtcdError, EtcdHttp, EtcdUnavailable, Json
 
 HEALTH_TIMEOUT_S = 3.0

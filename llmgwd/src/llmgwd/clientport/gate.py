@@ -14,7 +14,7 @@ from typing import cast
 
 from llmgwd.router import errors
 
-log = logging.getLogger("llmgwd.clientport")
+log = logging.getLogger("llmgwd.clientport.listener")
 
 SERVER = "llmgw"  # the Server header: no aiohttp or Python version for a scanner to match
 

@@ -159,7 +159,7 @@ def write_member_config(
         peer_port=peer_port,
         election_ms=election_ms,
     )
-    text = "# Written by llmgw (llmgwd.etcd_member); read by llmgw-etcd.service.\n"
+    text = "# Written by llmgw (llmgwd.planes.etcd_member); read by llmgw-etcd.service.\n"
     text += yaml.safe_dump(config, sort_keys=False)
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

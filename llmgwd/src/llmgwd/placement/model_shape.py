@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgwd import gguf_meta, safetensors_meta
-from llmgwd.estimate import ModelShape
+from llmgwd.placement import gguf_meta, safetensors_meta
+from llmgwd.placement.estimate import ModelShape
 
 
 def read_shape(source: str) -> tuple[ModelShape | None, str]:

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from llmgwd.control_planes import EtcdCluster, Member
+from llmgwd.planes.listing import EtcdCluster, Member
 
 log = logging.getLogger(__name__)
 

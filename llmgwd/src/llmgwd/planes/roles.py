@@ -9,15 +9,16 @@ import contextlib
 import logging
 
 from llmgw.errors import ApiError
-from llmgwd import members, servers, wakeups
 from llmgwd.catalog import Catalog, Model
-from llmgwd.cluster import ClusterState
-from llmgwd.fence import Fenced, FencedStore
-from llmgwd.leader import Election
-from llmgwd.live import Publisher
-from llmgwd.profiles import Profile
-from llmgwd.reconciler import Failure, NodeFlags, Reconciler
-from llmgwd.scheduler import Placement, Verdict
+from llmgwd.nodes import members
+from llmgwd.nodes.cluster import ClusterState
+from llmgwd.placement.profiles import Profile
+from llmgwd.placement.reconciler import Failure, NodeFlags, Reconciler
+from llmgwd.placement.scheduler import Placement, Verdict
+from llmgwd.planes import registry, wakeups
+from llmgwd.planes.fence import Fenced, FencedStore
+from llmgwd.planes.leader import Election
+from llmgwd.planes.live import Publisher
 from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.task import SlurmTask
 from llmgwd.store import Store
@@ -37,7 +38,7 @@ class Roles:
         cluster: ClusterState,
         secret: bytes,
         election: Election,
-        announcer: servers.Announcer,
+        announcer: registry.Announcer,
         *,
         grace_s: float,
         isolated_cache: bool = False,  # client.cache_isolation is not none (ReplicaSpec's)
@@ -93,7 +94,7 @@ class Roles:
             rec.run(),
             publisher.run(),
             wakeups.follow(self._store, revision, rec.touch),
-            servers.follow(self._store, self._cluster.set_control_planes),
+            registry.follow(self._store, self._cluster.set_control_planes),
             members.follow(self._store, self._member_changed),
             slurm.run(revision),
         ]

@@ -13,12 +13,12 @@ from aiohttp import web
 
 from llmgw import pki
 from llmgw.config import ServerConfig
-from llmgwd import etcd_member, server_join
-from llmgwd.control_planes import ControlPlanes
-from llmgwd.etcd_cluster import EtcdCluster
-from llmgwd.promotion import Promoter
-from llmgwd.server_join import Joining
-from llmgwd.server_tokens import ServerTokens
+from llmgwd.planes import etcd_member, join
+from llmgwd.planes.etcd_cluster import EtcdCluster
+from llmgwd.planes.join import Joining
+from llmgwd.planes.listing import ControlPlanes
+from llmgwd.planes.promotion import Promoter
+from llmgwd.planes.tokens import ServerTokens
 from llmgwd.store import Store
 from llmgwd.store.etcd_http import EtcdHttp, tls_context
 
@@ -34,7 +34,7 @@ class Servers:
 
     def add_route(self, app: web.Application) -> None:
         """POST /servers/join on the cluster port's application (before it serves)."""
-        server_join.add_route(app, self.joining)
+        join.add_route(app, self.joining)
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         """What runs for as long as llmgwd does: the promotion of joined members."""

@@ -1,0 +1,1 @@
+"""The client port: its HTTP server and who may hold its connections."""

@@ -1,0 +1,1 @@
+"""Placement: the scheduler, the reconciler, estimates, profiles and model shapes."""

@@ -1,0 +1,1 @@
+"""Control planes: leadership, standbys, joining, migrating, and etcd's own members."""
