@@ -16,19 +16,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from integration.harness import (
-    REPO,
     SYSTEMD,
     TEST_BASE,
-    Bind,
     Lan,
     MakeLan,
     MakeSystemd,
     PrivateSystemd,
+    binds,
     reap_stale,
 )
 
 HERE = Path(__file__).parent.resolve()
-CACHE = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,14 +92,6 @@ def _name(request: pytest.FixtureRequest, suffix: str = "") -> str:
     return f"{base}{suffix}-{os.getpid()}"
 
 
-def _binds() -> list[Bind]:
-    # The checkout (its .venv runs the daemons), read-only: through the overlay alone it
-    # would be hidden when it lies under /tmp (a tmpfs inside) and could show stale files.
-    # The llama-server build cache, read-only: engines run the binary, nothing writes it.
-    binds = [Bind(REPO, readonly=True)]
-    return [*binds, Bind(CACHE, readonly=True)] if CACHE.is_dir() else binds
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _reap() -> None:
     """Shut down what a killed earlier run left behind (its owner process is gone)."""
@@ -124,7 +114,7 @@ def systemd(request: pytest.FixtureRequest) -> Iterator[PrivateSystemd]:
     why = unavailable()
     if why:
         _skip_or_fail(why)
-    ps = PrivateSystemd(_name(request), binds=_binds())
+    ps = PrivateSystemd(_name(request), binds=binds())
     try:
         ps.boot()
         yield ps
@@ -141,7 +131,7 @@ def make_systemd(request: pytest.FixtureRequest) -> Iterator[MakeSystemd]:
     made: list[PrivateSystemd] = []
 
     def make(label: str, **kwargs: object) -> PrivateSystemd:
-        kwargs.setdefault("binds", _binds())
+        kwargs.setdefault("binds", binds())
         ps = PrivateSystemd(_name(request, f"-{label}"), **kwargs)  # type: ignore[arg-type]
         made.append(ps)
         ps.boot()

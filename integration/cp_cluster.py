@@ -12,10 +12,9 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from integration.harness import REPO, Bind, Lan, PrivateSystemd
+from integration.harness import REPO, Lan, PrivateSystemd, binds
 from integration.llmgw_node import MODEL, VENV, Node, gguf
 from llmgw import ipc
 
@@ -24,7 +23,6 @@ CPS = {"cp1": f"{PREFIX}.11", "cp2": f"{PREFIX}.12", "cp3": f"{PREFIX}.13"}
 AGENTS = {"n1": f"{PREFIX}.21"}
 MORE_AGENTS = {"n2": f"{PREFIX}.22"}  # the second agent host, for cp_cluster(agents=2)
 CLIENT_PORT, CLUSTER_PORT = 7700, 7710
-CACHE = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
 ETCD_UNIT = "llmgw-etcd.service"
 
 # Run inside a host of the lan: one chat request with the official client to each base URL
@@ -83,12 +81,6 @@ class CpCluster:
         """Each agent host's engines' main PIDs."""
         return {name: sorted(n.main_pid(u) for u in n.engine_units())
                 for name, n in self.agents.items()}  # fmt: skip
-
-
-def binds() -> list[Bind]:
-    """The checkout and the llama-server cache, read-only (as integration/conftest.py)."""
-    found = [Bind(REPO, readonly=True)]
-    return [*found, Bind(CACHE, readonly=True)] if CACHE.is_dir() else found
 
 
 def install_etcd_unit(ps: PrivateSystemd) -> None:

@@ -21,6 +21,8 @@ from types import TracebackType
 
 TEST_BASE = Path("/var/lib/llmgw-test")
 REPO = Path(__file__).resolve().parent.parent
+# scripts/build-llama-server's cache of llama-server builds
+CACHE = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
 SYSTEMD = "/lib/systemd/systemd"
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TARGET = "llmgw-container.target"
@@ -174,6 +176,15 @@ class Bind:
             raise ValueError(f"bind {spec!r}: want SRC[:DST][:ro]")
         target = Path(parts[1]) if len(parts) == 2 else None
         return cls(Path(parts[0]), target, readonly)
+
+
+def binds() -> list[Bind]:
+    """What a private systemd running this checkout needs bound in: the checkout, its .venv
+    running the daemons, read-only (through the overlay alone it would be hidden when it
+    lies under /tmp, a tmpfs inside, and could show stale files), and the llama-server build
+    cache, read-only (engines run the binary, nothing writes it)."""
+    found = [Bind(REPO, readonly=True)]
+    return [*found, Bind(CACHE, readonly=True)] if CACHE.is_dir() else found
 
 
 @dataclass(frozen=True)

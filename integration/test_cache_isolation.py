@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, engine_counter, serving
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, Node, engine_counter, llama_server, serving
 
 CLIENT_PORT, CLUSTER_PORT = 17820, 17830  # apart from the other integration tests' ports
 # About 600 tokens: several of the router's 256-character blocks, well within a slot.

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from integration.harness import Lan, MakeLan, MakeSystemd
-from integration.llmgw_node import MODEL, VENV, Node, gguf
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, VENV, Node, gguf, llama_server
 
 CP = "10.231.0.10"
 NODES = {"n1": "10.231.0.11", "n2": "10.231.0.12", "n3": "10.231.0.13"}

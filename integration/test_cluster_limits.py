@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from integration.cp_cluster import CPS, CpCluster, cp_cluster, leader
-from integration.llmgw_node import MODEL, VENV, Node
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, VENV, Node, llama_server
 
 pytestmark = pytest.mark.skipif(
     not Path("/usr/bin/etcd").exists(), reason="etcd is not installed (/usr/bin/etcd)"

@@ -19,8 +19,7 @@ import pytest
 
 from integration.cp_cluster import CLIENT_PORT, CPS, CpCluster, api, cp_cluster, leader, servers
 from integration.harness import REPO
-from integration.llmgw_node import MODEL, VENV, Node
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, VENV, Node, llama_server
 from integration.write_history import History, problems, store_view
 
 pytestmark = pytest.mark.skipif(

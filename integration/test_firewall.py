@@ -9,8 +9,7 @@ import json
 from typing import Any
 
 from integration.harness import MakeLan, MakeSystemd, PrivateSystemd
-from integration.llmgw_node import VENV, Node
-from integration.test_single_node import llama_server
+from integration.llmgw_node import VENV, Node, llama_server
 
 CP, N1, OUT = "10.231.0.10", "10.231.0.11", "10.231.0.99"
 ENGINE_PORT, OTHER_PORT = 20500, 7000

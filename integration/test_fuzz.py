@@ -25,8 +25,7 @@ from integration.fuzz_routes import (
     small_ints,
 )
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, gguf
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, Node, gguf, llama_server
 
 CLIENT_PORT = 17702
 CLUSTER_PORT = 17712

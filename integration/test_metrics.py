@@ -20,8 +20,7 @@ import openai
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, serving
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, Node, llama_server, serving
 
 CLIENT_PORT, CLUSTER_PORT = 17800, 17810  # apart from the other integration tests' ports
 PROMETHEUS = "127.0.0.1:17890"

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from integration.cp_cluster import CPS, CpCluster, api, cp_cluster
-from integration.llmgw_node import gguf
-from integration.test_single_node import llama_server
+from integration.llmgw_node import gguf, llama_server
 
 pytestmark = pytest.mark.skipif(
     not Path("/usr/bin/etcd").exists(), reason="etcd is not installed (/usr/bin/etcd)"

@@ -18,8 +18,7 @@ import openai
 import pytest
 
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, engine_counter, gguf, serving
-from integration.test_single_node import llama_server
+from integration.llmgw_node import MODEL, Node, engine_counter, gguf, llama_server, serving
 
 CLIENT_PORT, CLUSTER_PORT = 17780, 17790  # apart from the other integration tests' ports
 GREEDY = {"temperature": 0}  # a field this anthropic client no longer names

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from integration.cp_cluster import CPS, CpCluster, cp_cluster, servers
-from integration.test_single_node import llama_server
+from integration.llmgw_node import llama_server
 
 pytestmark = pytest.mark.skipif(
     not Path("/usr/bin/etcd").exists(), reason="etcd is not installed (/usr/bin/etcd)"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
@@ -20,18 +19,11 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from integration.harness import REPO, PrivateSystemd
-from integration.llmgw_node import MODEL, Node, gguf, serving
+from integration.llmgw_node import MODEL, Node, gguf, llama_server, serving
 from llmgw import pki
 
 CLIENT_PORT = 17700  # not 7700: a quickstart cluster may run on this machine too
 CLUSTER_PORT = 17710
-
-
-def llama_server() -> str:
-    r = subprocess.run([REPO / "scripts/build-llama-server"], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"llama-server could not be built here: {r.stderr[-500:]}")
-    return r.stdout.strip()
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ import pytest
 
 from integration.conftest import unavailable
 from integration.cp_cluster import CLIENT, Booted
-from integration.llmgw_node import MODEL, VENV, Node
+from integration.llmgw_node import MODEL, VENV, Node, llama_server
 from integration.test_firewall import probe
-from integration.test_single_node import llama_server
 
 pytestmark = pytest.mark.skipif(
     shutil.which("slurmctld") is None or shutil.which("slurmd") is None,

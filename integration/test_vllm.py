@@ -13,10 +13,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from integration.conftest import _binds, _name
-from integration.harness import REPO, Bind, PrivateSystemd
-from integration.llmgw_node import Node
-from integration.test_single_node import llama_server
+from integration.conftest import _name
+from integration.harness import REPO, Bind, PrivateSystemd, binds
+from integration.llmgw_node import Node, llama_server
 
 CLIENT_PORT, CLUSTER_PORT = 17730, 17740
 REPO_NAME = "local/SmolLM2-135M-Instruct"
@@ -40,8 +39,9 @@ def _script(name: str) -> Path:
 def served(request: pytest.FixtureRequest) -> Iterator[tuple[Node, str, float]]:
     """A node serving the SmolLM2 safetensors set with vLLM; its key and the start-up's s."""
     env, model_dir = _script("build-vllm-cpu"), _script("make-test-safetensors")
-    binds = [*_binds(), Bind(env, Path(ENV_INSIDE), readonly=True)]
-    ps = PrivateSystemd(_name(request), binds=binds)
+    ps = PrivateSystemd(
+        _name(request), binds=[*binds(), Bind(env, Path(ENV_INSIDE), readonly=True)]
+    )
     try:
         ps.boot()
         yield _serve(Node(ps, CLIENT_PORT, CLUSTER_PORT), model_dir)

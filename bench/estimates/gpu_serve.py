@@ -23,7 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from integration import harness  # noqa: E402
-from integration.conftest import _binds  # noqa: E402
 from integration.llmgw_node import Node, gguf  # noqa: E402
 from llmgw.engine_memory import FIXED, MIB  # noqa: E402
 
@@ -131,7 +130,7 @@ def main() -> int:
     ap.add_argument("--vllm-env", help="an environment with vLLM (CUDA) installed")
     ap.add_argument("--safetensors", help="the SmolLM2 safetensors set (make-test-safetensors)")
     args = ap.parse_args()
-    binds = _binds()  # the checkout and the llama-server build cache, read-only
+    binds = harness.binds()  # the checkout and the llama-server build cache, read-only
     extra = ""
     if args.vllm_env:
         binds += [harness.Bind(Path(args.vllm_env), Path(VLLM_INSIDE), readonly=True),

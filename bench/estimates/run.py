@@ -26,9 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from integration import harness  # noqa: E402
-from integration.conftest import _binds  # noqa: E402
-from integration.llmgw_node import Node, gguf  # noqa: E402
-from integration.test_single_node import llama_server  # noqa: E402
+from integration.llmgw_node import Node, gguf, llama_server  # noqa: E402
 from llmgw.engine_memory import FIXED, MIB  # noqa: E402
 
 VLLM_ENV = "/var/cache/llmgw/vllm/0.32.0-x86_64"  # as integration/test_vllm.py binds it
@@ -164,7 +162,7 @@ def main() -> int:
     args = ap.parse_args()
     cases = [Case(f"smollm2-gguf-{n}", "llama.cpp", f"file:{gguf()}", int(n))
              for n in args.contexts.split(",")]  # fmt: skip
-    binds = _binds()
+    binds = harness.binds()
     extra = ""
     if args.vllm:
         env, model_dir = _script("build-vllm-cpu"), _script("make-test-safetensors")

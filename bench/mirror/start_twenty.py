@@ -22,9 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from integration import harness  # noqa: E402
-from integration.conftest import _binds  # noqa: E402
-from integration.llmgw_node import Node, gguf  # noqa: E402
-from integration.test_single_node import llama_server  # noqa: E402
+from integration.llmgw_node import Node, gguf, llama_server  # noqa: E402
 
 HF_REPO = "local/SmolLM2-135M-Instruct-GGUF"
 CACHE = "/var/lib/llmgw-agentd/models"
@@ -47,7 +45,7 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="print the agent's log of the run")
     args = ap.parse_args()
     binary = llama_server()
-    with harness.booted("bench-twenty", binds=_binds()) as ps:
+    with harness.booted("bench-twenty", binds=harness.binds()) as ps:
         node = Node(ps, 7700, 7710)
         node.install(binary)
         node.join(node.init_server())
