@@ -10,21 +10,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from llmgw.api_types import SlurmNodeView
 from llmgw.cli import server
 from llmgw.cli.main import main
 from llmgwd.api.base import ApiContext
 from llmgwd.catalog import Catalog
 from llmgwd.nodes.members import Members
-from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw.served_api import served_api
 from tests.llmgw.test_cli import JOIN_URL, FakeNodes
 
 STATUS = [
-    NodeStatus(name="n1", status="reclaiming: 1 jobs running", held=True, state="draining",
-               jobs=["7"], version="22.05.8"),
-    NodeStatus(name="n2", status="in llmgw", held=False, message="its agent reports no Slurm"),
+    SlurmNodeView(name="n1", status="reclaiming: 1 jobs running", held=True, state="draining",
+                  jobs=["7"], version="22.05.8"),
+    SlurmNodeView(name="n2", status="in llmgw", held=False, message="its agent reports no Slurm"),
 ]  # fmt: skip
 
 

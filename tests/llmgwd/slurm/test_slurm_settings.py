@@ -9,17 +9,17 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw.api_types import SlurmNodeView
 from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.nodes.members import Members
-from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import SETTINGS, Busy, SettingsStore, SlurmSettingsIn
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_api import JOIN_URL, FakeNodes, Tokens, call, serve
 
-STATUS: list[NodeStatus] = []  # what the leader's Slurm task says of the nodes
+STATUS: list[SlurmNodeView] = []  # what the leader's Slurm task says of the nodes
 
 
 @pytest.fixture
@@ -146,8 +146,8 @@ async def test_lending_a_node_not_in_slurm_or_with_slurm_off_is_refused(
 
 
 async def test_each_nodes_standing_is_shown(client: aiohttp.ClientSession) -> None:
-    STATUS.append(NodeStatus(name="n1", status="reclaiming: 2 jobs running", held=True,
-                             state="draining", jobs=["4", "5"]))  # fmt: skip
+    STATUS.append(SlurmNodeView(name="n1", status="reclaiming: 2 jobs running", held=True,
+                                state="draining", jobs=["4", "5"]))  # fmt: skip
     try:
         status, body = await call(client, "GET", "/slurm")
     finally:

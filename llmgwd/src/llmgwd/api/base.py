@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from llmgw import wire
-from llmgw.api_types import NodeView
+from llmgw.api_types import NodeView, SlurmNodeView
 from llmgw.errors import API_V1, ApiError
 from llmgwd import auth
 from llmgwd.accounting.usage import Usage
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from llmgwd.mirror.service import Mirror
     from llmgwd.mirror.sweep import NodeFiles
     from llmgwd.planes.listing import ControlPlanes
-    from llmgwd.slurm.lending import NodeStatus
     from llmgwd.slurm.settings import SettingsStore
 
 
@@ -166,7 +165,7 @@ class ApiContext:
     control_planes: ControlPlanes | None = None  # /servers: None, this llmgwd keeps none
     slurm: SettingsStore | None = None  # /slurm: None, Slurm's settings are not kept here
     # Each node's standing between llmgw and Slurm (Roles.slurm_status; None: a standby's)
-    slurm_status: Callable[[], list[NodeStatus] | None] | None = None
+    slurm_status: Callable[[], list[SlurmNodeView] | None] | None = None
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)

@@ -9,11 +9,10 @@ import logging
 import msgspec
 from aiohttp import web
 
-from llmgw.api_types import SlurmNodeView, SlurmView
+from llmgw.api_types import SlurmView
 from llmgw.errors import ApiError
 from llmgwd.accounting.views import Invalid
 from llmgwd.api.base import api_context, bad_field, caller, json_response, read_body
-from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.settings import Busy, SettingsStore, SlurmSettings, SlurmSettingsIn
 
 log = logging.getLogger(__name__)
@@ -30,12 +29,7 @@ def _view(request: web.Request, settings: SlurmSettings) -> SlurmView:
     """The API's view of the settings, with each node's standing if this llmgwd knows it."""
     known = api_context(request).slurm_status
     status = known() if known is not None else None
-    nodes = None if status is None else [_node(s) for s in status]
-    return SlurmView(**msgspec.structs.asdict(settings), status=nodes)
-
-
-def _node(s: NodeStatus) -> SlurmNodeView:
-    return SlurmNodeView(**msgspec.structs.asdict(s))
+    return SlurmView(**msgspec.structs.asdict(settings), status=status)
 
 
 async def get_slurm(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 
+from llmgw.api_types import SlurmNodeView
 from llmgw.errors import ApiError
 from llmgwd.catalog import Catalog, Model
 from llmgwd.nodes import members
@@ -19,7 +20,6 @@ from llmgwd.planes import registry, wakeups
 from llmgwd.planes.fence import Fenced, FencedStore
 from llmgwd.planes.leader import Election
 from llmgwd.planes.live import Publisher
-from llmgwd.slurm.lending import NodeStatus
 from llmgwd.slurm.task import SlurmTask
 from llmgwd.store import Store
 
@@ -170,7 +170,7 @@ class Roles:
         """Per profile, where one more replica would go or why not."""
         return self._view.explain(model)
 
-    def slurm_status(self) -> list[NodeStatus] | None:
+    def slurm_status(self) -> list[SlurmNodeView] | None:
         """Each node's standing between llmgw and Slurm (None: a standby, which knows none)."""
         return self.slurm.status() if self.slurm is not None else None
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import msgspec
-
+from llmgw.api_types import SlurmNodeView
 from llmgw.wire import SlurmReport
 from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.slurm.settings import SlurmSettings
@@ -110,25 +109,12 @@ def lent_now(by_node: Mapping[str, Standing]) -> list[str]:
     return sorted(n for n, s in by_node.items() if s.phase == LENT)
 
 
-class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """A node of Slurm's as GET /api/v1/slurm shows it."""
-
-    name: str
-    status: str  # "lent", "lending: ...", "reclaiming: N jobs running", "in llmgw"
-    held: bool  # Slurm holds it from llmgw's scheduler (cordoned or draining there)
-    state: str = ""  # Slurm's state of it, as its agent reports it ("": none reported)
-    reason: str = ""  # why Slurm has it drained or down
-    jobs: list[str] = []
-    version: str = ""  # Slurm's
-    message: str = ""  # what failed last on the node, or why it is not held
-
-
-def node_status(name: str, s: Standing, report: SlurmReport | None) -> NodeStatus:
-    """How a node stands, for people."""
+def node_status(name: str, s: Standing, report: SlurmReport | None) -> SlurmNodeView:
+    """How a node stands, for people (GET /api/v1/slurm shows it)."""
     r = report or SlurmReport()
     status = f"{s.phase}: {s.why}" if s.why and s.phase != IN_LLMGW else s.phase
     message = r.message or (s.why if s.phase == IN_LLMGW else "")
-    return NodeStatus(
+    return SlurmNodeView(
         name=name,
         status=status,
         held=s.phase != IN_LLMGW,

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
+from llmgw.api_types import SlurmNodeView
 from llmgw.wire import Inventory, ReplicaStatus, SlurmPart
 from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.placement.scheduler import Placement
@@ -88,7 +89,7 @@ class SlurmTask:
         self._since = clock()  # the term's start: parts wait for the nodes until hold_s
         self._ready = False  # the parts are set (every node heard, or hold_s passed)
         self._wake = asyncio.Event()
-        self._status: list[lending.NodeStatus] = []  # the last pass's, for people
+        self._status: list[SlurmNodeView] = []  # the last pass's, for people
 
     def poke(self) -> None:
         """Something changed: look again soon."""
@@ -172,7 +173,7 @@ class SlurmTask:
         self._ready = True
         return True
 
-    def status(self) -> list[lending.NodeStatus]:
+    def status(self) -> list[SlurmNodeView]:
         """Each node's standing as the last pass saw it, by name."""
         return list(self._status)
 
