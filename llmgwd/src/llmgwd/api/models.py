@@ -25,7 +25,7 @@ from llmgw.api_types import ModelView as ModelView  # re-exported: the answers' 
 from llmgw.api_types import ReplicaView as ReplicaView
 from llmgw.errors import ApiError
 from llmgwd.catalog import CatalogError, Model, profiles_of
-from llmgwd.placement.model_shape import read_shape
+from llmgwd.placement.model_shape import shape_of_set, shape_of_source
 from llmgwd.placement.profiles import Profile, problems
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ async def add_model(request: web.Request) -> web.Response:
         )
     if sources.is_hf(model.source):
         return await _add_hf(request, ctx, model)
-    shape, why = await asyncio.to_thread(read_shape, model.source)
+    shape, why = await asyncio.to_thread(shape_of_source, model.source)
     model = msgspec.structs.replace(model, shape=shape, shape_error=why)
     if why:
         log.warning("model %s: %s", model.name, why)
@@ -202,7 +202,7 @@ async def add_model(request: web.Request) -> web.Response:
 
 async def _add_hf(request: web.Request, ctx: ApiContext, model: Model) -> web.Response:
     """An hf: model: the mirror pins it and starts fetching its set; its shape is read from
-    the mirror's copy once fetched (llmgwd.mirror.shapes)."""
+    the mirror's copy once fetched (model_shape.shape_of_set)."""
     from llmgwd.mirror.service import MirrorError
 
     if ctx.mirror is None:
@@ -216,8 +216,6 @@ async def _add_hf(request: web.Request, ctx: ApiContext, model: Model) -> web.Re
         raise ApiError(
             e.status, str(e), "invalid_request_error", "mirror_failed", "source"
         ) from None
-    from llmgwd.mirror.shapes import shape_of_set
-
     shape, why = await asyncio.to_thread(shape_of_set, ctx.mirror.store, files)
     model = msgspec.structs.replace(
         model, source=str(pinned), files=files, shape=shape, shape_error=why

@@ -64,7 +64,8 @@ FLOPS_PER_CORE = 12e9
 
 
 class ModelShape(msgspec.Struct, frozen=True, kw_only=True):
-    """What the estimates need to know of a model, read from its files' metadata."""
+    """What the estimates need to know of a model, read from its files' metadata (by
+    placement.model_shape, from a file: source or the mirror's copy of a set)."""
 
     format: Literal["gguf", "safetensors"]
     architecture: str  # "llama", "qwen2", ... (GGUF general.architecture, or config model_type)

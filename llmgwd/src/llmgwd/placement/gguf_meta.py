@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterable
 from enum import IntEnum
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -299,14 +300,17 @@ def shards(path: str | Path, header: GgufHeader) -> list[Path]:
     ]
 
 
+def joined(headers: Iterable[GgufHeader]) -> GgufHeader:
+    """One header for a split GGUF's files, in order: the first's metadata (llama.cpp keeps
+    it there) with the tensors of them all."""
+    first, *rest = headers
+    if not rest:
+        return first
+    return msgspec.structs.replace(first, tensors=[t for h in (first, *rest) for t in h.tensors])
+
+
 def shape_of(path: str | Path) -> ModelShape:
     """The ModelShape of the GGUF at path (all of its files, where it is split)."""
     header = read_header(path)
     files = shards(path, header)
-    if len(files) > 1:
-        first = read_header(files[0]) if files[0] != Path(path) else header
-        rest = [read_header(f).tensors for f in files if f != files[0]]
-        header = msgspec.structs.replace(
-            first, tensors=first.tensors + [t for ts in rest for t in ts]
-        )
-    return model_shape(header)
+    return model_shape(joined(header if f == Path(path) else read_header(f) for f in files))
