@@ -262,14 +262,24 @@ class Catalog:
         that are not UTF-8 come as surrogates, which str.encode refuses)."""
         if not secret.startswith(KEY_PREFIX) or not secret.isascii():
             return None
-        key = self._keys_by_hash.get(hash_secret(secret))
+        key = self._live(self._keys_by_hash.get(hash_secret(secret)))
+        # Compare again in constant time: the dict lookup alone leaks nothing useful, but
+        # this keeps the rule in one obvious place.
+        return key if key and hmac.compare_digest(key.hash, hash_secret(secret)) else None
+
+    def live_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id if it is live now (the console's session names its key by
+        id, so a revoked or expired key, or a deactivated user's, ends its sessions)."""
+        key = self._keys.get(key_id)
+        return None if key is None or key.revoked else self._live(key)
+
+    def _live(self, key: ApiKey | None) -> ApiKey | None:
+        """key, unless its user is deactivated (or deleted) or it has expired."""
         if key is None or (key.user and key.user not in self._active):
             return None  # a deactivated (or deleted) user's keys stop
         if key.expires_at and key.expires_at <= time.time():
             return None
-        # Compare again in constant time: the dict lookup alone leaks nothing useful, but
-        # this keeps the rule in one obvious place.
-        return key if hmac.compare_digest(key.hash, hash_secret(secret)) else None
+        return key
 
     def keys(self) -> list[ApiKey]:
         """Every key (revoked ones too), oldest first."""

@@ -32,6 +32,7 @@ from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.clientport import listener
+from llmgwd.console import app as console
 from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.engines import EngineRelay
@@ -287,7 +288,9 @@ class Daemon:
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
         app.add_subapp(login.PREFIX, login.login_app(self.catalog, self.config.oidc))  # no key
-        app.add_subapp(API_PREFIX, api_subapp(ctx, key_auth(self.catalog)))
+        api = api_subapp(ctx, key_auth(self.catalog))
+        app.add_subapp(API_PREFIX, api)
+        console.mount(app, console.make(api, self.catalog, secret, tls=bool(cfg.tls_cert)))
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog, self.meter.allows))
         scim_ctx = ScimContext(self.catalog, self.config.oidc.rules)  # groups by oidc.rules
         app.add_subapp(scim.PREFIX, scim.scim_app(scim_ctx))  # its own token, no key

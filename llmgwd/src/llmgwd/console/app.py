@@ -1,0 +1,63 @@
+"""The console's application, mounted at /console on the client port beside /v1 and /api/v1."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmgwd.api.route import ROUTES
+from llmgwd.console import act, pages, signin
+from llmgwd.console.base import (
+    CONSOLE,
+    HERE,
+    PREFIX,
+    Console,
+    Keys,
+    error_pages,
+    see_other,
+    templates,
+)
+from llmgwd.console.forms import MODEL_FORMS, Routes
+from llmgwd.console.headers import security_headers
+from llmgwd.console.session import Sessions, derived
+
+
+def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Console:
+    """The console's context: api, /api/v1's sub-application it sends every request to (and
+    whose route table its forms name); secret, the one every control plane shares (a session
+    made on one opens on another); tls, whether the client port has TLS."""
+    table = api[ROUTES]  # the records /api/v1 is served from
+    routes = Routes(table)
+    for form in MODEL_FORMS:
+        routes.of(form)  # a form naming no route fails here, at start
+    return Console(
+        api=api,
+        keys=keys,
+        sessions=Sessions(derived(secret, "session"), secure=tls),
+        csrf_key=derived(secret, "csrf"),
+        routes=routes,
+        templates=templates(),
+    )
+
+
+def console_app(ctx: Console) -> web.Application:
+    """The console's pages, forms and static files."""
+    app = web.Application(middlewares=[security_headers, error_pages])
+    app[CONSOLE] = ctx
+    app.router.add_get("/", pages.overview)
+    app.router.add_get("/models", pages.models_page)
+    app.router.add_get("/login", signin.login_page)
+    app.router.add_post("/login", signin.login)
+    app.router.add_post("/logout", signin.logout)
+    app.router.add_post("/act", act.act)
+    app.router.add_static("/static", HERE / "static", append_version=False)
+    return app
+
+
+async def _to_console(_request: web.Request) -> web.Response:
+    return see_other(PREFIX + "/")
+
+
+def mount(app: web.Application, ctx: Console) -> None:
+    """The console at /console on app (the client port's), /console itself leading to it."""
+    app.router.add_get(PREFIX, _to_console)
+    app.add_subapp(PREFIX, console_app(ctx))

@@ -1,0 +1,139 @@
+"""What every console handler shares: its context, the signed-in person, rendering a page and the
+error page every refusal is shown in."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import jinja2
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgwd import auth
+from llmgwd.catalog import ApiKey
+from llmgwd.console import csrf
+from llmgwd.console.forms import Routes
+from llmgwd.console.session import COOKIE, FLASH, Sessions
+from llmgwd.store import Store
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+PREFIX = "/console"
+
+
+class Keys(auth.KeyLookup, Protocol):
+    """The catalog's key checks: by the key itself (sign-in) and by id (each request)."""
+
+    def live_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id, if live now."""
+        ...
+
+    @property
+    def store(self) -> Store:
+        """The store (the people directory's, for the rules' membership roles)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Console:
+    """What the console's handlers reach: the API it sends every request to, the keys, the
+    session cookie, the route table (by route key) and the templates."""
+
+    api: web.Application  # /api/v1's sub-application, mounted at API_PREFIX
+    keys: Keys
+    sessions: Sessions
+    csrf_key: bytes
+    routes: Routes
+    templates: jinja2.Environment
+
+
+CONSOLE = web.AppKey("llmgw.console", Console)
+
+
+class ConsoleError(Exception):
+    """A refusal, shown in the console's error page with its status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """Who is signed in: the principal /api/v1 would give their key, and their session."""
+
+    who: auth.Principal
+    session: str  # the cookie's value
+    csrf: str  # the form token of that session
+
+
+def console(request: web.Request) -> Console:
+    """The console's context for a request's handler."""
+    return request.config_dict[CONSOLE]
+
+
+def signed_in(request: web.Request) -> Person | None:
+    """The session's person: its key re-resolved now (a revoked or expired key, or a
+    deactivated user's, is no one), its principal made as /api/v1 makes a key's."""
+    c = console(request)
+    value = request.cookies.get(COOKIE, "")
+    key_id = c.sessions.key_id(value) if value else None
+    key = c.keys.live_key(key_id) if key_id else None
+    if key is None:
+        return None
+    return Person(auth.of_key(key), value, csrf.token(c.csrf_key, value))
+
+
+def see_other(location: str) -> web.Response:
+    """A 303 to location (after a form, or to the sign-in page)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+def render(
+    request: web.Request, template: str, person: Person | None, http: int = 200, **data: Any
+) -> web.Response:
+    """A page of the console, with the person's form token and any flash message."""
+    c = console(request)
+    flash = c.sessions.flashed(request.cookies.get(FLASH, ""))
+    data.setdefault("page", "")
+    page = c.templates.get_template(template).render(
+        person=person, csrf=person.csrf if person else "", flash=flash, **data
+    )
+    response = web.Response(text=page, status=http, content_type="text/html")
+    if FLASH in request.cookies:
+        c.sessions.unflash(response)
+    return response
+
+
+@web.middleware
+async def error_pages(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refusal in the console's error page: a ConsoleError, an HTTP error (404, 405), or
+    a failure (500, logged by its route, never with a form's fields)."""
+    try:
+        return await handler(request)
+    except ConsoleError as e:
+        status, message = e.status, e.message
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        status, message = e.status, e.reason
+    except Exception:
+        log.exception("console: %s %s failed", request.method, request.path)
+        status, message = 500, "internal error"
+    return render(request, "error.html", signed_in(request), status, code=status, message=message)
+
+
+def templates() -> jinja2.Environment:
+    """The console's templates, autoescaped."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )

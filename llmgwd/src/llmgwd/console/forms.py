@@ -1,0 +1,105 @@
+"""The console's forms: each names one /api/v1 Route record (looked up in the route table, never
+a second list), and a page draws it only where the person's principal passes that route's rule
+(llmgwd.auth.allowed), as the route's guard will when the form is sent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llmgwd import auth
+from llmgwd.api.route import Route
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One input of a form: where it goes (body.X, query.X) and how it is shown."""
+
+    name: str  # "body.replicas", "query.files"
+    label: str
+    kind: str = "number"  # an <input> type: number, checkbox, text
+    value: str = ""  # its first value ("true" for a checkbox: sent when ticked)
+
+
+@dataclass(frozen=True, slots=True)
+class Form:
+    """A form of a page: the route it sends, its button and inputs."""
+
+    method: str
+    path: str  # the Route record's, as routes.TABLE has it
+    button: str
+    fields: tuple[Field, ...] = ()
+    danger: bool = False  # it removes something: drawn apart
+
+
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """A form as a page draws it: its route, the path's parameters and the inputs' values."""
+
+    form: Form
+    route: Route
+    params: Mapping[str, str]
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def route_field(self) -> str:
+        """What the form's `route` field carries: the Route record's method and path."""
+        return route_key(self.route)
+
+
+def route_key(route: Route) -> str:
+    """A Route record's key among the console's forms: "METHOD PATH"."""
+    return f"{route.method} {route.path}"
+
+
+class Routes:
+    """The route table, by route_key: a form naming a route that is not one fails at once."""
+
+    def __init__(self, table: Iterable[Route]) -> None:
+        self.by_key = {route_key(r): r for r in table}
+
+    def of(self, form: Form) -> Route:
+        """The Route record a form sends (KeyError: it names none)."""
+        return self.by_key[f"{form.method} {form.path}"]
+
+    def get(self, method: str, plain: str) -> Route | None:
+        """The route with this method and plain path, if the table has it."""
+        return next(
+            (r for r in self.by_key.values() if (r.method, r.plain) == (method, plain)), None
+        )
+
+
+# The models page's forms, per model: stop, start (serve), remove.
+MODEL_FORMS: tuple[Form, ...] = (
+    Form("POST", "/models/{name}/stop", "Stop"),
+    Form(
+        "POST",
+        "/models/{name}/serve",
+        "Start",
+        (Field("body.replicas", "Replicas", "number", "1"),),
+    ),
+    Form(
+        "DELETE",
+        "/models/{name}",
+        "Remove",
+        (Field("query.files", "with its files", "checkbox", "true"),),
+        danger=True,
+    ),
+)
+
+
+async def drawn(
+    who: auth.Principal,
+    routes: Routes,
+    forms: Sequence[Form],
+    params: Mapping[str, str],
+    roles: auth.Roles,
+    values: Mapping[str, str] | None = None,
+) -> list[Drawn]:
+    """The forms of forms who may send with these path parameters, in order."""
+    out = []
+    for form in forms:
+        route = routes.of(form)
+        if await auth.allowed(who, route.rule, params, roles):
+            out.append(Drawn(form, route, params, values or {}))
+    return out

@@ -1,0 +1,106 @@
+"""The console's pages: the overview and the models, each read through the /api/v1 GET routes
+(their guards, handlers and answer types) and drawing only the forms the person may send."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from llmgw.api_types import ModelView, NodeView
+from llmgwd.console import forms, inproc
+from llmgwd.console.base import ConsoleError, Person, console, render
+from llmgwd.console.signin import required
+from llmgwd.people.directory import Directory
+
+# GET /planes (GET /servers before it was renamed): whichever the route table has.
+PLANES = ("/planes", "/servers")
+
+
+async def read(
+    request: web.Request, person: Person, plain: str, params: Mapping[str, str] | None = None
+) -> Any:
+    """What GET plain answers this person, as its answer type; its refusal is the page's."""
+    c = console(request)
+    route = c.routes.get("GET", plain)
+    if route is None:
+        raise ConsoleError(500, f"/api/v1 has no GET {plain}")
+    answer = await inproc.call(request, c.api, person.who, route, params or {})
+    if not answer.ok:
+        raise ConsoleError(answer.status, answer.message())
+    return inproc.decoded(answer, route)
+
+
+async def _planes(request: web.Request, person: Person) -> list[Any]:
+    """The control planes (none where this llmgwd keeps none: one with no etcd)."""
+    plain = next((p for p in PLANES if console(request).routes.get("GET", p)), PLANES[0])
+    try:
+        return list(await read(request, person, plain))
+    except ConsoleError as e:
+        if e.status == 503:
+            return []
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """One thing that needs a person: what, and where."""
+
+    what: str
+    where: str
+
+
+def attention(nodes: Sequence[NodeView], models: Sequence[ModelView]) -> list[Attention]:
+    """Nodes lost and replicas failing (or killed over their memory)."""
+    out = [Attention("node lost: not connected", n.name) for n in nodes if not n.connected]
+    for m in models:
+        for r in m.replica_status:
+            if r.state == "failed" or r.reason == "oom":
+                why = r.message or r.reason or r.state
+                out.append(Attention(f"replica {r.id} of {m.name}: {why}", r.node))
+    return out
+
+
+async def overview(request: web.Request) -> web.Response:
+    """GET /console/: nodes, models, control planes, and what needs attention."""
+    person = required(request)
+    status = await read(request, person, "/status")
+    nodes: list[NodeView] = await read(request, person, "/nodes")
+    models: list[ModelView] = await read(request, person, "/models")
+    planes = await _planes(request, person)
+    return render(
+        request,
+        "overview.html",
+        person,
+        status=status,
+        nodes=nodes,
+        models=models,
+        planes=planes,
+        attention=attention(nodes, models),
+        page="overview",
+    )
+
+
+async def model_forms(
+    request: web.Request, person: Person, models: Sequence[ModelView]
+) -> dict[str, list[forms.Drawn]]:
+    """Per model, the forms of its card this person may send."""
+    c = console(request)
+    roles = Directory(c.keys.store)
+    out = {}
+    for m in models:
+        values = {"body.replicas": str(max(m.replicas, 1))}
+        out[m.name] = await forms.drawn(
+            person.who, c.routes, forms.MODEL_FORMS, {"name": m.name}, roles, values
+        )
+    return out
+
+
+async def models_page(request: web.Request) -> web.Response:
+    """GET /console/models: the catalog, and the forms a person may send for each model."""
+    person = required(request)
+    models: list[ModelView] = await read(request, person, "/models")
+    drawn = await model_forms(request, person, models)
+    return render(request, "models.html", person, models=models, drawn=drawn, page="models")

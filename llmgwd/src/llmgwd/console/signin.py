@@ -1,0 +1,86 @@
+"""Signing in to the console with an API key (a form, never a URL), and signing out."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from llmgwd import auth
+from llmgwd.console import csrf
+from llmgwd.console.base import (
+    PREFIX,
+    ConsoleError,
+    Person,
+    console,
+    render,
+    see_other,
+    signed_in,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_FORM_BYTES = 64 * 1024  # a form of the console; /api/v1's own body limit
+
+
+async def form_of(request: web.Request) -> dict[str, str]:
+    """A form's fields (the first of each name; files are no field), bounded in size."""
+    if request.content_length is None or request.content_length > MAX_FORM_BYTES:
+        raise ConsoleError(413, f"a form of at most {MAX_FORM_BYTES} bytes, with its length")
+    data = await request.post()
+    out: dict[str, str] = {}
+    for name, value in data.items():
+        if isinstance(value, str):
+            out.setdefault(name, value)
+    return out
+
+
+async def login_page(request: web.Request) -> web.Response:
+    """GET /console/login"""
+    if signed_in(request) is not None:
+        return see_other(PREFIX + "/")
+    return render(request, "login.html", None)
+
+
+async def login(request: web.Request) -> web.Response:
+    """POST /console/login {key}: a session for a live key whose principal /api/v1 knows."""
+    c = console(request)
+    key = c.keys.authenticate((await form_of(request)).get("key", "").strip())
+    if key is None:
+        log.info("console: a sign-in with a key that is not valid")
+        return render(request, "login.html", None, 401, why="That key is not valid (or revoked).")
+    who = auth.of_key(key)
+    if who.staff is None and not who.user:
+        log.info("console: %s refused, a key for /v1 only", who.label)
+        return render(request, "login.html", None, 403, why="That key reaches /v1 only.")
+    log.info("console: %s signed in", who.label)
+    response = see_other(PREFIX + "/")
+    c.sessions.set(response, key.id)
+    return response
+
+
+def required(request: web.Request) -> Person:
+    """The signed-in person, or a 303 to the sign-in page."""
+    person = signed_in(request)
+    if person is None:
+        raise web.HTTPSeeOther(PREFIX + "/login")
+    return person
+
+
+async def checked_form(request: web.Request, person: Person) -> dict[str, str]:
+    """A signed-in person's form, refused (403) without the session's form token."""
+    form = await form_of(request)
+    if not csrf.valid(console(request).csrf_key, person.session, form.get(csrf.FIELD, "")):
+        log.warning("console: %s sent a form without its form token", person.who.label)
+        raise ConsoleError(403, "this form's token is missing or not this session's")
+    return form
+
+
+async def logout(request: web.Request) -> web.Response:
+    """POST /console/logout: the session's cookie cleared."""
+    person = required(request)
+    await checked_form(request, person)
+    log.info("console: %s signed out", person.who.label)
+    response = see_other(PREFIX + "/login")
+    console(request).sessions.clear(response)
+    return response

@@ -1,0 +1,173 @@
+"""The console's pages and forms as a browser sees them: the security headers on every page,
+the forms each role is drawn (the routes the rule table lets it send, no more), and what comes
+of a form sent without its token, forged by a viewer, or naming no route."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from llmgw import wire
+from llmgwd.api.routes import TABLE
+from llmgwd.console.forms import MODEL_FORMS
+from llmgwd.console.headers import CSP
+from llmgwd.people.records import STAFF_ROLES
+from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    async with serving() as s:
+        yield s
+
+
+@pytest.fixture
+async def browser(site: Site) -> AsyncIterator[Browser]:
+    b = Browser(site)
+    yield b
+    await b.close()
+
+
+async def test_every_page_has_the_strict_policy_and_is_never_cached(
+    browser: Browser, site: Site
+) -> None:
+    pages = ["/console/login"]
+    await browser.sign_in("admin")
+    pages += ["/console/", "/console/models", "/console/no-such-page"]
+    for path in pages:
+        r, html = await browser.get(path)
+        assert r.headers["Content-Security-Policy"] == CSP, path
+        assert "script-src 'self'" in CSP and "unsafe-inline" not in CSP
+        assert r.headers["X-Content-Type-Options"] == "nosniff", path
+        assert r.headers["Referrer-Policy"] == "no-referrer", path
+        assert r.headers["Cache-Control"] == "no-store", path
+        assert "<script>" not in html and " style=" not in html, path  # nothing inline
+    r, _ = await browser.get("/console/static/htmx.min.js")
+    assert r.status == 200 and r.headers["Content-Security-Policy"] == CSP
+
+
+def _allowed(role: str, method: str, path: str) -> bool:
+    """Whether the rule table lets a staff role (or an org admin, of no staff role) send it."""
+    route = next(r for r in TABLE if (r.method, r.path) == (method, path))
+    return role in STAFF_ROLES and role in route.rule.staff
+
+
+@pytest.mark.parametrize("role", ["admin", "operator", "viewer", "org-admin"])
+async def test_each_role_is_drawn_exactly_the_forms_the_rule_table_allows(
+    browser: Browser, site: Site, role: str
+) -> None:
+    await browser.sign_in(role)
+    r, html = await browser.get("/console/models")
+    if role == "org-admin":  # no staff role: GET /models's guard refuses them the page
+        assert r.status == 403
+        return
+    assert r.status == 200
+    drawn = {(f["route"], f["path.name"]) for f in Forms(html).forms if "route" in f}
+    want = {
+        (f"{f.method} {f.path}", model)
+        for f in MODEL_FORMS
+        if _allowed("admin" if role == "admin" else role, f.method, f.path)
+        for model in ("smol", "tiny")
+    }
+    assert drawn == want
+    assert bool(want) == (role != "viewer")
+
+
+async def test_an_operator_stops_and_starts_a_model_by_its_forms(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("operator")
+    _, html = await browser.get("/console/models")
+    stop = next(f for f in Forms(html).forms if f.get("route", "").endswith("/stop"))
+    r, _ = await browser.post("/console/act", stop)
+    assert r.status == 303 and r.headers["Location"] == "/console/models"
+    model = site.catalog.get(stop["path.name"])
+    assert model is not None and model.replicas == 0
+    r, html = await browser.get("/console/models")
+    assert f"Done: POST /api/v1/models/{stop['path.name']}/stop" in html
+    start = next(f for f in Forms(html).forms if f.get("route", "").endswith("/serve"))
+    r, _ = await browser.post("/console/act", start | {"body.replicas": "3"})
+    model = site.catalog.get(start["path.name"])
+    assert r.status == 303 and model is not None and model.replicas == 3
+    r, html = await browser.post("/console/act", start | {"body.replicas": "many"})
+    assert r.status == 400 and "replicas" in html
+
+
+async def test_a_form_without_its_token_or_with_another_is_refused(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("admin")
+    _, html = await browser.get("/console/models")
+    remove = next(f for f in Forms(html).forms if f.get("route", "").startswith("DELETE"))
+    for token in (None, "0" * 64, csrf_of(html)[:-1]):
+        form = {k: v for k, v in remove.items() if k != "csrf"}
+        r, page = await browser.post("/console/act", form | ({"csrf": token} if token else {}))
+        assert r.status == 403 and "token" in page
+    assert site.catalog.get(remove["path.name"]) is not None
+    r, _ = await browser.post("/console/act", remove)
+    assert r.status == 303 and site.catalog.get(remove["path.name"]) is None
+
+
+async def test_a_viewer_s_forged_form_gets_the_guard_s_403(browser: Browser, site: Site) -> None:
+    await browser.sign_in("viewer")
+    _, html = await browser.get("/console/models")
+    assert not [f for f in Forms(html).forms if "route" in f]
+    form = {"csrf": csrf_of(html), "route": "POST /models/{name}/stop", "path.name": "smol"}
+    r, page = await browser.post("/console/act", form)
+    assert r.status == 403 and "may not POST /api/v1/models/smol/stop" in page
+    model = site.catalog.get("smol")
+    assert model is not None and model.replicas == 1
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "POST /models/{name}/halt",  # no route
+        "POST /models/{name}/stop ",  # not exactly one
+        "post /models/{name}/stop",
+        "GET /models",  # a read changes nothing
+        "DELETE /models/smol",  # a path, not a record's
+    ],
+)
+async def test_a_form_naming_no_route_of_the_table_is_a_400(
+    browser: Browser, site: Site, route: str
+) -> None:
+    await browser.sign_in("admin")
+    _, html = await browser.get("/console/models")
+    form = {"csrf": csrf_of(html), "route": route, "path.name": "smol"}
+    r, _ = await browser.post("/console/act", form)
+    assert r.status == 400
+    assert site.catalog.get("smol") is not None
+
+
+async def test_path_parameters_must_be_the_route_s_own(browser: Browser, site: Site) -> None:
+    await browser.sign_in("admin")
+    _, html = await browser.get("/console/models")
+    base = {"csrf": csrf_of(html), "route": "POST /models/{name}/stop"}
+    for params in ({}, {"path.name": "smol", "path.other": "x"}, {"path.nam": "smol"}):
+        r, _ = await browser.post("/console/act", base | params)
+        assert r.status == 400, params
+    r, _ = await browser.post("/console/act", base | {"path.name": "../keys"})
+    assert r.status == 404  # one parameter, quoted whole: no model of that name
+    model = site.catalog.get("smol")
+    assert model is not None and model.replicas == 1
+
+
+async def test_the_overview_shows_nodes_models_and_what_needs_attention(
+    browser: Browser, site: Site
+) -> None:
+    from llmgwd.api.base import NodeInfo
+
+    failed = wire.ReplicaStatus(id="r1", model="smol", state="failed", message="exit 1")
+    site.nodes.items = [
+        NodeInfo(name="n1", address="a", connected=True, last_seen=1, cores=8,
+                 memory_bytes=1, replicas=[failed], version="0.1.0", gpus=2),
+        NodeInfo(name="n2", address="b", connected=False, last_seen=1, cores=8, memory_bytes=1),
+    ]  # fmt: skip
+    await browser.sign_in("viewer")
+    r, html = await browser.get("/console/")
+    assert r.status == 200
+    assert "replica r1 of smol: exit 1" in html and "<strong>n2</strong>: node lost" in html
+    assert "0 / 1" in html and "0.1.0" in html
+    assert "<form" in html and "/console/act" not in html  # a viewer: sign-out only
