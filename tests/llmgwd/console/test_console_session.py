@@ -30,7 +30,7 @@ async def browser(site: Site) -> AsyncIterator[Browser]:
 async def test_the_session_cookie_is_httponly_strict_bounded_and_never_the_key(
     browser: Browser, site: Site
 ) -> None:
-    r, _ = await browser.post("/console/login", {"key": site.keys["admin"]})
+    r, _ = await browser.log_in(site.keys["admin"])
     assert r.status == 303 and r.headers["Location"] == "/console/"
     cookie = r.cookies[COOKIE]
     assert cookie["httponly"] and cookie["samesite"] == "Strict"
@@ -73,9 +73,9 @@ async def test_a_revoked_key_ends_its_sessions_at_once(browser: Browser, site: S
 
 
 async def test_a_key_not_valid_or_for_v1_only_signs_nobody_in(browser: Browser, site: Site) -> None:
-    r, html = await browser.post("/console/login", {"key": "sk-llmgw-nothing"})
+    r, html = await browser.log_in("sk-llmgw-nothing")
     assert r.status == 401 and COOKIE not in r.cookies and "not valid" in html
-    r, html = await browser.post("/console/login", {"key": site.keys["v1"]})
+    r, html = await browser.log_in(site.keys["v1"])
     assert r.status == 403 and COOKIE not in r.cookies and "/v1 only" in html
 
 
@@ -95,7 +95,7 @@ async def test_no_key_reaches_the_log(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     canary = "sk-llmgw-canary" + "Q" * 30
-    await browser.post("/console/login", {"key": canary})
+    await browser.log_in(canary)
     await browser.sign_in("admin")
     _, html = await browser.get("/console/models")
     form = {"csrf": csrf_of(html), "route": "POST /models/{name}/stop", "path.name": canary}
@@ -104,3 +104,16 @@ async def test_no_key_reaches_the_log(
     text = caplog.text
     assert "signed in" in text  # the log says who, by the key's id
     assert canary not in text and site.keys["admin"] not in text
+
+
+async def test_a_sign_in_without_its_page_s_token_is_refused(browser: Browser, site: Site) -> None:
+    key = site.keys["admin"]
+    r, page = await browser.post("/console/login", {"key": key})
+    assert r.status == 403 and COOKIE not in r.cookies and "token" in page
+    _, html = await browser.get("/console/login")
+    token = csrf_of(html)
+    _, html = await browser.get("/console/login")  # another page: another nonce
+    r, _ = await browser.post("/console/login", {"key": key, "csrf": token})
+    assert r.status == 403 and COOKIE not in r.cookies
+    r, _ = await browser.post("/console/login", {"key": key, "csrf": csrf_of(html)})
+    assert r.status == 303 and COOKIE in r.cookies

@@ -101,9 +101,8 @@ def render(
     c = console(request)
     flash = c.sessions.flashed(request.cookies.get(FLASH, ""))
     data.setdefault("page", "")
-    page = c.templates.get_template(template).render(
-        person=person, csrf=person.csrf if person else "", flash=flash, **data
-    )
+    data.setdefault("csrf", person.csrf if person else "")
+    page = c.templates.get_template(template).render(person=person, flash=flash, **data)
     response = web.Response(text=page, status=http, content_type="text/html")
     if FLASH in request.cookies:
         c.sessions.unflash(response)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from aiohttp import web
 
@@ -21,6 +22,8 @@ from llmgwd.console.base import (
 log = logging.getLogger(__name__)
 
 MAX_FORM_BYTES = 64 * 1024  # a form of the console; /api/v1's own body limit
+PRE = "llmgw_console_pre"  # the sign-in form's nonce
+PRE_AGE_S = 900
 
 
 async def form_of(request: web.Request) -> dict[str, str]:
@@ -35,27 +38,49 @@ async def form_of(request: web.Request) -> dict[str, str]:
     return out
 
 
+def _login_form(request: web.Request, http: int = 200, why: str = "") -> web.Response:
+    """The sign-in page, its form's token bound to a fresh nonce in a cookie of its own (so a
+    sign-in cannot be posted from another site: SameSite=Strict keeps the nonce home)."""
+    c = console(request)
+    nonce = secrets.token_urlsafe(16)
+    token = csrf.token(c.csrf_key, "pre:" + nonce)
+    extra = {"why": why} if why else {}
+    response = render(request, "login.html", None, http, csrf=token, **extra)
+    response.set_cookie(
+        PRE, nonce, max_age=PRE_AGE_S, path=PREFIX, secure=c.sessions.secure, httponly=True,
+        samesite="Strict",
+    )  # fmt: skip
+    return response
+
+
 async def login_page(request: web.Request) -> web.Response:
     """GET /console/login"""
     if signed_in(request) is not None:
         return see_other(PREFIX + "/")
-    return render(request, "login.html", None)
+    return _login_form(request)
 
 
 async def login(request: web.Request) -> web.Response:
-    """POST /console/login {key}: a session for a live key whose principal /api/v1 knows."""
+    """POST /console/login {key, csrf}: a session for a live key whose principal /api/v1
+    knows; the form's token must be the one its page was given."""
     c = console(request)
-    key = c.keys.authenticate((await form_of(request)).get("key", "").strip())
+    form = await form_of(request)
+    nonce = request.cookies.get(PRE, "")
+    if not nonce or not csrf.valid(c.csrf_key, "pre:" + nonce, form.get(csrf.FIELD, "")):
+        log.warning("console: a sign-in without its form token")
+        raise ConsoleError(403, "this form's token is missing or stale: load the page again")
+    key = c.keys.authenticate(form.get("key", "").strip())
     if key is None:
         log.info("console: a sign-in with a key that is not valid")
-        return render(request, "login.html", None, 401, why="That key is not valid (or revoked).")
+        return _login_form(request, 401, "That key is not valid (or revoked).")
     who = auth.of_key(key)
     if who.staff is None and not who.user:
         log.info("console: %s refused, a key for /v1 only", who.label)
-        return render(request, "login.html", None, 403, why="That key reaches /v1 only.")
+        return _login_form(request, 403, "That key reaches /v1 only.")
     log.info("console: %s signed in", who.label)
     response = see_other(PREFIX + "/")
     c.sessions.set(response, key.id)
+    response.del_cookie(PRE, path=PREFIX, secure=c.sessions.secure, httponly=True)
     return response
 
 
