@@ -74,6 +74,31 @@ async def test_each_role_is_drawn_exactly_the_forms_the_rule_table_allows(
     assert bool(want) == (role != "viewer")
 
 
+def test_the_models_forms_tell_an_operator_from_an_admin() -> None:
+    assert {_allowed("operator", f.method, f.path) for f in MODEL_FORMS} == {True, False}
+
+
+async def test_an_admin_prices_a_model_and_an_operator_s_forged_price_is_403(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("admin")
+    _, html = await browser.get("/console/models")
+    price = next(f for f in Forms(html).forms if f.get("route", "").endswith("/price"))
+    form = price | {"body.prompt": "0.5", "body.completion": "1.25"}
+    assert (await browser.post("/console/act", form))[0].status == 303
+    model = site.catalog.get(price["path.name"])
+    assert model is not None and (model.price_prompt, model.price_completion) == (0.5, 1.25)
+    operator = Browser(site)
+    await operator.sign_in("operator")
+    _, html = await operator.get("/console/models")
+    form |= {"csrf": csrf_of(html), "body.prompt": "9"}
+    r, page = await operator.post("/console/act", form)
+    await operator.close()
+    assert r.status == 403 and "may not PUT" in page
+    model = site.catalog.get(price["path.name"])
+    assert model is not None and model.price_prompt == 0.5
+
+
 async def test_an_operator_stops_and_starts_a_model_by_its_forms(
     browser: Browser, site: Site
 ) -> None:
@@ -92,6 +117,11 @@ async def test_an_operator_stops_and_starts_a_model_by_its_forms(
     assert r.status == 303 and model is not None and model.replicas == 3
     r, html = await browser.post("/console/act", start | {"body.replicas": "many"})
     assert r.status == 400 and "replicas" in html
+    _, html = await browser.get("/console/models")
+    context = next(f for f in Forms(html).forms if f.get("route", "").endswith("/context"))
+    r, _ = await browser.post("/console/act", context | {"body.context": "4096"})
+    model = site.catalog.get(context["path.name"])
+    assert r.status == 303 and model is not None and model.context == 4096
 
 
 async def test_a_form_without_its_token_or_with_another_is_refused(
@@ -171,3 +201,18 @@ async def test_the_overview_shows_nodes_models_and_what_needs_attention(
     assert "replica r1 of smol: exit 1" in html and "<strong>n2</strong>: node lost" in html
     assert "0 / 1" in html and "0.1.0" in html
     assert "<form" in html and "/console/act" not in html  # a viewer: sign-out only
+
+
+async def test_htmx_polls_the_overview_s_live_part_alone(browser: Browser, site: Site) -> None:
+    await browser.sign_in("viewer")
+    _, html = await browser.get("/console/")
+    assert 'id="live" hx-get="/console/" hx-trigger="every 5s"' in html
+    async with browser.session.get(site.url + "/console/", headers={"HX-Request": "true"}) as r:
+        part = await r.text()
+    assert r.status == 200 and part.startswith('<div id="live"') and "<html" not in part
+    assert "smol" in part and r.headers["Content-Security-Policy"] == CSP
+    browser.session.cookie_jar.clear()
+    async with browser.session.get(
+        site.url + "/console/", headers={"HX-Request": "true"}, allow_redirects=False
+    ) as r:
+        assert r.headers["HX-Redirect"] == "/console/login"

@@ -19,6 +19,7 @@ class Field:
     label: str
     kind: str = "number"  # an <input> type: number, checkbox, text
     value: str = ""  # its first value ("true" for a checkbox: sent when ticked)
+    step: str = "1"  # a number's: "any" for a fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +70,24 @@ class Routes:
         )
 
 
-# The models page's forms, per model: stop, start (serve), remove.
+# The models page's forms, per model: stop, start (serve), context, price, remove.
 MODEL_FORMS: tuple[Form, ...] = (
     Form("POST", "/models/{name}/stop", "Stop"),
+    Form("POST", "/models/{name}/serve", "Start", (Field("body.replicas", "Replicas"),)),
     Form(
-        "POST",
-        "/models/{name}/serve",
-        "Start",
-        (Field("body.replicas", "Replicas", "number", "1"),),
+        "PUT",
+        "/models/{name}/context",
+        "Set context",
+        (Field("body.context", "Context (tokens; 0: the model's own)"),),
+    ),
+    Form(
+        "PUT",
+        "/models/{name}/price",
+        "Set price",
+        (
+            Field("body.prompt", "Prompt, per million tokens", step="any"),
+            Field("body.completion", "Completion, per million tokens", step="any"),
+        ),
     ),
     Form(
         "DELETE",
@@ -86,6 +97,16 @@ MODEL_FORMS: tuple[Form, ...] = (
         danger=True,
     ),
 )
+
+
+def model_values(replicas: int, context: int, prompt: float, completion: float) -> dict[str, str]:
+    """The models page's inputs as a model has them now."""
+    return {
+        "body.replicas": str(max(replicas, 1)),
+        "body.context": str(context),
+        "body.prompt": f"{prompt:g}",
+        "body.completion": f"{completion:g}",
+    }
 
 
 async def drawn(

@@ -63,8 +63,14 @@ def attention(nodes: Sequence[NodeView], models: Sequence[ModelView]) -> list[At
     return out
 
 
+def live(request: web.Request) -> bool:
+    """Whether htmx asks (its poll of a page's live part): the part alone is answered."""
+    return request.headers.get("HX-Request") == "true"
+
+
 async def overview(request: web.Request) -> web.Response:
-    """GET /console/: nodes, models, control planes, and what needs attention."""
+    """GET /console/: nodes, models, control planes, and what needs attention; htmx polls
+    its live part every 5 s."""
     person = required(request)
     status = await read(request, person, "/status")
     nodes: list[NodeView] = await read(request, person, "/nodes")
@@ -72,7 +78,7 @@ async def overview(request: web.Request) -> web.Response:
     planes = await _planes(request, person)
     return render(
         request,
-        "overview.html",
+        "overview_live.html" if live(request) else "overview.html",
         person,
         status=status,
         nodes=nodes,
@@ -91,7 +97,7 @@ async def model_forms(
     roles = Directory(c.keys.store)
     out = {}
     for m in models:
-        values = {"body.replicas": str(max(m.replicas, 1))}
+        values = forms.model_values(m.replicas, m.context, m.price_prompt, m.price_completion)
         out[m.name] = await forms.drawn(
             person.who, c.routes, forms.MODEL_FORMS, {"name": m.name}, roles, values
         )

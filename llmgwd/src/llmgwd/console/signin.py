@@ -85,8 +85,10 @@ async def login(request: web.Request) -> web.Response:
 
 
 def required(request: web.Request) -> Person:
-    """The signed-in person, or a 303 to the sign-in page."""
+    """The signed-in person, or a 303 to the sign-in page (for htmx's poll, HX-Redirect)."""
     person = signed_in(request)
+    if person is None and request.headers.get("HX-Request") == "true":
+        raise web.HTTPOk(headers={"HX-Redirect": PREFIX + "/login"})  # htmx: the whole page
     if person is None:
         raise web.HTTPSeeOther(PREFIX + "/login")
     return person
