@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from llmgw import wire
+from llmgwd.api.base import NodeInfo
 from llmgwd.api.routes import TABLE
-from llmgwd.console.forms import MODEL_FORMS
+from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS
 from llmgwd.console.headers import CSP
 from llmgwd.people.records import STAFF_ROLES
 from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
@@ -53,22 +54,36 @@ def _allowed(role: str, method: str, path: str) -> bool:
     return role in STAFF_ROLES and role in route.rule.staff
 
 
+PAGES = {
+    "/console/models": (MODEL_FORMS, ("smol", "tiny")),
+    "/console/nodes": (NODE_FORMS, ("n1",)),
+}
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
 @pytest.mark.parametrize("role", ["admin", "operator", "viewer", "org-admin"])
 async def test_each_role_is_drawn_exactly_the_forms_the_rule_table_allows(
-    browser: Browser, site: Site, role: str
+    browser: Browser, site: Site, role: str, page: str
 ) -> None:
+    site.nodes.items = [NodeInfo(name="n1", address="a", connected=True, last_seen=1, cores=8,
+                                 memory_bytes=1 << 30)]  # fmt: skip
     await browser.sign_in(role)
-    r, html = await browser.get("/console/models")
-    if role == "org-admin":  # no staff role: GET /models's guard refuses them the page
+    r, html = await browser.get(page)
+    if role == "org-admin":  # no staff role: the page's GET route's guard refuses them
         assert r.status == 403
         return
     assert r.status == 200
-    drawn = {(f["route"], f["path.name"]) for f in Forms(html).forms if "route" in f}
+    forms, names = PAGES[page]
+    drawn = {
+        (f["route"], f["path.name"], f.get("path.action", ""))
+        for f in Forms(html).forms
+        if "route" in f
+    }
     want = {
-        (f"{f.method} {f.path}", model)
-        for f in MODEL_FORMS
-        if _allowed("admin" if role == "admin" else role, f.method, f.path)
-        for model in ("smol", "tiny")
+        (f"{f.method} {f.path}", name, f.fixed.get("action", ""))
+        for f in forms
+        if _allowed(role, f.method, f.path)
+        for name in names
     }
     assert drawn == want
     assert bool(want) == (role != "viewer")
@@ -187,8 +202,6 @@ async def test_path_parameters_must_be_the_route_s_own(browser: Browser, site: S
 async def test_the_overview_shows_nodes_models_and_what_needs_attention(
     browser: Browser, site: Site
 ) -> None:
-    from llmgwd.api.base import NodeInfo
-
     failed = wire.ReplicaStatus(id="r1", model="smol", state="failed", message="exit 1")
     site.nodes.items = [
         NodeInfo(name="n1", address="a", connected=True, last_seen=1, cores=8,
@@ -216,3 +229,17 @@ async def test_htmx_polls_the_overview_s_live_part_alone(browser: Browser, site:
         site.url + "/console/", headers={"HX-Request": "true"}, allow_redirects=False
     ) as r:
         assert r.headers["HX-Redirect"] == "/console/login"
+
+
+async def test_a_viewer_s_forged_cordon_gets_the_guard_s_403(browser: Browser, site: Site) -> None:
+    site.nodes.items = [NodeInfo(name="n1", address="a", connected=True, last_seen=1, cores=8,
+                                 memory_bytes=1 << 30)]  # fmt: skip
+    await browser.sign_in("viewer")
+    _, html = await browser.get("/console/nodes")
+    assert "n1" in html and not [f for f in Forms(html).forms if "route" in f]
+    form = {"csrf": csrf_of(html), "route": "POST /nodes/{name}/{action:cordon|drain|uncordon}",
+            "path.name": "n1", "path.action": "cordon"}  # fmt: skip
+    r, page = await browser.post("/console/act", form)
+    assert r.status == 403 and "may not POST /api/v1/nodes/n1/cordon" in page
+    r, _ = await browser.post("/console/act", form | {"path.action": "reboot"})
+    assert r.status == 400  # the record's pattern routes no other action

@@ -16,7 +16,7 @@ from llmgwd.console.base import (
     see_other,
     templates,
 )
-from llmgwd.console.forms import MODEL_FORMS, Routes
+from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, Routes
 from llmgwd.console.headers import security_headers
 from llmgwd.console.session import Sessions, derived
 
@@ -27,7 +27,7 @@ def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Conso
     made on one opens on another); tls, whether the client port has TLS."""
     table = api[ROUTES]  # the records /api/v1 is served from
     routes = Routes(table)
-    for form in MODEL_FORMS:
+    for form in (*MODEL_FORMS, *NODE_FORMS):
         routes.of(form)  # a form naming no route fails here, at start
     return Console(
         api=api,
@@ -45,6 +45,7 @@ def console_app(ctx: Console) -> web.Application:
     app[CONSOLE] = ctx
     app.router.add_get("/", pages.overview)
     app.router.add_get("/models", pages.models_page)
+    app.router.add_get("/nodes", pages.nodes_page)
     app.router.add_get("/login", signin.login_page)
     app.router.add_post("/login", signin.login)
     app.router.add_post("/logout", signin.logout)

@@ -31,6 +31,7 @@ class Form:
     button: str
     fields: tuple[Field, ...] = ()
     danger: bool = False  # it removes something: drawn apart
+    fixed: Mapping[str, str] = field(default_factory=dict)  # path parameters the form sets
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,17 @@ MODEL_FORMS: tuple[Form, ...] = (
 )
 
 
+# The nodes page's forms, per node: cordon, drain, uncordon, remove.
+_FLAGS = "/nodes/{name}/{action:cordon|drain|uncordon}"
+NODE_FORMS: tuple[Form, ...] = (
+    *(
+        Form("POST", _FLAGS, a.title(), fixed={"action": a})
+        for a in ("cordon", "drain", "uncordon")
+    ),
+    Form("DELETE", "/nodes/{name}", "Remove", danger=True),
+)
+
+
 def model_values(replicas: int, context: int, prompt: float, completion: float) -> dict[str, str]:
     """The models page's inputs as a model has them now."""
     return {
@@ -121,6 +133,7 @@ async def drawn(
     out = []
     for form in forms:
         route = routes.of(form)
-        if await auth.allowed(who, route.rule, params, roles):
-            out.append(Drawn(form, route, params, values or {}))
+        path = {**params, **form.fixed}
+        if await auth.allowed(who, route.rule, path, roles):
+            out.append(Drawn(form, route, path, values or {}))
     return out

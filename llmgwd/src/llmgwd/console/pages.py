@@ -110,3 +110,17 @@ async def models_page(request: web.Request) -> web.Response:
     models: list[ModelView] = await read(request, person, "/models")
     drawn = await model_forms(request, person, models)
     return render(request, "models.html", person, models=models, drawn=drawn, page="models")
+
+
+async def nodes_page(request: web.Request) -> web.Response:
+    """GET /console/nodes: every node (cards, engines, firewall, agent version, replicas), and
+    the forms a person may send for each."""
+    person = required(request)
+    nodes: list[NodeView] = await read(request, person, "/nodes")
+    c = console(request)
+    roles = Directory(c.keys.store)
+    drawn = {
+        n.name: await forms.drawn(person.who, c.routes, forms.NODE_FORMS, {"name": n.name}, roles)
+        for n in nodes
+    }
+    return render(request, "nodes.html", person, nodes=nodes, drawn=drawn, page="nodes")
