@@ -30,7 +30,7 @@ from llmgwd.metrics import endpoint  # noqa: E402
 from llmgwd.metrics.cluster import ClusterCollector  # noqa: E402
 from llmgwd.metrics.gpus import GpuCollector  # noqa: E402
 from llmgwd.metrics.scrape import Scraper  # noqa: E402
-from llmgwd.nodes.cluster import NodeInfo  # noqa: E402
+from llmgwd.nodes.state import NodeInfo  # noqa: E402
 from llmgwd.router.metrics import RouterMetrics  # noqa: E402
 from tests.llmgw_agentd.nvml_inventory import load, recorded  # noqa: E402
 

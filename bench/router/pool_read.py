@@ -13,7 +13,7 @@ import timeit
 from collections.abc import Callable
 
 from llmgw import wire
-from llmgwd.nodes.cluster import ClusterState, _Node
+from llmgwd.nodes.state import ClusterState, _Node
 from llmgwd.planes.live import LiveReplica, Published, RolePool
 
 INVENTORY = wire.Inventory(cores=2, memory_bytes=8 << 30, memory_free_bytes=4 << 30)

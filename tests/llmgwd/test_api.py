@@ -26,7 +26,7 @@ from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes, NodeInfo
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
-from llmgwd.nodes import cluster
+from llmgwd.nodes import state as cluster
 from llmgwd.store.sqlite import SqliteStore
 
 JOIN_URL = "https://cp.example:7710"

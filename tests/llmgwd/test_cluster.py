@@ -18,9 +18,10 @@ from aiohttp import web
 from llmgw import pki, wire
 from llmgw_agentd import link as link_module
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context, read_join
-from llmgwd.nodes.cluster import ClusterState, bound_port, make_app, serve, server_ssl_context
 from llmgwd.nodes.members import Members
 from llmgwd.nodes.pool import Endpoint
+from llmgwd.nodes.port import bound_port, make_app, serve, server_ssl_context
+from llmgwd.nodes.state import ClusterState
 from llmgwd.store.sqlite import SqliteStore
 
 INVENTORY = wire.Inventory(cores=2, memory_bytes=8 << 30, memory_free_bytes=4 << 30)
@@ -148,7 +149,7 @@ async def test_wrong_token_is_refused_and_nothing_is_written(
 
     assert not (tmp_path / "pki").exists()
     refusals = [
-        r for r in caplog.records if r.name == "llmgwd.nodes.cluster" and "refused" in r.message
+        r for r in caplog.records if r.name == "llmgwd.nodes.port" and "refused" in r.message
     ]
     assert len(refusals) == 1
     assert token.split(".")[1] not in caplog.text

@@ -15,8 +15,8 @@ import pytest
 from llmgw import pki, wire
 from llmgw_agentd.link import Link, link_ssl_context
 from llmgw_agentd.planes import Planes
-from llmgwd.nodes.cluster import ClusterState
 from llmgwd.nodes.members import Members
+from llmgwd.nodes.state import ClusterState
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_cluster import (
     INVENTORY,

@@ -19,7 +19,7 @@ import pytest
 from llmgw import pki, wire
 from llmgw_agentd import renew
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context
-from llmgwd.nodes import cluster as cluster_module
+from llmgwd.nodes import state as cluster_module
 from llmgwd.nodes.members import Members, refusal
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_cluster import SPEC, Agent, Cluster, eventually, node_dir, register

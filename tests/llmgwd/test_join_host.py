@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from llmgw import pki, wire
-from llmgwd.nodes import cluster
+from llmgwd.nodes.port import server_ssl_context
 from llmgwd.planes import join_host
 from llmgwd.planes.join import Joining, add_route
 from llmgwd.planes.tokens import ServerTokens
@@ -47,7 +47,7 @@ async def port(tmp_path: Path) -> AsyncIterator[Port]:
     add_route(app, Joining(tokens, etcd, CA, SECRET, "lab"))
     pki.write_pair(pki.make_server_cert(CA, ["localhost"], ["127.0.0.1"]),
                    tmp_path / "s.pem", tmp_path / "s.key")  # fmt: skip
-    tls = cluster.server_ssl_context(CA.cert_pem, tmp_path / "s.pem", tmp_path / "s.key")
+    tls = server_ssl_context(CA.cert_pem, tmp_path / "s.pem", tmp_path / "s.key")
     server = TestServer(app, host="127.0.0.1")
     await server.start_server(ssl=tls)
     yield Port(f"https://127.0.0.1:{server.port}", tokens, etcd)

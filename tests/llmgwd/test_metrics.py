@@ -21,7 +21,7 @@ from llmgwd.metrics import endpoint
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Fixed, Scraper
-from llmgwd.nodes.cluster import NodeInfo
+from llmgwd.nodes.state import NodeInfo
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw_agentd.nvml_inventory import load, recorded
 from tests.llmgwd.router.test_router_slots import HEADERS, body, gateway, replica

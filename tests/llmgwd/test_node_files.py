@@ -15,9 +15,9 @@ import pytest
 from llmgw import pki, wire
 from llmgw_agentd.link import Link, link_ssl_context
 from llmgwd.mirror.holdings import Holdings
-from llmgwd.nodes import cluster as cluster_module
-from llmgwd.nodes.cluster import ClusterState, make_app, serve, server_ssl_context
 from llmgwd.nodes.members import Members
+from llmgwd.nodes.port import bound_port, make_app, serve, server_ssl_context
+from llmgwd.nodes.state import ClusterState, remove_node
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_cluster import INVENTORY, Cluster, eventually, node_dir
 from tests.llmgwd.test_cluster import running as running  # a fixture
@@ -53,7 +53,7 @@ class MirrorCluster(Cluster):
         app = make_app(state, self.ca, self.consume, self.members, files=self.mirror)
         ctx = server_ssl_context(self.ca.cert_pem, self.dir / "s.pem", self.dir / "s.key")
         self.runner = await serve(app, "127.0.0.1", port, ctx)
-        self.port = cluster_module.bound_port(self.runner)
+        self.port = bound_port(self.runner)
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ async def test_a_removed_nodes_certificate_gets_no_file(
 ) -> None:
     d = node_dir(tmp_path, cluster.ca, "n1")
     assert (await fetch(cluster, link_ssl_context(d)))[0] == 200
-    await cluster_module.remove_node(cluster.state, cluster.members, "n1")
+    await remove_node(cluster.state, cluster.members, "n1")
     status, _, body = await fetch(cluster, link_ssl_context(d))
     assert status == 403 and b"removed" in body and DATA[:100] not in body
 

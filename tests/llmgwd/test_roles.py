@@ -13,9 +13,10 @@ import pytest
 from llmgw import wire
 from llmgw.errors import ApiError
 from llmgwd.catalog import Catalog
-from llmgwd.nodes import cluster
-from llmgwd.nodes.cluster import ClusterState
+from llmgwd.nodes import state as cluster
+from llmgwd.nodes.agent_conn import AgentConn
 from llmgwd.nodes.members import Members
+from llmgwd.nodes.state import ClusterState
 from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.planes import registry
 from llmgwd.planes.leader import LEADER, Election, LeaderRecord
@@ -112,7 +113,7 @@ async def test_a_node_removed_through_a_standby_is_cut_off_by_the_leader(
     standby = next(cp for cp in cps if cp is not leader)
     members = Members(store)
     assert await members.admit("n1", "01")
-    conn = cluster._Conn("n1", FakeWs(), "127.0.0.1", "01", b"")  # type: ignore[arg-type]
+    conn = AgentConn("n1", FakeWs(), "127.0.0.1", "01", b"")  # type: ignore[arg-type]
     await leader.cluster._attach(conn, wire.Register("n1", "127.0.0.1", "t", INVENTORY))
     assert leader.cluster.known() == ["n1"]
 

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from llmgw import wire
 from llmgwd.catalog import ApiKey, Model, engine_key, hash_secret
-from llmgwd.nodes import cluster
+from llmgwd.nodes.agent_conn import AgentConn
+from llmgwd.nodes.state import ClusterState
 from llmgwd.planes import registry
 from llmgwd.planes.fence import FencedStore
 from llmgwd.planes.leader import LEADER
@@ -59,10 +60,10 @@ class FakeWs:
         return True
 
 
-async def leader_state(port: int, state: wire.ReplicaState = "ready") -> cluster.ClusterState:
+async def leader_state(port: int, state: wire.ReplicaState = "ready") -> ClusterState:
     """A leader's cluster state: node n1 registered, told to run r1, reporting it."""
-    s = cluster.ClusterState(grace_s=30)
-    conn = cluster._Conn("n1", FakeWs(), "127.0.0.1", "1", b"")  # type: ignore[arg-type]
+    s = ClusterState(grace_s=30)
+    conn = AgentConn("n1", FakeWs(), "127.0.0.1", "1", b"")  # type: ignore[arg-type]
     await s._attach(conn, wire.Register("n1", "127.0.0.1", "t", INVENTORY))
     spec = wire.ReplicaSpec(
         "r1", "smol", "llama.cpp", "file:/m.gguf", api_key=engine_key(SECRET, "r1")
@@ -103,7 +104,7 @@ async def test_a_standby_knows_the_leaders_ready_replicas_and_keeps_them_with_no
 ) -> None:
     published = Published(store, SECRET)
     tasks.start(published.follow())
-    standby = RolePool(cluster.ClusterState(), published)
+    standby = RolePool(ClusterState(), published)
     state = await leader_state(20001)
     fenced = FencedStore(store, await term_of(store), lambda _: None)
     started = time.monotonic()
@@ -130,13 +131,13 @@ async def test_a_new_leader_keeps_the_published_replicas_of_nodes_not_back_yet(
 ) -> None:
     published = Published(store, SECRET)
     tasks.start(published.follow())
-    pool = RolePool(cluster.ClusterState(), published)
+    pool = RolePool(ClusterState(), published)
     old = FencedStore(store, await term_of(store), lambda _: None)
     await Publisher(old, await leader_state(20001), grace_s=30).publish()
     await eventually(lambda: pool.ready("smol"))
 
     await store.delete(LEADER)
-    new_state = cluster.ClusterState(grace_s=30)  # no agent has reconnected yet
+    new_state = ClusterState(grace_s=30)  # no agent has reconnected yet
     new = Publisher(FencedStore(store, await term_of(store), lambda _: None), new_state, grace_s=30)
     await new.load()
     await new.publish()
@@ -148,7 +149,7 @@ async def test_a_replica_no_longer_ready_leaves_the_standbys_pool(
 ) -> None:
     published = Published(store, SECRET)
     tasks.start(published.follow())
-    standby = RolePool(cluster.ClusterState(), published)
+    standby = RolePool(ClusterState(), published)
     fenced = FencedStore(store, await term_of(store), lambda _: None)
     await Publisher(fenced, await leader_state(20001), grace_s=30).publish()
     await eventually(lambda: standby.ready("smol"))
@@ -201,7 +202,7 @@ async def test_a_standbys_router_reaches_the_engine_with_the_key_it_derives(
     tasks.start(published.follow())
     fenced = FencedStore(store, await term_of(store), lambda _: None)
     await Publisher(fenced, await leader_state(engine.port or 0), grace_s=30).publish()
-    router = Router(Keys(), Models(), RolePool(cluster.ClusterState(), published))
+    router = Router(Keys(), Models(), RolePool(ClusterState(), published))
     server = TestServer(_mounted(router), host="127.0.0.1")
     await server.start_server()
     try:
@@ -317,7 +318,7 @@ async def test_a_standby_follows_the_published_replicas_after_its_etcd_member_wa
     flaky = _UnreachableOnce(store)
     published = Published(flaky, SECRET)  # type: ignore[arg-type]
     follow_task = tasks.start(published.follow())
-    standby = RolePool(cluster.ClusterState(), published)
+    standby = RolePool(ClusterState(), published)
     state = await leader_state(20001)
     fenced = FencedStore(store, await term_of(store), lambda _: None)
     tasks.start(Publisher(fenced, state, grace_s=30).run())

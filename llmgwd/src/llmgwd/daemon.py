@@ -39,8 +39,9 @@ from llmgwd.metrics.engines import EngineRelay
 from llmgwd.metrics.gpus import GpuCollector
 from llmgwd.metrics.scrape import Scraper
 from llmgwd.mirror import setup as mirror_setup
-from llmgwd.nodes import cluster
+from llmgwd.nodes import port as cluster_port
 from llmgwd.nodes.members import Members
+from llmgwd.nodes.state import ClusterState, remove_node
 from llmgwd.planes import registry, setup
 from llmgwd.planes.leader import Election, LeaderRecord
 from llmgwd.planes.live import Published, RolePool
@@ -161,7 +162,7 @@ class Daemon:
         self.meter = Meter(self.usage, shares=self.shares, levels=self.levels)
         await self.meter.load()  # budgets go on from what this month used before a restart
         self.usage.start()
-        self.cluster = cluster.ClusterState(grace_s=cfg.node_grace_s)
+        self.cluster = ClusterState(grace_s=cfg.node_grace_s)
         self.mirror = await mirror_setup.start(
             cfg, state_dir, self.store, self.catalog, plane=self._mirror_plane(keys, url)
         )
@@ -246,19 +247,19 @@ class Daemon:
         self.announcer.renew()
 
     async def _serve_cluster(self, keys: Pki) -> None:
-        app = cluster.make_app(
+        app = cluster_port.make_app(
             self.cluster, keys.ca, self.catalog.consume_token, self.members, files=self.mirror
         )
         self.planes.add_route(app)  # POST /servers/join
-        ctx = cluster.server_ssl_context(keys.ca.cert_pem, keys.server_cert, keys.server_key)
+        ctx = cluster_port.server_ssl_context(keys.ca.cert_pem, keys.server_cert, keys.server_key)
         host, port = split_listen(self.config.cluster.listen)
-        self._runners.append(await cluster.serve(app, host, port, ctx))
+        self._runners.append(await cluster_port.serve(app, host, port, ctx))
 
     async def remove_node(self, name: str) -> bool:
         """`llmgw node remove`: revoke the node's certificates in the store, then forget it here
         (its connection closed, its replicas placed elsewhere). Whether the node was known."""
         placed = [p.node for p in self.roles.placements()]
-        return await cluster.remove_node(self.cluster, self.members, name, placed)
+        return await remove_node(self.cluster, self.members, name, placed)
 
     async def _serve_client(self, ctx: ApiContext, secret: bytes) -> None:
         cfg = self.config.client

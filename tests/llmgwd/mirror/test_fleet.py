@@ -24,7 +24,7 @@ from llmgwd.mirror import node_files, setup
 from llmgwd.mirror.holders import CLAIMS
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
-from llmgwd.nodes import cluster
+from llmgwd.nodes.port import server_ssl_context
 from llmgwd.planes import registry
 from llmgwd.store.sqlite import SqliteStore
 
@@ -104,7 +104,7 @@ async def _plane(c: Cluster, name: str, runners: list[web.AppRunner]) -> Plane:
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(
-        runner, "127.0.0.1", 0, ssl_context=cluster.server_ssl_context(c.ca.cert_pem, cert, key)
+        runner, "127.0.0.1", 0, ssl_context=server_ssl_context(c.ca.cert_pem, cert, key)
     )
     await site.start()
     runners.append(runner)

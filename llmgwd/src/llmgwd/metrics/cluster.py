@@ -11,8 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from llmgwd.metrics.scrape import Fixed
-from llmgwd.nodes.cluster import NodeInfo
 from llmgwd.nodes.pool import Pool
+from llmgwd.nodes.state import NodeInfo
 
 Names = Callable[[], Iterable[str]]  # the catalog's model names
 Nodes = Callable[[], Iterable[NodeInfo]]

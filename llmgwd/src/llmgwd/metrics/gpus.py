@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from llmgw.wire import Gpu, GpuCounters
 from llmgwd.metrics.scrape import Fixed
-from llmgwd.nodes.cluster import NodeInfo
+from llmgwd.nodes.state import NodeInfo
 
 Nodes = Callable[[], Iterable[NodeInfo]]
 _CARD = ["node", "gpu"]

@@ -19,7 +19,7 @@ from llmgwd.mirror import fleet, hub_auth, hub_server, peers
 from llmgwd.mirror.holders import Holders
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
-from llmgwd.nodes.cluster import ClusterState
+from llmgwd.nodes.state import ClusterState
 from llmgwd.people.directory import Directory
 from llmgwd.placement.model_shape import shape_of_set
 from llmgwd.store import Store, StoreUnavailable

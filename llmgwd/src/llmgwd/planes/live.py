@@ -20,8 +20,8 @@ from collections.abc import Callable, Collection
 import msgspec
 
 from llmgwd.catalog import engine_key
-from llmgwd.nodes.cluster import ClusterState
 from llmgwd.nodes.pool import Endpoint
+from llmgwd.nodes.state import ClusterState
 from llmgwd.store import Delete, Put, Store, prefix_end
 
 log = logging.getLogger(__name__)

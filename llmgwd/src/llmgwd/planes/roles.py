@@ -12,7 +12,7 @@ from llmgw.api_types import SlurmNodeView
 from llmgw.errors import ApiError
 from llmgwd.catalog import Catalog, Model
 from llmgwd.nodes import members
-from llmgwd.nodes.cluster import ClusterState
+from llmgwd.nodes.state import ClusterState
 from llmgwd.placement.profiles import Profile
 from llmgwd.placement.reconciler import Failure, NodeFlags, Reconciler
 from llmgwd.placement.scheduler import Placement, Verdict
