@@ -1,6 +1,6 @@
 """Three control planes on etcd and an agent host, each a private systemd on one lan: the first
-made with `llmgw server init` then `llmgw server migrate --to etcd`, the others added with
-`llmgw server token` and `llmgw server join`; SmolLM2 served by the real llama-server."""
+made with `llmgw plane init` then `llmgw plane migrate --to etcd`, the others added with
+`llmgw plane token` and `llmgw plane join`; SmolLM2 served by the real llama-server."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ print(json.dumps(out))
 
 @dataclass
 class Before:
-    """What the SQLite control plane held just before `llmgw server migrate --to etcd`."""
+    """What the SQLite control plane held just before `llmgw plane migrate --to etcd`."""
 
     models: list[dict[str, Any]]
     keys: list[dict[str, Any]]
@@ -95,9 +95,9 @@ def llmgw(node: Node, *args: str, timeout: float = 600) -> subprocess.CompletedP
     return node.ps.run([str(VENV / "bin/llmgw"), *args], timeout=timeout)
 
 
-def servers(node: Node) -> list[dict[str, Any]]:
-    """`llmgw servers --json` on node."""
-    found: list[dict[str, Any]] = node.llmgw("servers", "--json")
+def planes(node: Node) -> list[dict[str, Any]]:
+    """`llmgw planes --json` on node."""
+    found: list[dict[str, Any]] = node.llmgw("planes", "--json")
     return found
 
 
@@ -110,8 +110,8 @@ def api(node: Node, method: str, path: str, body: object = None,
 
 
 def leader(node: Node, timeout: float = 5.0) -> str:
-    """Who leads, as node's `llmgw servers` says ("": nobody; the name is its address)."""
-    status, found = api(node, "GET", "/servers", timeout=timeout)
+    """Who leads, as node's `llmgw planes` says ("": nobody; the name is its address)."""
+    status, found = api(node, "GET", "/planes", timeout=timeout)
     if status != 200:
         return ""
     return next((s["name"] for s in found if s["role"] == "leader"), "")
@@ -178,7 +178,7 @@ def _migrate(cluster: CpCluster, cp1: Node) -> None:
         engine_pids=cluster.engine_pids(),
     )
     t = time.monotonic()
-    r = llmgw(cp1, "server", "migrate", "--to", "etcd")
+    r = llmgw(cp1, "plane", "migrate", "--to", "etcd")
     cluster.timings["migrate_s"] = time.monotonic() - t
     cluster.before.migrate_out = r.stdout + r.stderr
 
@@ -187,9 +187,9 @@ def _join(cluster: CpCluster, booted: Booted, name: str, binary: str) -> None:
     cp1 = cluster.cps["cp1"]
     node = booted.host(name, CPS[name], binary)
     install_etcd_unit(node.ps)
-    token = cp1.llmgw("server", "token", "--json")["token"]
+    token = cp1.llmgw("plane", "token", "--json")["token"]
     t = time.monotonic()
-    r = llmgw(node, "server", "join", f"https://{CPS['cp1']}:{CLUSTER_PORT}", "--token", token,
+    r = llmgw(node, "plane", "join", f"https://{CPS['cp1']}:{CLUSTER_PORT}", "--token", token,
               "--advertise", f"https://{CPS[name]}:{CLUSTER_PORT}")  # fmt: skip
     cluster.timings[f"join_{name}_s"] = time.monotonic() - t
     cluster.join_out[name] = r.stderr + r.stdout

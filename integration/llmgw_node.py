@@ -100,9 +100,9 @@ class Node:
         )
 
     def init_server(self, host: str = "127.0.0.1", agent: bool = True, extra: str = "") -> str:
-        """`llmgw server init` on this node's ports at host (and the agent too, unless not
+        """`llmgw plane init` on this node's ports at host (and the agent too, unless not
         wanted; extra: more server.yaml lines); returns a join token."""
-        self.llmgw("server", "init", "--no-start",
+        self.llmgw("plane", "init", "--no-start",
                    "--advertise", f"https://{host}:{self.cluster_port}")  # fmt: skip
         text = self.ps.read_file("/etc/llmgw/server.yaml")
         text = text.replace("0.0.0.0:7700", f"{host}:{self.client_port}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from integration.cp_cluster import CLIENT_PORT, CPS, CpCluster, api, cp_cluster, leader, servers
+from integration.cp_cluster import CLIENT_PORT, CPS, CpCluster, api, cp_cluster, leader, planes
 from integration.harness import REPO
 from integration.llmgw_node import MODEL, VENV, Node, llama_server
 from integration.write_history import History, problems, store_view
@@ -57,7 +57,7 @@ def healthy(cluster: CpCluster, timeout: float = 120.0) -> str:
     seen: Any = None
     while time.monotonic() < deadline:
         try:
-            seen = [servers(n) for n in cluster.cps.values()]
+            seen = [planes(n) for n in cluster.cps.values()]
             leads = {s["name"] for view in seen for s in view if s["role"] == "leader"}
             fine = all(len(v) == 3 and all(s["health"] == "healthy" and not s["learner"]
                                            and s["role"] in ("leader", "standby") for s in v)
@@ -71,7 +71,7 @@ def healthy(cluster: CpCluster, timeout: float = 120.0) -> str:
 
 
 def new_leader(survivor: Node, old: str, since: float, timeout: float = 60.0) -> tuple[str, float]:
-    """Poll survivor's `llmgw servers` until another than old leads: (who, seconds since)."""
+    """Poll survivor's `llmgw planes` until another than old leads: (who, seconds since)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

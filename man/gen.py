@@ -201,7 +201,7 @@ SETTINGS = {
     "server.store.key_file": "The key of that certificate; empty: STATE_DIR/pki/etcd-client.key.",
     "server.cluster.advertise": (
         "The cluster port's URL as nodes reach it (https://HOST:7710), printed in join "
-        "commands; empty: `llmgw server init` sets it from the host's main address."
+        "commands; empty: `llmgw plane init` sets it from the host's main address."
     ),
     "server.node_grace_s": (
         "How long, in seconds, a node that stopped reporting keeps its replicas in the "
@@ -431,9 +431,12 @@ def render_llmgw() -> str:
         "llmgw\\-agentd's socket, as \\fB\\-\\-agent\\-socket\\fR.",
         ".TP\n\\fBLLMGW_JOIN_TOKEN\\fR",
         "The token of \\fBllmgw node join\\fR, as its \\fB\\-\\-token\\fR.",
+        ".TP\n\\fBLLMGW_PLANE_TOKEN\\fR",
+        "The token of \\fBllmgw plane join\\fR, as its \\fB\\-\\-token\\fR "
+        "(\\fBLLMGW_SERVER_TOKEN\\fR, its old name, is read too).",
         ".SH FILES",
         f".TP\n\\fI{esc(str(config.SERVER_CONFIG))}\\fR\nllmgwd's configuration, written by "
-        "\\fBllmgw server init\\fR; see \\fBllmgw.yaml\\fR(5).",
+        "\\fBllmgw plane init\\fR; see \\fBllmgw.yaml\\fR(5).",
         f".TP\n\\fI{esc(str(config.AGENT_CONFIG))}\\fR\nllmgw\\-agentd's configuration; "
         "see \\fBllmgw.yaml\\fR(5).",
         f".TP\n\\fI{esc(config.ServerConfig().socket)}\\fR, "
@@ -558,7 +561,7 @@ def render_yaml() -> str:
         "\\fBllmgwd \\-\\-check\\fR and \\fBllmgw\\-agentd \\-\\-check\\fR check a file "
         "without starting.",
         ".PP",
-        "\\fBllmgw server init\\fR writes \\fIserver.yaml\\fR.",
+        "\\fBllmgw plane init\\fR writes \\fIserver.yaml\\fR.",
         "The agent runs with the defaults until a site writes \\fIagent.yaml\\fR.",
         "The directory \\fI/etc/llmgw\\fR is root:llmgw, mode 0750: files there may name "
         "keys, and llmgwd (user llmgw) reads them through its group.",

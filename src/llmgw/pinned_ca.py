@@ -1,5 +1,5 @@
 """The cluster's CA fetched from a cluster port and pinned by a join token's hash: the first
-step of a node's join and of a control plane's (`llmgw node join`, `llmgw server join`)."""
+step of a node's join and of a control plane's (`llmgw node join`, `llmgw plane join`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def check_url(url: str) -> str:
 
 async def fetch_pinned(session: aiohttp.ClientSession, url: str, token: str, kind: str) -> bytes:
     """The CA the cluster port at url offers (fetched unverified), accepted only when its hash
-    is the one the token (a "join token" or "server token": kind) names."""
+    is the one the token (a "join token" or "plane token": kind) names."""
     ca_pem = await _fetch(session, url)
     if not pki.token_matches_ca(token, ca_pem):
         raise PinError(

@@ -352,15 +352,15 @@ def decode_server(data: bytes | str) -> ServerMessage:
 
 # Control planes (kept in the store under /servers/NAME, with the control plane's lease)
 
-ServerRole = Literal["leader", "standby"]
+PlaneRole = Literal["leader", "standby"]
 
 
-class ServerInfo(msgspec.Struct, frozen=True):
-    """One live control plane, as it tells the others and `llmgw servers` shows it."""
+class PlaneInfo(msgspec.Struct, frozen=True):
+    """One live control plane, as it tells the others and `llmgw planes` shows it."""
 
     name: str
     url: str  # its cluster port's URL, as nodes dial it
-    role: ServerRole = "standby"
+    role: PlaneRole = "standby"
     term: int = 0  # while leader: its term (the leader key's create revision); else 0
     since: float = 0.0  # unix time it took this role
 
@@ -383,8 +383,8 @@ class JoinResponse(msgspec.Struct, frozen=True):
     ca_pem: str
 
 
-# A control plane joining (`llmgw server join` -> POST /servers/join on the cluster port, over
-# HTTPS pinned to the CA the server token names, before the host holds any of the cluster's keys)
+# A control plane joining (`llmgw plane join` -> POST /servers/join on the cluster port, over
+# HTTPS pinned to the CA the plane token names, before the host holds any of the cluster's keys)
 
 
 class EtcdMember(msgspec.Struct, frozen=True):
@@ -394,15 +394,15 @@ class EtcdMember(msgspec.Struct, frozen=True):
     peer_urls: list[str]
 
 
-class ServerJoinRequest(msgspec.Struct, frozen=True):
-    """A new control plane asks for its place with a server token."""
+class PlaneJoinRequest(msgspec.Struct, frozen=True):
+    """A new control plane asks for its place with a plane token."""
 
     token: str
     name: str  # its name: the host's, host-name-like; its etcd member's name too
     peer_url: str  # https://ADDRESS:7721, where the other members reach its etcd member
 
 
-class ServerJoinResponse(msgspec.Struct, frozen=True):
+class PlaneJoinResponse(msgspec.Struct, frozen=True):
     """What a control plane needs: the CA and its key, the cluster secret, the members."""
 
     ca_pem: str

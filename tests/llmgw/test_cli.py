@@ -16,7 +16,7 @@ from aiohttp import web
 from click.testing import CliRunner, Result
 
 from llmgw import config, wire
-from llmgw.cli import server
+from llmgw.cli import plane
 from llmgw.cli.main import main
 from llmgwd.accounting.usage import Usage
 from llmgwd.api.access import peercred_auth
@@ -337,9 +337,9 @@ def test_status(daemon: Daemon) -> None:
     assert json.loads(daemon.cli("status", "--json").stdout)["nodes"]["total"] == 0
 
 
-def test_server_init_writes_the_config(tmp_path: Path) -> None:
+def test_plane_init_writes_the_config(tmp_path: Path) -> None:
     cfg_path = tmp_path / "etc" / "server.yaml"
-    args = ["server", "init", "--config", str(cfg_path), "--state-dir", str(tmp_path / "state")]
+    args = ["plane", "init", "--config", str(cfg_path), "--state-dir", str(tmp_path / "state")]
     r = CliRunner().invoke(main, [*args, "--no-start"])
     assert r.exit_code == 0, r.output
     cfg = config.load(cfg_path, config.ServerConfig)
@@ -358,14 +358,14 @@ def test_server_init_writes_the_config(tmp_path: Path) -> None:
     assert r.exit_code == 2
 
 
-def test_server_init_starts_llmgwd_and_prints_the_join_command(
+def test_plane_init_starts_llmgwd_and_prints_the_join_command(
     daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started: list[bool] = []
-    monkeypatch.setattr(server, "systemd_running", lambda: True)
-    monkeypatch.setattr(server, "start_llmgwd", lambda: started.append(True))
+    monkeypatch.setattr(plane, "systemd_running", lambda: True)
+    monkeypatch.setattr(plane, "start_llmgwd", lambda: started.append(True))
     cfg_path = tmp_path / "server.yaml"
-    r = daemon.cli("server", "init", "--config", str(cfg_path), "--state-dir", str(tmp_path / "s"))
+    r = daemon.cli("plane", "init", "--config", str(cfg_path), "--state-dir", str(tmp_path / "s"))
     assert r.exit_code == 0, r.output
     assert started == [True]
     assert "Waiting for llmgwd" in r.stderr
@@ -373,25 +373,25 @@ def test_server_init_starts_llmgwd_and_prints_the_join_command(
     assert config.load(cfg_path, config.ServerConfig).socket == daemon.socket
 
 
-def test_server_init_without_systemd_says_how_to_start(
+def test_plane_init_without_systemd_says_how_to_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "systemd_running", lambda: False)
+    monkeypatch.setattr(plane, "systemd_running", lambda: False)
     args = ["--config", str(tmp_path / "server.yaml"), "--state-dir", str(tmp_path / "s")]
-    r = CliRunner().invoke(main, ["server", "init", *args, "--json"])
+    r = CliRunner().invoke(main, ["plane", "init", *args, "--json"])
     assert r.exit_code == 0
     assert "start llmgwd yourself" in r.stderr
     assert json.loads(r.stdout)["started"] is False
 
 
-def test_server_init_gives_up_when_llmgwd_does_not_come_up(
+def test_plane_init_gives_up_when_llmgwd_does_not_come_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "systemd_running", lambda: True)
-    monkeypatch.setattr(server, "start_llmgwd", lambda: None)
+    monkeypatch.setattr(plane, "systemd_running", lambda: True)
+    monkeypatch.setattr(plane, "start_llmgwd", lambda: None)
     args = ["--config", str(tmp_path / "server.yaml"), "--state-dir", str(tmp_path / "s")]
     sock = str(tmp_path / "never.sock")
-    r = CliRunner().invoke(main, ["--socket", sock, "server", "init", *args, "--wait", "0.3"])
+    r = CliRunner().invoke(main, ["--socket", sock, "plane", "init", *args, "--wait", "0.3"])
     assert r.exit_code == 3
     assert "journalctl -u llmgwd" in r.stderr
 
@@ -399,7 +399,7 @@ def test_server_init_gives_up_when_llmgwd_does_not_come_up(
 def test_every_command_has_help() -> None:
     for args in (
         [],
-        ["server", "init"],
+        ["plane", "init"],
         ["node", "token"],
         ["node", "join"],
         ["nodes"],

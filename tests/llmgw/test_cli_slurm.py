@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from llmgw.api_types import SlurmNodeView
-from llmgw.cli import server
+from llmgw.cli import plane
 from llmgw.cli.main import main
 from llmgwd.api.base import ApiContext
 from llmgwd.catalog import Catalog
@@ -82,7 +82,7 @@ def test_lending_a_node_not_in_slurm_says_why(cli: Callable[..., Result]) -> Non
     assert "'n9' has not joined the cluster" in r.output
 
 
-def test_server_init_slurm_turns_slurm_on_with_this_host_as_controller(
+def test_plane_init_slurm_turns_slurm_on_with_this_host_as_controller(
     cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     token = {
@@ -91,8 +91,8 @@ def test_server_init_slurm_turns_slurm_on_with_this_host_as_controller(
         "url": "https://cp:7710",
         "command": "llmgw node join https://cp:7710 --token t",
     }  # a TokenView
-    monkeypatch.setattr(server, "_started", lambda *_: token)  # llmgwd answers on the socket
-    args = ["server", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
+    monkeypatch.setattr(plane, "_started", lambda *_: token)  # llmgwd answers on the socket
+    args = ["plane", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
             str(tmp_path / "state"), "--slurm"]  # fmt: skip
 
     r = cli(*args)
@@ -104,8 +104,8 @@ def test_server_init_slurm_turns_slurm_on_with_this_host_as_controller(
     assert (shown["enabled"], shown["controller"], shown["nodes"]) == (True, name, [])
 
 
-def test_server_init_slurm_without_starting_says_how(tmp_path: Path) -> None:
-    args = ["server", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
+def test_plane_init_slurm_without_starting_says_how(tmp_path: Path) -> None:
+    args = ["plane", "init", "--config", str(tmp_path / "s.yaml"), "--state-dir",
             str(tmp_path / "state"), "--slurm", "--no-start"]  # fmt: skip
 
     r = CliRunner().invoke(main, args)

@@ -119,18 +119,37 @@ async def test_created_routes_are_documented_as_201_and_empty_bodies_as_optional
 
 
 @pytest.mark.parametrize("literal", ["tokens", "leave"])
-async def test_delete_servers_name_is_not_servers_tokens_or_leave(
-    api: tuple[aiohttp.ClientSession, dict[str, str]], literal: str
+@pytest.mark.parametrize("planes", ["planes", "servers"])  # and the old word, deprecated
+async def test_delete_planes_name_is_not_planes_tokens_or_leave(
+    api: tuple[aiohttp.ClientSession, dict[str, str]], literal: str, planes: str
 ) -> None:
-    # /servers/tokens and /servers/leave are POST only: DELETE there is a 405 that says so,
+    # /planes/tokens and /planes/leave are POST only: DELETE there is a 405 that says so,
     # not a removal of a control plane named "tokens" (no control plane may be so named).
     session, auth = api
-    async with session.delete(f"/api/v1/servers/{literal}", headers=auth) as resp:
+    async with session.delete(f"/api/v1/{planes}/{literal}", headers=auth) as resp:
         assert resp.status == 405
         assert resp.headers["Allow"] == "POST"
         msgspec.json.decode(await resp.read(), type=ErrorAnswer)
-    async with session.delete("/api/v1/servers/cp-2", headers=auth) as resp:
+    async with session.delete(f"/api/v1/{planes}/cp-2", headers=auth) as resp:
         assert resp.status == 503  # the route is there (this llmgwd keeps no control planes)
+
+
+async def test_the_old_servers_paths_are_the_planes_ones_deprecated(
+    api: tuple[aiohttp.ClientSession, dict[str, str]],
+) -> None:
+    session, auth = api
+    async with session.get("/api/v1/openapi.json", headers=auth) as resp:
+        paths = (await resp.json())["paths"]
+    old = {p: ops for p, ops in paths.items() if p.startswith("/api/v1/servers")}
+    assert len(old) == 4  # /servers, /servers/tokens, /servers/leave, /servers/{name}
+    for path, ops in old.items():
+        new = paths[path.replace("/api/v1/servers", "/api/v1/planes", 1)]
+        assert set(ops) == set(new)
+        for method, op in ops.items():
+            assert op.pop("deprecated") is True
+            assert op | {"operationId": ""} == new[method] | {"operationId": ""}
+    for path, ops in paths.items():
+        assert path in old or not any("deprecated" in op for op in ops.values()), path
 
 
 async def test_the_request_schemas_say_what_the_handlers_check(

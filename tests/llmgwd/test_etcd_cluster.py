@@ -87,7 +87,7 @@ async def test_sqlite_migrated_into_etcd_whole(tmp_path: Path) -> None:
 def _start_joined(
     m0: local_etcd.Member, root: Path, peers: dict[str, str]
 ) -> subprocess.Popen[bytes]:
-    """A second member, as `llmgw server join` starts it: the CA copied, state existing."""
+    """A second member, as `llmgw plane join` starts it: the CA copied, state existing."""
     pki_dir = root / "pki"
     ca = pki.read_pair(m0.ca_file, m0.pki_dir / etcd_member.CA_KEY)
     pki.write_pair(ca, pki_dir / etcd_member.CA_CERT, pki_dir / etcd_member.CA_KEY)

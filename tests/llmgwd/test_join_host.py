@@ -1,4 +1,4 @@
-"""`llmgw server join`'s side on the new host: the CA pinned by the token before the token is
+"""`llmgw plane join`'s side on the new host: the CA pinned by the token before the token is
 sent, the answer checked, and the keys written where llmgwd reads them (0600)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from llmgw import pki, wire
 from llmgwd.nodes.port import server_ssl_context
 from llmgwd.planes import join_host
 from llmgwd.planes.join import Joining, add_route
-from llmgwd.planes.tokens import ServerTokens
+from llmgwd.planes.tokens import PlaneTokens
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.fake_etcd import FakeEtcd
 
@@ -30,7 +30,7 @@ PEER = "https://10.0.0.2:7721"
 @dataclass
 class Port:
     url: str
-    tokens: ServerTokens
+    tokens: PlaneTokens
     etcd: FakeEtcd
 
 
@@ -41,7 +41,7 @@ async def _ca(_: web.Request) -> web.Response:
 @pytest.fixture
 async def port(tmp_path: Path) -> AsyncIterator[Port]:
     store = await SqliteStore.open(":memory:")
-    tokens, etcd = ServerTokens(store, CA.cert_pem), FakeEtcd()
+    tokens, etcd = PlaneTokens(store, CA.cert_pem), FakeEtcd()
     app = web.Application()
     app.router.add_get("/ca", _ca)
     add_route(app, Joining(tokens, etcd, CA, SECRET, "lab"))
@@ -71,7 +71,7 @@ async def test_joined_the_keys_written_for_llmgwd(port: Port, tmp_path: Path) ->
 
 async def test_another_cas_token_is_never_sent(port: Port) -> None:
     other = pki.new_join_token(pki.make_ca("other").cert_pem)
-    with pytest.raises(join_host.JoinFailed, match="not the one the server token names") as e:
+    with pytest.raises(join_host.JoinFailed, match="not the one the plane token names") as e:
         await join_host.ask(port.url, other, "cp2", PEER)
     assert other not in str(e.value) and len(port.etcd.members_) == 1
 
@@ -89,7 +89,7 @@ async def test_a_refusal_is_said_without_the_token(port: Port) -> None:
 
 def test_an_answer_with_a_key_not_the_cas_is_refused() -> None:
     stranger = pki.make_ca("stranger")
-    body = wire.ServerJoinResponse(CA.cert_pem.decode(), stranger.key_pem.decode(),
+    body = wire.PlaneJoinResponse(CA.cert_pem.decode(), stranger.key_pem.decode(),
                                    base64.b64encode(SECRET).decode(),
                                    [wire.EtcdMember("cp2", [PEER])], "lab")  # fmt: skip
     with pytest.raises(join_host.JoinFailed, match="not the CA's") as e:

@@ -1,4 +1,4 @@
-"""Copying a whole store into an empty one (the core of `llmgw server migrate --to etcd`):
+"""Copying a whole store into an empty one (the core of `llmgw plane migrate --to etcd`):
 models, keys, usage, placements and mirror records all there after, checked key by key."""
 
 from __future__ import annotations

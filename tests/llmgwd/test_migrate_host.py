@@ -1,4 +1,4 @@
-"""`llmgw server migrate --to etcd` on this host: refused when there is nothing to migrate, the
+"""`llmgw plane migrate --to etcd` on this host: refused when there is nothing to migrate, the
 SQLite store copied into a real etcd member whole, state.db kept aside, server.yaml switched."""
 
 from __future__ import annotations

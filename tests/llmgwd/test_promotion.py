@@ -41,6 +41,6 @@ async def test_a_learner_never_caught_up_is_given_up(caplog: pytest.LogCaptureFi
         await promoter.once()
         await promoter.once()
     assert caplog.text.count("has not caught up") == 1
-    assert "llmgw server remove 2" in caplog.text
+    assert "llmgw plane remove 2" in caplog.text
     etcd.behind.clear()
     assert await promoter.once() == []  # given up: a restarted llmgwd tries again

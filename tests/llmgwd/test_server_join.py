@@ -1,5 +1,5 @@
 """A new control plane's token and join: POST /servers/join on the cluster port hands out the
-CA key and the cluster secret for a live server token only, and adds the etcd member."""
+CA key and the cluster secret for a live plane token only, and adds the etcd member."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from llmgw import pki, wire
 from llmgwd.catalog import Catalog, JoinToken, hash_secret
 from llmgwd.planes import tokens
 from llmgwd.planes.join import Joining, add_route
-from llmgwd.planes.tokens import ServerTokens
+from llmgwd.planes.tokens import PlaneTokens
 from llmgwd.store import Store
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.fake_etcd import FakeEtcd
@@ -30,14 +30,14 @@ CA = pki.make_ca("test")
 class Port:
     url: str
     store: Store
-    tokens: ServerTokens
+    tokens: PlaneTokens
     etcd: FakeEtcd
 
 
 @pytest.fixture
 async def port() -> AsyncIterator[Port]:
     store = await SqliteStore.open(":memory:")
-    tokens = ServerTokens(store, CA.cert_pem)
+    tokens = PlaneTokens(store, CA.cert_pem)
     etcd = FakeEtcd()
     app = web.Application(client_max_size=64 << 10)
     add_route(app, Joining(tokens, etcd, CA, SECRET, "lab"))
@@ -65,11 +65,11 @@ def _leaks(body: bytes) -> bool:
     )
 
 
-async def test_a_server_token_buys_the_ca_key_secret_and_a_member(port: Port) -> None:
+async def test_a_plane_token_buys_the_ca_key_secret_and_a_member(port: Port) -> None:
     token = await port.tokens.mint()
     status, body = await _join(port.url, _request(token))
     assert status == 200, body
-    answer = msgspec.json.decode(body, type=wire.ServerJoinResponse)
+    answer = msgspec.json.decode(body, type=wire.PlaneJoinResponse)
     assert answer.ca_key_pem.encode() == CA.key_pem and answer.ca_pem.encode() == CA.cert_pem
     assert base64.b64decode(answer.secret) == SECRET and answer.cluster == "lab"
     assert answer.members == [
@@ -105,7 +105,7 @@ async def test_no_token_a_node_token_a_used_or_expired_one_get_nothing(port: Por
     assert status == 400 and not _leaks(body)
 
 
-async def test_a_server_token_is_no_node_token(port: Port) -> None:
+async def test_a_plane_token_is_no_node_token(port: Port) -> None:
     token = await port.tokens.mint()
     assert not await Catalog(port.store).consume_token(token)
     assert (await _join(port.url, _request(token)))[0] == 200  # and it was not spent there

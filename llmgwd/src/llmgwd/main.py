@@ -1,5 +1,5 @@
 """llmgwd's command line: read server.yaml and run the control plane; or, as `llmgwd join` and
-`llmgwd migrate`, this host's side of `llmgw server join` and `migrate`, which run them."""
+`llmgwd migrate`, this host's side of `llmgw plane join` and `migrate`, which run them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from llmgw.entry import run_daemon
 HOST_COMMANDS = ("join", "migrate")  # llmgwd.planes.host_commands: what the CLI runs
 DESCRIPTION = (
     "the llmgw control plane (`llmgwd join` and `llmgwd migrate` are this host's side of "
-    "`llmgw server join` and `llmgw server migrate`, which run them)"
+    "`llmgw plane join` and `llmgw plane migrate`, which run them)"
 )
 
 

@@ -108,13 +108,13 @@ from llmgw.api_types.people import (
     UserIn,
     UserView,
 )
-from llmgw.api_types.servers import (
+from llmgw.api_types.planes import (
     TOKEN_TTL_S,
     Health,
+    PlaneRemoved,
+    PlaneTokenIn,
+    PlaneView,
     RemoveIn,
-    ServerRemoved,
-    ServerTokenIn,
-    ServerView,
 )
 from llmgw.api_types.slurm import (
     SlurmNodeView,
@@ -204,6 +204,9 @@ __all__ = [
     "PersonRole",
     "PlaceView",
     "PlanView",
+    "PlaneRemoved",
+    "PlaneTokenIn",
+    "PlaneView",
     "PriceIn",
     "Profile",
     "ProfilePlan",
@@ -220,9 +223,6 @@ __all__ = [
     "ScimTokenView",
     "ScopeView",
     "ServeIn",
-    "ServerRemoved",
-    "ServerTokenIn",
-    "ServerView",
     "SetState",
     "SetStatus",
     "Sha256",

@@ -6,7 +6,7 @@ import msgspec
 
 
 class TokenView(msgspec.Struct, kw_only=True):
-    """POST /tokens, POST /servers/tokens: a new join token and the command that uses it."""
+    """POST /tokens, POST /planes/tokens: a new join token and the command that uses it."""
 
     token: str
     expires_in: int

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import click
 
 from llmgw import config
@@ -14,11 +16,11 @@ from llmgw.cli import (
     model,
     node,
     org,
+    plane,
+    plane_join,
+    plane_migrate,
+    planes,
     scim,
-    server,
-    server_join,
-    server_migrate,
-    servers,
     slurm,
     usage,
     user,
@@ -56,12 +58,23 @@ def main(ctx: click.Context, socket_path: str, agent_socket: str) -> None:
     ctx.obj = Settings(socket=socket_path, agent_socket=agent_socket)
 
 
-main.add_command(server.server)
-main.add_command(server.status)
-main.add_command(servers.servers)
-for _command in (servers.token, servers.leave, servers.remove, server_join.join,
-                 server_migrate.migrate):  # fmt: skip
-    server.server.add_command(_command)
+def old_name(command: click.Command, name: str) -> click.Command:
+    """command under the name it had before, which still works but is listed nowhere (not in
+    --help, completion or llmgw(1)): the same command, its subcommands shared."""
+    alias = copy.copy(command)
+    alias.name, alias.hidden = name, True
+    return alias
+
+
+main.add_command(plane.plane)
+main.add_command(plane.status)
+main.add_command(planes.planes)
+for _command in (planes.token, planes.leave, planes.remove, plane_join.join,
+                 plane_migrate.migrate):  # fmt: skip
+    plane.plane.add_command(_command)
+# The old words (a control plane was a "server"), so that scripts written with them still work.
+main.add_command(old_name(plane.plane, "server"))
+main.add_command(old_name(planes.planes, "servers"))
 main.add_command(node.node)
 main.add_command(node.nodes)
 main.add_command(model.model)

@@ -1,4 +1,4 @@
-"""What `llmgw server join` and `migrate` share with llmgwd's side of them (`llmgwd join`,
+"""What `llmgw plane join` and `migrate` share with llmgwd's side of them (`llmgwd join`,
 `llmgwd migrate`): systemctl, the address etcd peers use, and running llmgwd."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import click
 
 from llmgw.cli.common import Refused
-from llmgw.cli.server import main_ip
+from llmgw.cli.plane import main_ip
 
 ETCD_UNIT = "llmgw-etcd.service"
 LLMGWD_UNIT = "llmgwd.service"

@@ -109,7 +109,7 @@ async def _plane(c: Cluster, name: str, runners: list[web.AppRunner]) -> Plane:
     await site.start()
     runners.append(runner)
     plane.url = f"https://localhost:{runner.addresses[0][1]}"
-    info = msgspec.json.encode(wire.ServerInfo(name, plane.url))
+    info = msgspec.json.encode(wire.PlaneInfo(name, plane.url))
     await c.store.put(registry.SERVERS + name, info, lease=lease)  # as its Announcer does
     return plane
 

@@ -162,7 +162,7 @@ class ApiContext:
     remove_node: Callable[[str], Awaitable[bool]] | None = None
     mirror: Mirror | None = None  # None: hf: sources are refused here
     node_files: NodeFiles | None = None  # the nodes' caches, for sweeps
-    control_planes: ControlPlanes | None = None  # /servers: None, this llmgwd keeps none
+    control_planes: ControlPlanes | None = None  # /planes: None, this llmgwd keeps none
     slurm: SettingsStore | None = None  # /slurm: None, Slurm's settings are not kept here
     # Each node's standing between llmgw and Slurm (Roles.slurm_status; None: a standby's)
     slurm_status: Callable[[], list[SlurmNodeView] | None] | None = None

@@ -48,6 +48,8 @@ def _operation(route: Route, schemas: dict[Any, Any]) -> dict[str, Any]:
     }
     if rule.member is not None:
         op["x-member-role"] = rule.member
+    if route.deprecated:
+        op["deprecated"] = True
     if request is not None:
         # No body reads as {} (api.base.read_body): one is required only if a field is.
         required = any(f.required for f in msgspec.structs.fields(request))

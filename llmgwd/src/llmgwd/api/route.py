@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -29,11 +29,22 @@ class Route:
     # Path parameters the handler checks, each with its schema (the rest: any string).
     params: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     errors: tuple[str, ...] = ()  # error statuses it answers beyond every route's
+    deprecated: bool = False  # an old path kept answering for old clients: use another
 
     @property
     def plain(self) -> str:
         """The path with its parameters' patterns dropped ({action:a|b} -> {action})."""
         return plain_path(self.path)
+
+
+def old_paths(routes: Sequence[Route], new: str, old: str) -> list[Route]:
+    """The routes again under their old path (new's prefix replaced by old), deprecated: the
+    same handler, rule and types, so that clients of the old path keep working."""
+    return [
+        replace(r, path=old + r.path.removeprefix(new), deprecated=True)
+        for r in routes
+        if r.path.startswith(new)
+    ]
 
 
 def plain_path(path: str) -> str:

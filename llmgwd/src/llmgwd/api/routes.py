@@ -26,15 +26,15 @@ from llmgw.api_types import (
     NodeView,
     PeerIn,
     PeerView,
+    PlaneRemoved,
+    PlaneTokenIn,
+    PlaneView,
     PlanView,
     PriceIn,
     ProfileReplicasIn,
     RemoveIn,
     ScimTokenView,
     ServeIn,
-    ServerRemoved,
-    ServerTokenIn,
-    ServerView,
     SlurmSettingsIn,
     SlurmView,
     StatusView,
@@ -54,8 +54,8 @@ from llmgwd.api import (
     openapi,
     people,
     person_keys,
+    planes,
     plans,
-    servers,
     slurm,
     status,
     stored_tokens,
@@ -64,12 +64,12 @@ from llmgwd.api import (
 )
 from llmgwd.api.access import guarded
 from llmgwd.api.base import API_PREFIX, CTX, MAX_BODY_BYTES, ApiContext, errors_middleware
-from llmgwd.api.route import ROUTES, Route
+from llmgwd.api.route import ROUTES, Route, old_paths
 from llmgwd.auth import STAFF_ADMIN, STAFF_OPERATE, STAFF_READ, org_rule
 
 # Staff viewers read everything and change nothing; operators change models, nodes (join
-# tokens too), the mirror and Slurm; admins everything (keys, limits, prices, servers,
-# people). The people routes' rules also name membership roles (api.people.TABLE).
+# tokens too), the mirror and Slurm; admins everything (keys, limits, prices, control
+# planes, people). The people routes' rules also name membership roles (api.people.TABLE).
 READ, OPERATE, ADMIN = STAFF_READ, STAFF_OPERATE, STAFF_ADMIN
 CREATED = 201
 
@@ -77,7 +77,25 @@ CREATED = 201
 _NODE = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"}
 NODE = {"name": _NODE}
 SHA256 = {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
-SERVER = {"name": _NODE | {"not": {"enum": ["tokens", "leave"]}}}
+PLANE = {"name": _NODE | {"not": {"enum": ["tokens", "leave"]}}}
+
+PLANES: list[Route] = [
+    Route("GET", "/planes", planes.list_planes, READ, answer=list[PlaneView]),
+    Route("POST", "/planes/tokens", planes.create_plane_token, ADMIN, PlaneTokenIn, TokenView),
+    Route("POST", "/planes/leave", planes.leave, ADMIN, RemoveIn, PlaneRemoved),
+    # Not tokens or leave, the literal routes above (a name that would be refused at join):
+    # DELETE there is their 405.
+    Route(
+        "DELETE",
+        "/planes/{name:(?!(?:tokens|leave)$)[^/]+}",
+        planes.remove_plane,
+        ADMIN,
+        RemoveIn,
+        PlaneRemoved,
+        params=PLANE,
+        errors=("405",),
+    ),
+]
 
 TABLE: list[Route] = [
     *people.TABLE,
@@ -151,21 +169,9 @@ TABLE: list[Route] = [
         answer=SlurmView,
         params=NODE,
     ),
-    Route("GET", "/servers", servers.list_servers, READ, answer=list[ServerView]),
-    Route("POST", "/servers/tokens", servers.create_server_token, ADMIN, ServerTokenIn, TokenView),
-    Route("POST", "/servers/leave", servers.leave, ADMIN, RemoveIn, ServerRemoved),
-    # Not tokens or leave, the literal routes above (a name that would be refused at join):
-    # DELETE there is their 405.
-    Route(
-        "DELETE",
-        "/servers/{name:(?!(?:tokens|leave)$)[^/]+}",
-        servers.remove_server,
-        ADMIN,
-        RemoveIn,
-        ServerRemoved,
-        params=SERVER,
-        errors=("405",),
-    ),
+    *PLANES,
+    # /planes under its old word, deprecated, for the llmgw commands that still call it.
+    *old_paths(PLANES, "/planes", "/servers"),
     Route(
         "POST",
         "/scim/token",

@@ -1,4 +1,4 @@
-"""`llmgwd join` and `llmgwd migrate`: this host's side of `llmgw server join` and `llmgw server
+"""`llmgwd join` and `llmgwd migrate`: this host's side of `llmgw plane join` and `llmgw plane
 migrate`, which run them (so that the shared package imports no daemon)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import click
 
 from llmgw import config
 from llmgw.cli.common import Refused, Settings
-from llmgw.cli.server import default_advertise, systemd_running, wait_for_llmgwd, write_config
+from llmgw.cli.plane import default_advertise, systemd_running, wait_for_llmgwd, write_config
 from llmgw.cli.units import ETCD_UNIT, LLMGWD_UNIT, peer_ip, progress, systemctl
 from llmgwd import daemon
 from llmgwd.planes import etcd_member, join_host, migrate_host
@@ -42,7 +42,7 @@ peer_ip_option = click.option("--peer-ip", "peer_ip_", metavar="IP", help="This 
 
 @click.group("llmgwd")
 def host() -> None:
-    """This host's side of `llmgw server join` and `llmgw server migrate`, which run these
+    """This host's side of `llmgw plane join` and `llmgw plane migrate`, which run these
     (see llmgw(1)); `llmgwd` alone runs the control plane."""
 
 
@@ -53,7 +53,7 @@ def settings(socket_path: str) -> Settings:
 
 @host.command("join")
 @click.argument("url")
-@click.option("--token", required=True, envvar="LLMGW_SERVER_TOKEN", help="The server token.")
+@click.option("--token", required=True, envvar="LLMGW_SERVER_TOKEN", help="The plane token.")
 @click.option("--advertise", metavar="URL", help="This host's cluster port as nodes reach it.")
 @peer_ip_option
 @config_option
@@ -62,7 +62,7 @@ def settings(socket_path: str) -> Settings:
 def join(url: str, token: str, advertise: str | None, peer_ip_: str | None, config_path: Path,
          wait_s: float, socket_path: str) -> None:  # fmt: skip
     """Join the cluster whose cluster port is URL as one more control plane
-    (`llmgw server join`)."""
+    (`llmgw plane join`)."""
     cfg = config.ServerConfig(socket=socket_path)
     state_dir = Path(cfg.state_dir)
     if config_path.exists():
@@ -108,13 +108,13 @@ def _start(settings: Settings, cfg: config.ServerConfig, name: str, wait_s: floa
     if not asyncio.run(join_host.wait_voter(cfg, wait_s)):
         raise Refused(
             f"this host's etcd member is still a learner after {wait_s:g} s: see `journalctl "
-            f"-u {ETCD_UNIT}` here and `llmgw servers` on a control plane; llmgwd not started"
+            f"-u {ETCD_UNIT}` here and `llmgw planes` on a control plane; llmgwd not started"
         )
     took = time.monotonic() - started
     progress(f"The member was promoted to a voter after {took:.1f} s; starting {LLMGWD_UNIT} ...")
     systemctl("start", LLMGWD_UNIT)
     wait_for_llmgwd(settings, 60.0)
-    click.echo(f"Control plane {name} joined cluster {cfg.name}; `llmgw servers` lists them all.")
+    click.echo(f"Control plane {name} joined cluster {cfg.name}; `llmgw planes` lists them all.")
 
 
 @host.command("migrate")
@@ -123,7 +123,7 @@ def _start(settings: Settings, cfg: config.ServerConfig, name: str, wait_s: floa
 @config_option
 @socket_option
 def migrate(target: str, peer_ip_: str | None, config_path: Path, socket_path: str) -> None:
-    """Move this control plane's store from SQLite into etcd (`llmgw server migrate`)."""
+    """Move this control plane's store from SQLite into etcd (`llmgw plane migrate`)."""
     try:
         cfg = config.load(config_path, config.ServerConfig)
         state_dir = Path(cfg.state_dir)
@@ -154,7 +154,7 @@ def migrate(target: str, peer_ip_: str | None, config_path: Path, socket_path: s
         systemctl("start", LLMGWD_UNIT)
         wait_for_llmgwd(settings(socket_path), 60.0)
     click.echo(f"Control plane {name} now keeps the cluster's state in etcd (member {name}); "
-               f"the SQLite store is kept at {backup}. `llmgw server token` adds a control "
+               f"the SQLite store is kept at {backup}. `llmgw plane token` adds a control "
                "plane.")  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The new host's side of `llmgw server join`: the cluster's CA pinned by the server token, the
+"""The new host's side of `llmgw plane join`: the cluster's CA pinned by the plane token, the
 join asked for over HTTPS trusting only that CA, and what llmgwd and its etcd member read
 written: the CA and its key, the cluster secret, the member's certificates and config."""
 
@@ -48,7 +48,7 @@ async def ask(
     *,
     retry_s: float = RETRY_S,
     on_retry: Callable[[str], None] = lambda _: None,
-) -> wire.ServerJoinResponse:
+) -> wire.PlaneJoinResponse:
     """The CA at url checked against the token, then POST /servers/join over TLS that trusts
     only that CA (again while the store's cluster is not ready for a member, a 503, for up to
     retry_s, on_retry told why); the answer checked (the CA, its own key, this member)."""
@@ -56,14 +56,14 @@ async def ask(
     try:
         pki.split_join_token(token)
     except pki.PKIError as e:
-        raise JoinFailed(f"the server token is malformed ({e})") from None
+        raise JoinFailed(f"the plane token is malformed ({e})") from None
     timeout = aiohttp.ClientTimeout(total=60, connect=CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            ca_pem = await pinned_ca.fetch_pinned(session, url, token, "server token")
+            ca_pem = await pinned_ca.fetch_pinned(session, url, token, "plane token")
         except pinned_ca.PinError as e:
             raise JoinFailed(str(e)) from None
-        request = wire.ServerJoinRequest(token=token, name=name, peer_url=peer_url)
+        request = wire.PlaneJoinRequest(token=token, name=name, peer_url=peer_url)
         deadline = time.monotonic() + retry_s
         while True:
             body, status = await _post(session, f"{url}/servers/join", request, ca_pem)
@@ -77,7 +77,7 @@ async def ask(
 
 
 async def _post(
-    session: aiohttp.ClientSession, url: str, request: wire.ServerJoinRequest, ca_pem: bytes
+    session: aiohttp.ClientSession, url: str, request: wire.PlaneJoinRequest, ca_pem: bytes
 ) -> tuple[bytes, int]:
     data = msgspec.json.encode(request)
     headers = {"Content-Type": "application/json"}
@@ -98,10 +98,10 @@ def _reason(body: bytes) -> str:
         return "no reason given"
 
 
-def _checked(body: bytes, ca_pem: bytes, name: str) -> wire.ServerJoinResponse:
+def _checked(body: bytes, ca_pem: bytes, name: str) -> wire.PlaneJoinResponse:
     bad = "the control plane's join answer is not valid"
     try:
-        answer = msgspec.json.decode(body, type=wire.ServerJoinResponse)
+        answer = msgspec.json.decode(body, type=wire.PlaneJoinResponse)
         base64.b64decode(answer.secret, validate=True)
     except (msgspec.DecodeError, msgspec.ValidationError, binascii.Error):
         raise JoinFailed(bad) from None
@@ -117,7 +117,7 @@ def _checked(body: bytes, ca_pem: bytes, name: str) -> wire.ServerJoinResponse:
     return answer
 
 
-def write_keys(state_dir: Path, answer: wire.ServerJoinResponse, owner: tuple[int, int]) -> None:
+def write_keys(state_dir: Path, answer: wire.PlaneJoinResponse, owner: tuple[int, int]) -> None:
     """STATE_DIR/pki/ca.pem and ca.key, STATE_DIR/secret (keys 0600), all owned by owner
     (llmgw's uid and gid: llmgwd and the member run as llmgw)."""
     pki_dir = state_dir / "pki"

@@ -6,7 +6,7 @@ create, so no two terms share one). The others watch the key and try again when 
 deleted (its lease revoked or run out). One key rather than a key per candidate with the
 lowest create revision winning (etcd's own election recipe): with 3 or 5 candidates the
 herd that wakes on a delete is 2 or 4 transactions, and one key is what standbys and
-`llmgw servers` read to know who leads. Never etcd's lock API: the fence (fence.py) needs
+`llmgw planes` read to know who leads. Never etcd's lock API: the fence (fence.py) needs
 the term's revision, and a lock service's session would be a second lease to keep.
 
 The leader trusts its lease on its own clock (session.py): when the lease was not renewed

@@ -1,4 +1,4 @@
-"""The control planes as `llmgw servers` shows them (each one's etcd member, its health and
+"""The control planes as `llmgw planes` shows them (each one's etcd member, its health and
 role), and the rule that keeps a removal from leaving the store without a quorum."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from typing import Protocol
 import msgspec
 
 from llmgw import wire
-from llmgw.api_types import Health, ServerView
-from llmgwd.planes.tokens import ServerTokens
+from llmgw.api_types import Health, PlaneView
+from llmgwd.planes.tokens import PlaneTokens
 from llmgwd.store import Store, prefix_end
 
-SERVERS = "/servers/"  # each live control plane's wire.ServerInfo, under its lease
+# Each live control plane's wire.PlaneInfo, under its lease: the store key keeps its old word,
+# which every llmgwd of a rolling upgrade reads.
+SERVERS = "/servers/"
 LEADER = "/leader"
 
 
@@ -52,11 +54,11 @@ class EtcdCluster(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ControlPlanes:
-    """What /api/v1/servers works with, supplied by the daemon."""
+    """What /api/v1/planes works with, supplied by the daemon."""
 
     store: Store
     etcd: EtcdCluster | None  # None: the store is SQLite (one control plane)
-    tokens: ServerTokens
+    tokens: PlaneTokens
     me: str  # this control plane's name
     join_url: str  # its cluster port, where a new control plane joins
 
@@ -65,11 +67,11 @@ class Refusal(Exception):
     """A change to the control planes refused; the message says why and what to do."""
 
 
-class NoSuchServer(Refusal):
+class NoSuchPlane(Refusal):
     """No member of that name."""
 
 
-_info = msgspec.json.Decoder(wire.ServerInfo)
+_info = msgspec.json.Decoder(wire.PlaneInfo)
 
 
 class _Leader(msgspec.Struct):
@@ -80,7 +82,7 @@ _leader = msgspec.json.Decoder(_Leader)
 _BAD = (msgspec.DecodeError, msgspec.ValidationError)
 
 
-async def records(store: Store) -> dict[str, wire.ServerInfo]:
+async def records(store: Store) -> dict[str, wire.PlaneInfo]:
     """The live control planes' records, by name."""
     kvs, _ = await store.range(SERVERS, prefix_end(SERVERS))
     found = {}
@@ -108,24 +110,24 @@ def _health(member: Member, healthy: dict[int, bool]) -> Health:
     return "healthy" if healthy.get(member.id) else "unreachable"
 
 
-async def view(store: Store, etcd: EtcdCluster | None, me: str) -> list[ServerView]:
+async def view(store: Store, etcd: EtcdCluster | None, me: str) -> list[PlaneView]:
     """Every control plane: etcd's members joined with the live records, by name."""
     recs = await records(store)
     lead = await leader(store)
-    out: list[ServerView] = []
+    out: list[PlaneView] = []
     members = await etcd.members() if etcd is not None else []
     healthy = await etcd.healthy() if etcd is not None else {}
     for m in members:
         rec = recs.pop(m.name, None)
         role = "leader" if m.name and m.name == lead else (rec.role if rec else "")
-        out.append(ServerView(
+        out.append(PlaneView(
             name=m.name or f"(joining at {', '.join(m.peer_urls)})", url=rec.url if rec else "",
             member=format(m.id, "x"), peer_url=",".join(m.peer_urls),
             health=_health(m, healthy), role=role, learner=m.learner, self=m.name == me,
         ))  # fmt: skip
     for name, rec in sorted(recs.items()):
         role = "leader" if name == lead else rec.role
-        out.append(ServerView(name=name, url=rec.url, role=role, self=name == me))
+        out.append(PlaneView(name=name, url=rec.url, role=role, self=name == me))
     return sorted(out, key=lambda s: s.name)
 
 
@@ -154,12 +156,12 @@ def removal_refusal(members: list[Member], healthy: dict[int, bool], gone: Membe
 
 def find(members: list[Member], name: str) -> Member:
     """The member of that name (or that hex id: a member that never started has no name);
-    NoSuchServer when there is none."""
+    NoSuchPlane when there is none."""
     for m in members:
         if m.name == name or (not m.name and format(m.id, "x") == name):
             return m
     names = ", ".join(sorted(m.name for m in members if m.name)) or "none"
-    raise NoSuchServer(f"no control plane {name!r} among the store's members ({names})")
+    raise NoSuchPlane(f"no control plane {name!r} among the store's members ({names})")
 
 
 async def remove(etcd: EtcdCluster, name: str, *, me: str, force: bool, leaving: bool) -> Member:
@@ -169,13 +171,13 @@ async def remove(etcd: EtcdCluster, name: str, *, me: str, force: bool, leaving:
     members = await etcd.members()
     gone = find(members, name)
     if name == me and not leaving:
-        raise Refusal(f"{name} is this control plane: run `llmgw server leave` to take it out")
+        raise Refusal(f"{name} is this control plane: run `llmgw plane leave` to take it out")
     healthy = await etcd.healthy()
     why = removal_refusal(members, healthy, gone)
     if len(members) <= 1:
         raise Refusal(why)  # even with force
     if not why and not leaving and healthy.get(gone.id):
-        why = f"{name}'s member is healthy: run `llmgw server leave` on {name} instead"
+        why = f"{name}'s member is healthy: run `llmgw plane leave` on {name} instead"
     if why and not force:
         raise Refusal(f"{why} (--force does it all the same)")
     await etcd.remove(gone.id)

@@ -1,4 +1,4 @@
-"""Copying every key of one store into another, empty one (`llmgw server migrate --to etcd`),
+"""Copying every key of one store into another, empty one (`llmgw plane migrate --to etcd`),
 in key order, in batches by transaction, then reading every key back to check it."""
 
 from __future__ import annotations

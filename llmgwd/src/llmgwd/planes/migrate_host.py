@@ -1,4 +1,4 @@
-"""This host's side of `llmgw server migrate --to etcd`: the first member's config, SQLite
+"""This host's side of `llmgw plane migrate --to etcd`: the first member's config, SQLite
 copied into it, state.db set aside as the backup, and server.yaml switched to etcd."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def switch_config(path: Path) -> None:
     text = path.read_text()
     data = yaml.safe_load(text) or {}
     data.setdefault("store", {})["backend"] = "etcd"
-    header = f"# llmgwd's configuration; store moved to etcd by `llmgw server migrate` {_now()}.\n"
+    header = f"# llmgwd's configuration; store moved to etcd by `llmgw plane migrate` {_now()}.\n"
     new = header + yaml.safe_dump(data, sort_keys=False)
     config.parse(new, ServerConfig, str(path))  # still a valid server.yaml
     tmp = path.with_name(path.name + ".tmp")

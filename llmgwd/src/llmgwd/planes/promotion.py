@@ -58,7 +58,7 @@ class Promoter:
                 self._given_up.add(m.id)
                 log.error(
                     "etcd member %s (%x) has not caught up in %d s: left a learner (it counts "
-                    "toward no quorum); start its llmgw-etcd, or `llmgw server remove %x`",
+                    "toward no quorum); start its llmgw-etcd, or `llmgw plane remove %x`",
                     _name(m), m.id, GIVE_UP_S, m.id,
                 )  # fmt: skip
         return promoted

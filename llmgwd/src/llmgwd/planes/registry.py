@@ -1,5 +1,5 @@
-"""Every live control plane under /servers/NAME (wire.ServerInfo, with its own lease, so a
-dead one vanishes with it): what `llmgw servers` shows and what agents are told."""
+"""Every live control plane under /servers/NAME (wire.PlaneInfo, with its own lease, so a
+dead one vanishes with it): what `llmgw planes` shows and what agents are told."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from llmgwd.store import Store, prefix_end
 
 log = logging.getLogger(__name__)
 
-SERVERS = "/servers/"
+SERVERS = "/servers/"  # the store key keeps its old word (a rolling upgrade reads it)
 
-_dec = msgspec.json.Decoder(wire.ServerInfo)
+_dec = msgspec.json.Decoder(wire.PlaneInfo)
 
 
 class Announcer:
@@ -26,14 +26,14 @@ class Announcer:
 
     def __init__(self, store: Store, name: str, url: str, lease: Callable[[], int]) -> None:
         self._store = store
-        self._info = wire.ServerInfo(name, url, since=time.time())
+        self._info = wire.PlaneInfo(name, url, since=time.time())
         self._lease = lease
         self._due = asyncio.Event()
 
-    def set_role(self, role: wire.ServerRole, term: int) -> None:
+    def set_role(self, role: wire.PlaneRole, term: int) -> None:
         """This control plane's role changed."""
         if (role, term) != (self._info.role, self._info.term):
-            self._info = wire.ServerInfo(self._info.name, self._info.url, role, term, time.time())
+            self._info = wire.PlaneInfo(self._info.name, self._info.url, role, term, time.time())
             self._due.set()
 
     def renew(self) -> None:
@@ -57,7 +57,7 @@ class Announcer:
                 self._due.set()
 
 
-async def read(store: Store) -> tuple[list[wire.ServerInfo], int]:
+async def read(store: Store) -> tuple[list[wire.PlaneInfo], int]:
     """Every live control plane, and the revision read at."""
     kvs, revision = await store.range(SERVERS, prefix_end(SERVERS))
     return [_dec.decode(kv.value) for kv in kvs], revision

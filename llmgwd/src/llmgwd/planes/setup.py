@@ -1,5 +1,5 @@
-"""What llmgwd runs for its control planes: server tokens, the store's etcd cluster (none on
-SQLite), /api/v1/servers' context, the cluster port's POST /servers/join and the promoter."""
+"""What llmgwd runs for its control planes: plane tokens, the store's etcd cluster (none on
+SQLite), /api/v1/planes' context, the cluster port's POST /servers/join and the promoter."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from llmgwd.planes.etcd_cluster import EtcdCluster
 from llmgwd.planes.join import Joining
 from llmgwd.planes.listing import ControlPlanes
 from llmgwd.planes.promotion import Promoter
-from llmgwd.planes.tokens import ServerTokens
+from llmgwd.planes.tokens import PlaneTokens
 from llmgwd.store import Store
 from llmgwd.store.etcd_http import EtcdHttp, tls_context
 
 
 @dataclass(frozen=True, slots=True)
-class Servers:
+class PlaneParts:
     """The control planes' parts of one llmgwd."""
 
     planes: ControlPlanes  # api.ApiContext.control_planes
@@ -59,10 +59,10 @@ def member_tls(cfg: ServerConfig, state_dir: Path) -> ssl.SSLContext:
 
 def build(
     cfg: ServerConfig, store: Store, ca: pki.CertKey, secret: bytes, *, name: str, url: str
-) -> Servers:
+) -> PlaneParts:
     """The parts for this llmgwd: name is its control plane's name (daemon.server_name),
     url its cluster port's advertised URL."""
-    tokens = ServerTokens(store, ca.cert_pem)
+    tokens = PlaneTokens(store, ca.cert_pem)
     client, etcd = None, None
     if cfg.store.backend == "etcd":
         tls = member_tls(cfg, Path(cfg.state_dir))
@@ -70,4 +70,4 @@ def build(
         etcd = EtcdCluster(client, tls)
     planes = ControlPlanes(store=store, etcd=etcd, tokens=tokens, me=name, join_url=url)
     joining = Joining(tokens, etcd, ca, secret, cfg.name)
-    return Servers(planes, joining, Promoter(etcd) if etcd else None, client)
+    return PlaneParts(planes, joining, Promoter(etcd) if etcd else None, client)

@@ -1,8 +1,8 @@
-"""One-time tokens for a new control plane (`llmgw server token`), kept apart from node tokens.
+"""One-time tokens for a new control plane (`llmgw plane token`), kept apart from node tokens.
 
-A server token looks like a node's (the CA's hash, a dot, a secret) so the new host can pin
+A plane token looks like a node's (the CA's hash, a dot, a secret) so the new host can pin
 the CA by it, but it is stored under its own prefix: a node token is never found here and a
-server token never under catalog.TOKENS, so neither is usable as the other.
+plane token never under catalog.TOKENS, so neither is usable as the other.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _key(token: str) -> str:
     return PREFIX + hash_secret(token)
 
 
-class ServerTokens:
-    """Server tokens in the store, by their hash, each with a lease that ends it."""
+class PlaneTokens:
+    """Plane tokens in the store, by their hash, each with a lease that ends it."""
 
     def __init__(self, store: Store, ca_pem: bytes) -> None:
         self._store = store

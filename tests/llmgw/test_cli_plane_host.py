@@ -1,4 +1,4 @@
-"""`llmgw server join` and `llmgw server migrate` run llmgwd's host-side steps (`llmgwd join`,
+"""`llmgw plane join` and `llmgw plane migrate` run llmgwd's host-side steps (`llmgwd join`,
 `llmgwd migrate`): what llmgwd refuses reaches the user as the CLI's own refusal, the server
 token never rides on a command line, and a host without llmgwd is told to install it."""
 
@@ -26,7 +26,7 @@ def llmgw(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_migrate_of_a_host_without_server_yaml_is_refused_saying_so(tmp_path: Path) -> None:
-    r = llmgw("server", "migrate", "--to", "etcd", "--config", str(tmp_path / "server.yaml"))
+    r = llmgw("plane", "migrate", "--to", "etcd", "--config", str(tmp_path / "server.yaml"))
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == f"Error: {tmp_path}/server.yaml: no such file\n"
 
@@ -34,7 +34,7 @@ def test_migrate_of_a_host_without_server_yaml_is_refused_saying_so(tmp_path: Pa
 def test_join_on_a_host_that_is_a_control_plane_already_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "server.yaml"
     config.write_text("name: a\n")
-    r = llmgw("server", "join", "https://cp1:7710", "--token", TOKEN, "--config", str(config))
+    r = llmgw("plane", "join", "https://cp1:7710", "--token", TOKEN, "--config", str(config))
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (f"Error: {config} exists: this host is set up as a control plane already\n")
 
@@ -47,9 +47,9 @@ def test_join_on_a_host_that_is_a_control_plane_already_is_refused(tmp_path: Pat
     ],
 )
 def test_a_bad_option_is_a_usage_error_of_llmgw(option: list[str], said: str) -> None:
-    r = llmgw("server", "join", "https://cp1:7710", "--token", TOKEN, *option)
+    r = llmgw("plane", "join", "https://cp1:7710", "--token", TOKEN, *option)
     assert r.returncode == 2
-    assert r.stderr.startswith("Usage: llmgw server join [OPTIONS] URL\n"), r.stderr
+    assert r.stderr.startswith("Usage: llmgw plane join [OPTIONS] URL\n"), r.stderr
     assert said in r.stderr
 
 
@@ -65,7 +65,7 @@ def test_the_token_reaches_llmgwd_in_its_environment_only(
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(subprocess, "run", run)
-    args = ["server", "join", "https://cp1:7710", "--token", TOKEN, "--peer-ip", "10.0.0.2"]
+    args = ["plane", "join", "https://cp1:7710", "--token", TOKEN, "--peer-ip", "10.0.0.2"]
     r = CliRunner().invoke(main, ["--socket", "/run/x.sock", *args])
     assert r.exit_code == 0, r.output
     [(command, env)] = ran
@@ -85,6 +85,6 @@ def test_without_llmgwd_the_cli_says_to_install_it(monkeypatch: pytest.MonkeyPat
         lambda name, *a: None if name == "llmgwd" else find_spec(name, *a),
     )
     for args in (["migrate", "--to", "etcd"], ["join", "https://cp1:7710", "--token", TOKEN]):
-        r = CliRunner().invoke(main, ["server", *args])
+        r = CliRunner().invoke(main, ["plane", *args])
         assert r.exit_code == 1
         assert "llmgwd is not installed on this host: install the llmgwd package" in r.output

@@ -1,5 +1,5 @@
-"""llmgw server join: make this host a control plane of a running cluster (whose store is
-etcd), with a server token from `llmgw server token`; `llmgwd join` does this host's side."""
+"""llmgw plane join: make this host a control plane of a running cluster (whose store is
+etcd), with a plane token from `llmgw plane token`; `llmgwd join` does this host's side."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from llmgw.cli.units import need_llmgwd, peer_ip, run_llmgwd
 @click.option(
     "--token",
     required=True,
-    envvar="LLMGW_SERVER_TOKEN",
-    help="The server token `llmgw server token` printed (env LLMGW_SERVER_TOKEN).",
+    envvar=["LLMGW_PLANE_TOKEN", "LLMGW_SERVER_TOKEN"],  # the old name, still read
+    help="The plane token `llmgw plane token` printed (env LLMGW_PLANE_TOKEN).",
 )
 @click.option(
     "--advertise",

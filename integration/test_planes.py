@@ -1,5 +1,5 @@
-"""Three control planes on etcd, grown from one on SQLite (`llmgw server migrate --to etcd`,
-then `llmgw server token` and `llmgw server join` twice): `llmgw servers` lists them with
+"""Three control planes on etcd, grown from one on SQLite (`llmgw plane migrate --to etcd`,
+then `llmgw plane token` and `llmgw plane join` twice): `llmgw planes` lists them with
 one leader, /v1 answers through each, and the migration lost nothing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.cp_cluster import CPS, CpCluster, cp_cluster, servers
+from integration.cp_cluster import CPS, CpCluster, cp_cluster, planes
 from integration.llmgw_node import llama_server
 
 pytestmark = pytest.mark.skipif(
@@ -41,13 +41,13 @@ def test_migrate_kept_models_keys_usage_and_engines(cluster: CpCluster) -> None:
     assert any(before.usage), before.usage  # the requests made on SQLite were counted
     assert cluster.engine_pids() == before.engine_pids  # the engines were not restarted
     assert cp1.ps.run(["test", "-f", "/var/lib/llmgw/state.db.before-etcd"]).returncode == 0
-    second = cp1.llmgw("server", "migrate", "--to", "etcd", check=False)
+    second = cp1.llmgw("plane", "migrate", "--to", "etcd", check=False)
     assert second.returncode == 1 and "is etcd already" in second.stderr, second.stderr
 
 
-def test_servers_lists_three_one_leader_all_healthy(cluster: CpCluster) -> None:
+def test_planes_lists_three_one_leader_all_healthy(cluster: CpCluster) -> None:
     for name, node in cluster.cps.items():
-        found = servers(node)
+        found = planes(node)
         print(name, [(s["name"], s["health"], s["role"], s["learner"]) for s in found])
         assert sorted(s["name"] for s in found) == sorted(CPS.values())
         assert [s["role"] for s in found].count("leader") == 1
@@ -69,9 +69,9 @@ def test_joined_hosts_hold_the_keys_for_llmgw_only(cluster: CpCluster) -> None:
         for unit in ("llmgw-etcd.service", "llmgwd.service"):
             enabled = node.ps.systemctl("is-enabled", unit, check=False).stdout.strip()
             assert enabled == "enabled", (unit, enabled)
-    token = cluster.cps["cp1"].llmgw("server", "token", "--json")["token"]
+    token = cluster.cps["cp1"].llmgw("plane", "token", "--json")["token"]
     again = cluster.cps["cp2"].llmgw(
-        "server", "join", f"https://{CPS['cp1']}:7710", "--token", token, check=False
+        "plane", "join", f"https://{CPS['cp1']}:7710", "--token", token, check=False
     )
     assert again.returncode == 1 and "exists" in again.stderr, again.stderr
     assert token.split(".")[1] not in again.stderr + again.stdout

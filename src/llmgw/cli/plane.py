@@ -1,4 +1,4 @@
-"""llmgw server init and llmgw status: setting up and looking at the control plane."""
+"""llmgw plane init and llmgw status: setting up and looking at the control plane."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def write_config(path: Path, cfg: config.ServerConfig, force: bool) -> None:
         raise Refused(f"{path} exists: use --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("# llmgwd's configuration, written by `llmgw server init`.\n" + config.dump(cfg))
+    tmp.write_text("# llmgwd's configuration, written by `llmgw plane init`.\n" + config.dump(cfg))
     tmp.chmod(0o644)
     os.replace(tmp, path)
 
@@ -98,11 +98,15 @@ def _started(settings: Settings, path: Path, wait_s: float) -> dict[str, Any] | 
 
 
 @click.group()
-def server() -> None:
-    """Set up this host as the cluster's control plane."""
+def plane() -> None:
+    """Set up this host as a control plane of the cluster, and add or take out others.
+
+    `llmgw server` and `llmgw servers`, the old names of `llmgw plane` and `llmgw planes`,
+    still work.
+    """
 
 
-@server.command()
+@plane.command()
 @click.option(
     "--config",
     "config_path",

@@ -1,4 +1,4 @@
-"""/api/v1's control planes: a token for a new one, as GET /servers shows them, and one taken
+"""/api/v1's control planes: a token for a new one, as GET /planes shows them, and one taken
 out."""
 
 from __future__ import annotations
@@ -10,24 +10,24 @@ import msgspec
 TOKEN_TTL_S = 900  # a control plane joins within minutes of its token being made
 
 
-class ServerTokenIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /servers/tokens"""
+class PlaneTokenIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /planes/tokens"""
 
     ttl_s: int = TOKEN_TTL_S
 
 
 class RemoveIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """POST /servers/leave and DELETE /servers/{name}"""
+    """POST /planes/leave and DELETE /planes/{name}"""
 
     force: bool = False
 
 
-# GET /servers, POST /servers/leave, DELETE /servers/{name}: the control planes.
+# GET /planes, POST /planes/leave, DELETE /planes/{name}: the control planes.
 Health = Literal["healthy", "unreachable", "not started", "no member"]
 
 
-class ServerView(msgspec.Struct, frozen=True, kw_only=True):
-    """One control plane, as GET /servers shows it."""
+class PlaneView(msgspec.Struct, frozen=True, kw_only=True):
+    """One control plane, as GET /planes shows it."""
 
     name: str
     url: str = ""  # its cluster port, from its record ("" when it has none: not running)
@@ -39,8 +39,8 @@ class ServerView(msgspec.Struct, frozen=True, kw_only=True):
     self: bool = False  # the control plane that answered
 
 
-class ServerRemoved(msgspec.Struct, kw_only=True):
-    """POST /servers/leave, DELETE /servers/{name}: the control plane taken out."""
+class PlaneRemoved(msgspec.Struct, kw_only=True):
+    """POST /planes/leave, DELETE /planes/{name}: the control plane taken out."""
 
     name: str
     member: str  # its etcd member's id, hex

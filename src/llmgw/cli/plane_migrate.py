@@ -1,4 +1,4 @@
-"""llmgw server migrate --to etcd: a one-machine SQLite cluster's store moved into this host's
+"""llmgw plane migrate --to etcd: a one-machine SQLite cluster's store moved into this host's
 new etcd member, the first of an etcd cluster that more control planes can join; `llmgwd
 migrate` does it."""
 

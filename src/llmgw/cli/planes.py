@@ -1,4 +1,4 @@
-"""llmgw server token|leave|remove and llmgw servers: the control planes, grown and shrunk."""
+"""llmgw plane token|leave|remove and llmgw planes: the control planes, grown and shrunk."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 
 import click
 
-from llmgw.api_types import RemoveIn, ServerRemoved, ServerTokenIn, ServerView, TokenView
+from llmgw.api_types import PlaneRemoved, PlaneTokenIn, PlaneView, RemoveIn, TokenView
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import echo_json, echo_table, json_option
 
@@ -27,11 +27,11 @@ UNITS = ("llmgwd.service", "llmgw-etcd.service")
 def token(settings: Settings, ttl_s: int, as_json: bool) -> None:
     """Make a one-time token for a new control plane and print the command it joins with.
 
-    Run on a control plane of a cluster whose store is etcd (`llmgw server migrate --to
+    Run on a control plane of a cluster whose store is etcd (`llmgw plane migrate --to
     etcd` first on a one-machine SQLite cluster). The token is not a node token, nor the
     reverse: `llmgw node join` refuses it.
     """
-    answer = call(settings, "POST", f"{API}/servers/tokens", ServerTokenIn(ttl_s=ttl_s))
+    answer = call(settings, "POST", f"{API}/planes/tokens", PlaneTokenIn(ttl_s=ttl_s))
     if as_json:
         echo_json(answer)
         return
@@ -62,13 +62,13 @@ def leave(settings: Settings, force: bool, keep_running: bool, as_json: bool) ->
     Refused for the last member, and (without --force) when the members left would not
     have a quorum of healthy members.
     """
-    answer = call(settings, "POST", f"{API}/servers/leave", RemoveIn(force=force))
+    answer = call(settings, "POST", f"{API}/planes/leave", RemoveIn(force=force))
     if not keep_running:
         _stop_units()
     if as_json:
         echo_json(answer)
     else:
-        gone = decoded(answer, ServerRemoved)
+        gone = decoded(answer, PlaneRemoved)
         click.echo(f"Control plane {gone.name} left the cluster; its units are stopped.")
 
 
@@ -80,28 +80,28 @@ def leave(settings: Settings, force: bool, keep_running: bool, as_json: bool) ->
 def remove(settings: Settings, name: str, force: bool, as_json: bool) -> None:
     """Remove control plane NAME (a dead host) from the store's etcd cluster.
 
-    Refused for the last member, for this control plane (`llmgw server leave`), and without
+    Refused for the last member, for this control plane (`llmgw plane leave`), and without
     --force for a healthy member or when the members left would lose their quorum.
     """
-    answer = call(settings, "DELETE", api_path("servers", name), RemoveIn(force=force))
+    answer = call(settings, "DELETE", api_path("planes", name), RemoveIn(force=force))
     if as_json:
         echo_json(answer)
     else:
-        gone = decoded(answer, ServerRemoved)
+        gone = decoded(answer, PlaneRemoved)
         click.echo(f"Control plane {name} removed (etcd member {gone.member}).")
 
 
-@click.command("servers")
+@click.command("planes")
 @json_option
 @pass_settings
-def servers(settings: Settings, as_json: bool) -> None:
+def planes(settings: Settings, as_json: bool) -> None:
     """List the control planes: address, etcd member and its health, and who leads.
 
     HEALTH is the member as this control plane's member sees it (healthy, unreachable, not
     started), "(learner)" while a joined member has not caught up and been promoted to a
     voter; ROLE is leader or standby, empty where no llmgwd runs now.
     """
-    answer = call(settings, "GET", f"{API}/servers")
+    answer = call(settings, "GET", f"{API}/planes")
     if as_json:
         echo_json(answer)
         return
@@ -113,7 +113,7 @@ def servers(settings: Settings, as_json: bool) -> None:
             s.health + (" (learner)" if s.learner else ""),
             s.role or "-",
         ]
-        for s in decoded(answer, list[ServerView])
+        for s in decoded(answer, list[PlaneView])
     ]
     headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE"]
     echo_table(headers, rows, "One control plane on SQLite: no etcd members.")
