@@ -34,6 +34,9 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     engines: list[str] = []  # "llama.cpp:cpu", "vllm:gpu", ...: what it runs where
     note: str = ""  # what people should know of it
     firewall: str = ""  # its nftables table: "ok", or why not set
+    # Its cards as its agent last reported them: memory, busy share, power against its limit,
+    # GPM's counters where read, and a MIG card's instances.
+    cards: list[wire.Gpu] = []
 
 
 class NodeRemoved(msgspec.Struct, kw_only=True):

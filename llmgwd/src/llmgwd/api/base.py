@@ -102,6 +102,7 @@ class ClusterNodes:
                 engines=list(n.inventory.engines),
                 note=engine_support.node_note(n.inventory),
                 firewall=n.inventory.firewall,
+                cards=list(n.inventory.gpus),
             )
             for n in self.source()
         ]
