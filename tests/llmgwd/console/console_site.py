@@ -7,6 +7,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -67,13 +68,14 @@ async def _fill(site: Site) -> None:
 
 
 @asynccontextmanager
-async def serving(*, tls: bool = False) -> AsyncIterator[Site]:
-    """The client port's /api/v1 and /console, filled as _fill says."""
+async def serving(*, tls: bool = False, **context: Any) -> AsyncIterator[Site]:
+    """The client port's /api/v1 and /console, filled as _fill says; context: more of the
+    API's context (ApiContext's fields: slurm, slurm_status, ...)."""
     store = await SqliteStore.open(":memory:")
     catalog = Catalog(store)
     await catalog.load()
     nodes = Nodes()
-    ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=lambda: "t", join_url="")
+    ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=lambda: "t", join_url="", **context)
     app = web.Application()
     api = api_subapp(ctx, key_auth(catalog))
     app.add_subapp(API_PREFIX, api)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgwd.api.route import ROUTES
-from llmgwd.console import act, pages, signin, usage_page
+from llmgwd.console import act, gpu_map, node_page, pages, signin, usage_page
 from llmgwd.console.base import (
     CONSOLE,
     HERE,
@@ -46,6 +46,8 @@ def console_app(ctx: Console) -> web.Application:
     app.router.add_get("/", pages.overview)
     app.router.add_get("/models", pages.models_page)
     app.router.add_get("/nodes", pages.nodes_page)
+    app.router.add_get("/nodes/{name}", node_page.node_page)
+    app.router.add_get("/gpus", gpu_map.gpus_page)
     app.router.add_get("/usage", usage_page.usage_page)
     app.router.add_get("/login", signin.login_page)
     app.router.add_post("/login", signin.login)
