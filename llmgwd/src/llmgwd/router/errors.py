@@ -10,22 +10,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from llmgw.errors import ApiError as ApiError
-from llmgwd.router.overhead import STARTED
+from llmgwd.router.exchange import EXCHANGE, Exchange
 
 log = logging.getLogger("llmgwd.router")
-
-# Keys the handlers fill in on the request so the access line can name them.
-REQUEST_ID = web.RequestKey("llmgw_request_id", str)
-MODEL = web.RequestKey("llmgw_model", str)
-KEY_ID = web.RequestKey("llmgw_key_id", str)
-OUTCOME = web.RequestKey("llmgw_outcome", str)
-REPLICA = web.RequestKey("llmgw_replica", str)
-# The prepared StreamResponse, once a stream's headers went out.
-STREAM = web.RequestKey("llmgw_stream", web.StreamResponse)
 
 _MAX_ECHO = 200  # longest client-supplied text (a model name) quoted back in a message
 
@@ -284,9 +275,9 @@ def json_type(value: object) -> str:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-# What a request's end is told to (the router's metrics): its status, its error if any, when
-# its handling began (perf_counter).
-Ended = Callable[[web.Request, int, "ApiError | None", float], None]
+# What a request's end is told to (the router's metrics): its status, its error if any, its
+# exchange (when its handling began among what it holds).
+Ended = Callable[[web.Request, int, "ApiError | None", Exchange], None]
 # An error the handler did not shape itself (a bug's 500, aiohttp's own refusals) put in its
 # route's shape (router/v1_routes.py).
 Shape = Callable[[web.Request, "ApiError"], "ApiError"]
@@ -298,39 +289,42 @@ def middleware(ended: Ended | None = None, shape: Shape | None = None) -> Middle
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Answer every failure in OpenAI's shape and log one line per request; it also notes
-        when the request's handling began (router/overhead.py)."""
-        request[REQUEST_ID] = secrets.token_hex(12)
-        request[STARTED] = started = time.perf_counter()
-        request[OUTCOME] = ""  # set from the start: a key missed costs a KeyError on each look
+        """Answer every failure in OpenAI's shape and log one line per request; it also makes
+        the request's exchange (router/exchange.py), which notes when its handling began."""
+        rid, started = secrets.token_hex(12), time.perf_counter()
+        if hdrs.EXPECT in request.headers and (early := request.get(EXCHANGE)) is not None:
+            ex = early  # made by its expect handler, run first (router/expect.py)
+            ex.request_id, ex.started = rid, started
+        else:
+            request[EXCHANGE] = ex = Exchange(rid, started)
         error: ApiError | None = None
         unexpected: BaseException | None = None
         try:
             response = await handler(request)
         except asyncio.CancelledError:  # the daemon cancels handlers of clients that left
-            request[OUTCOME] = "cancelled"
-            _log_request(request, 499, time.perf_counter() - started, None, None)
+            ex.outcome = "cancelled"
+            _log_request(request, ex, 499, None, None)
             if ended is not None:
-                ended(request, 499, None, started)
+                ended(request, 499, None, ex)
             raise
         except ApiError as e:  # its traceback holds this frame, which would hold it: a cycle
             error = e.with_traceback(None)  # a request's worth for the collector to find
         except web.HTTPException as e:
             if e.status < 400:  # a redirect is not a failure
                 if ended is not None:
-                    ended(request, e.status, None, started)
+                    ended(request, e.status, None, ex)
                 raise
             error = from_http_exception(request, e)
             error = error if shape is None else shape(request, error)
         except Exception as e:  # a daemon never dies of a request
             unexpected = e
-            error = internal_error(request[REQUEST_ID])
+            error = internal_error(ex.request_id)
             error = error if shape is None else shape(request, error)
         if error is not None:
-            response = await _answer(request, error)
+            response = await _answer(ex, error)
         if ended is not None:  # a stream that failed counts with its error's status
-            ended(request, response.status if error is None else error.status, error, started)
-        _log_request(request, response.status, time.perf_counter() - started, error, unexpected)
+            ended(request, response.status if error is None else error.status, error, ex)
+        _log_request(request, ex, response.status, error, unexpected)
         return response
 
     return error_middleware
@@ -339,15 +333,9 @@ def middleware(ended: Ended | None = None, shape: Shape | None = None) -> Middle
 error_middleware = middleware()
 
 
-def started_stream(request: web.Request) -> web.StreamResponse | None:
-    """The stream whose headers already went out for this request, if any."""
-    started: web.StreamResponse | None = request.get(STREAM)  # .get() is not typed by key
-    return started
-
-
-async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
+async def _answer(ex: Exchange, error: ApiError) -> web.StreamResponse:
     """The error as a response, or as the last event of a stream whose headers already went out."""
-    started = started_stream(request)
+    started = ex.stream
     if started is None:
         return error.response()
     with suppress(ConnectionError, RuntimeError):  # the client may be gone already
@@ -357,8 +345,8 @@ async def _answer(request: web.Request, error: ApiError) -> web.StreamResponse:
 
 def _log_request(
     request: web.Request,
+    ex: Exchange,
     status: int,
-    duration: float,
     error: ApiError | None,
     unexpected: BaseException | None,
 ) -> None:
@@ -368,23 +356,24 @@ def _log_request(
         level = logging.ERROR if unexpected is not None else logging.WARNING
     if not log.isEnabledFor(level):
         return
-    rid, replica = request[REQUEST_ID], request.get(REPLICA)
+    duration = time.perf_counter() - ex.started
+    rid, replica, model, key_id = ex.request_id, ex.replica, ex.model, ex.key_id
     # never the query string: a key might have been put there
     line = (
         f"{request.method} {request.path} status={status} ms={duration * 1000:.0f} "
-        f"model={quote(request.get(MODEL, '-'))} key={request.get(KEY_ID, '-')} "
+        f"model={quote('-' if model is None else model)} key={'-' if key_id is None else key_id} "
         f"replica={replica or '-'} rid={rid}"
     )
-    if outcome := request[OUTCOME]:
+    if outcome := ex.outcome:
         line += f" outcome={outcome}"
     if error is not None:
         line += f" error={error.detail.code or error.detail.type}: {error.detail.message}"
     exc_info = (type(unexpected), unexpected, unexpected.__traceback__) if unexpected else None
     # Journal fields (LLMGW_REQUEST...); the model only once a replica served it, so a
     # client's made-up model name never becomes a field value.
-    fields: dict[str, object] = {"request": rid, "key_id": request.get(KEY_ID)}
+    fields: dict[str, object] = {"request": rid, "key_id": key_id}
     if replica:
-        fields |= {"model": request.get(MODEL), "replica": replica}
+        fields |= {"model": model, "replica": replica}
     log.log(level, _one_line(line), exc_info=exc_info, extra=fields)
 
 

@@ -9,10 +9,10 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from llmgwd.router import errors
+from llmgwd.router.exchange import EXCHANGE, Exchange
 
 Check = Callable[[web.Request], object]  # raises the route's ApiError (a bad key) or returns
 ExpectHandler = Callable[[web.Request], Awaitable[None]]
-_UNSENT = web.RequestKey("llmgw_body_unsent", bool)  # no 100 was sent: the body never comes
 
 
 def continue_if(check: Check, limit: int) -> ExpectHandler:
@@ -25,14 +25,17 @@ def continue_if(check: Check, limit: int) -> ExpectHandler:
             return
         if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
             return  # another expectation: ignored (RFC 9110 lets a server), the body read
+        # The request's exchange begins here: the /v1 middleware, run next, takes it over
+        # (router/errors.py), with what check noted (the key's id) and whether a 100 went out.
+        request[EXCHANGE] = ex = Exchange("", 0.0)
         length = request.content_length
         if length is not None and length > limit:
-            request[_UNSENT] = True
+            ex.body_unsent = True
             return
         try:
             check(request)
         except errors.ApiError:
-            request[_UNSENT] = True
+            ex.body_unsent = True
             return
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # as aiohttp's own: the answer has not begun
@@ -43,6 +46,7 @@ def continue_if(check: Check, limit: int) -> ExpectHandler:
 async def close_unsent(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: an answer to a request whose body was never asked for closes its
     connection (the client may send it after all; nothing after it can be trusted)."""
-    if request.get(_UNSENT):
+    ex = request.get(EXCHANGE)
+    if ex is not None and ex.body_unsent:
         response.force_close()  # the server closes after it (its headers are made already:
         response.headers[hdrs.CONNECTION] = "close"  # the client is told here)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any, Literal
 
 from llmgwd.catalog import ApiKey, Model, profiles_of
 from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import cache_salt, prefix
+
+if TYPE_CHECKING:
+    from llmgwd.router.exchange import Exchange
 
 Mode = Literal["org", "key", "none"]
 MODES: tuple[Mode, ...] = ("org", "key", "none")
@@ -45,9 +46,6 @@ class Lease:
     partition: str
     began: float
     chain: tuple[int, ...]
-
-
-TICKET = web.RequestKey("llmgw_cache_ticket", Ticket)
 
 
 def mode(setting: str) -> Mode:
@@ -186,9 +184,10 @@ class CacheIsolation:
         hold = 0.0 if first else REUSE_HOLD_S
         self._trusted_from = time.monotonic() + hold if alone else float("inf")
 
-    def apply(self, request: web.Request, key: ApiKey, model: Model, doc: dict[str, Any]) -> None:
-        """Mark the request for its engine: vLLM's cache_salt in the body (a client's own is
-        refused by router/fields.py), or llama.cpp's ticket for the proxy's slot choice."""
+    def apply(self, ex: Exchange, key: ApiKey, model: Model, doc: dict[str, Any]) -> None:
+        """Mark the request (its exchange, ex) for its engine: vLLM's cache_salt in the body (a
+        client's own is refused by router/fields.py), or llama.cpp's ticket for the proxy's
+        slot choice."""
         if self.mode == "none":
             return
         part = partition(key, self.mode)
@@ -198,7 +197,7 @@ class CacheIsolation:
             if pools_prompts(model):
                 part = ""
             chain = prefix.chain(prefix.prompt_text(doc)) if part else ()
-            request[TICKET] = Ticket(part, _choices(doc) > 1, chain)
+            ex.ticket = Ticket(part, _choices(doc) > 1, chain)
 
     def lease(
         self, ticket: Ticket, endpoint: Endpoint, slotted: bool, body: bytes

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 
 import msgspec
-from aiohttp import web
 
 from llmgwd.accounting import pricing
 from llmgwd.accounting.budgets import Budgets, Exhausted
@@ -25,7 +24,6 @@ from llmgwd.router.token_bounds import Estimate
 from llmgwd.router.usage_events import Tally
 
 Clock = Callable[[], float]
-HEADERS = web.RequestKey("llmgw_ratelimit_headers", dict[str, str])  # for the answer, success too
 _NAMES = {  # the x-ratelimit-* header names of each limit, made once
     kind: tuple(f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset"))
     for kind in ("requests", "tokens")
@@ -279,13 +277,6 @@ def rate_headers(states: list[State]) -> dict[str, str]:
         headers[remaining] = str(s.remaining)
         headers[reset] = duration(s.reset_s)
     return headers
-
-
-async def add_rate_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: the admitted request's x-ratelimit-* headers on its answer."""
-    headers = request.get(HEADERS)
-    if headers:
-        response.headers.update(headers)
 
 
 def duration(seconds: float) -> str:

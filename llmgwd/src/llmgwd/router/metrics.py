@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from llmgwd.router import errors
-from llmgwd.router.usage_events import TALLY
+from llmgwd.router.exchange import Exchange
 
 Known = Callable[[str], bool]  # whether a model name is in the catalog
 
@@ -96,16 +96,16 @@ class RouterMetrics:
         return name if name and self._known(name) else ""
 
     def ended(
-        self, request: web.Request, status: int, error: errors.ApiError | None, started: float
+        self, request: web.Request, status: int, error: errors.ApiError | None, ex: Exchange
     ) -> None:
         """Count a /v1 request whose answer ended (told by the error middleware, which sees
         the ApiError of a refusal as such)."""
-        model = self.model(request.get(errors.MODEL))
+        model, started = self.model(ex.model), ex.started
         if error is not None and (reason := _REFUSALS.get(error.detail.code or "")) is not None:
             self._child(self.refusals, model, reason).inc()
         self._child(self.requests, model, route_of(request), status_class(status)).inc()
         self._child(self.duration, model).observe(time.perf_counter() - started)
-        tally = request.get(TALLY)
+        tally = ex.tally
         if tally is not None and tally.first_at:
             self._child(self.first_token, model).observe(tally.first_at - started)
 

@@ -15,29 +15,27 @@ import time
 
 from aiohttp import web
 
+from llmgwd.router.exchange import Exchange
+
 HEADER = "x-llmgw-overhead-ms"
 
-STARTED = web.RequestKey("llmgw_started", float)  # perf_counter() when handling began (set
-# by the outermost /v1 middleware, router/errors.py)
-ENGINE_SENT = web.RequestKey("llmgw_engine_sent", float)  # when the request went to the engine
-ENGINE_S = web.RequestKey("llmgw_engine_s", float)  # the answering engine's share, seconds
+# The request's exchange (router/exchange.py) holds the times: when handling began (set by
+# the outermost /v1 middleware, router/errors.py), when the request went to the engine and
+# the answering engine's share.
 
 
-def engine_sent(request: web.Request) -> None:
+def engine_sent(ex: Exchange) -> None:
     """The request is being sent to an engine now (each try: the last one counts)."""
-    request[ENGINE_SENT] = time.perf_counter()
-    request[ENGINE_S] = 0.0
+    ex.engine_sent = time.perf_counter()
+    ex.engine_s = 0.0
 
 
-def engine_answered(request: web.Request) -> None:
+def engine_answered(ex: Exchange) -> None:
     """The engine's answer (its headers, or its whole body) is in."""
-    request[ENGINE_S] = time.perf_counter() - request[ENGINE_SENT]
+    ex.engine_s = time.perf_counter() - ex.engine_sent
 
 
-def add_header(request: web.Request, response: web.StreamResponse) -> None:
+def add_header(ex: Exchange, response: web.StreamResponse) -> None:
     """The header, in milliseconds with two decimals (called as the answer's headers go out)."""
-    started = request.get(STARTED)
-    if started is None:
-        return
-    spent = time.perf_counter() - started - request.get(ENGINE_S, 0.0)
+    spent = time.perf_counter() - ex.started - ex.engine_s
     response.headers[HEADER] = f"{max(spent, 0.0) * 1000:.2f}"

@@ -26,10 +26,11 @@ from llmgwd.router.engine_client import (
     EngineError,
     ReadTimeout,
 )
-from llmgwd.router.isolation import TICKET, CacheIsolation
+from llmgwd.router.exchange import EXCHANGE
+from llmgwd.router.isolation import CacheIsolation
 from llmgwd.router.prefix import Affinity
 from llmgwd.router.route import Route
-from llmgwd.router.usage_events import Tally, tally_of
+from llmgwd.router.usage_events import Tally
 from llmgwd.router.waitlist import Busy
 
 log = logging.getLogger("llmgwd.router")
@@ -49,13 +50,6 @@ _SSE_HEADERS = {
     "X-Accel-Buffering": "no",  # a reverse proxy in front must not buffer either
 }
 
-
-# The request's body type for the engine when it is not JSON (a multipart form's, with its
-# boundary: router/transcriptions.py).
-BODY_TYPE = web.RequestKey("llmgw_body_type", str)
-# Set by the handler when the client asked for a whole answer but the engine is asked for a
-# stream, to be folded into one (router/folding.py).
-FOLD = web.RequestKey("llmgw_fold", bool)
 _ENGINE_FAULTS = (502, 504)  # our answers for an engine that broke the exchange or went silent
 
 
@@ -170,8 +164,9 @@ class Upstream:
         done = await self._unless_gone(request, work)
         if done is not None:
             return done
-        request[errors.OUTCOME] = "client_gone"
-        started = errors.started_stream(request)
+        ex = request[EXCHANGE]
+        ex.outcome = "client_gone"
+        started = ex.stream
         if started is not None:
             return started
         raise errors.client_closed()
@@ -222,12 +217,13 @@ class Upstream:
         may take the request. What failed counts toward taking the replica out of the pool."""
         ejections = self._balancer.ejections
         flight = self._flights.enter(endpoint.node)
-        lease, ticket, whole = None, request.get(TICKET), False
+        ex = request[EXCHANGE]
+        lease, ticket, whole = None, ex.ticket, False
         if ticket is not None:  # llama.cpp's slot and whether it may reuse its cached prompt
             body, lease = self.isolation.lease(ticket, endpoint, route.slots, body)
         try:
             answer = await self._exchange(request, endpoint, route, body, stream)
-            whole = answer.status == 200 and request.get(errors.OUTCOME) != "upstream_broke"
+            whole = answer.status == 200 and ex.outcome != "upstream_broke"
         except _Unreachable:
             ejections.failed(endpoint.replica_id)
             return None
@@ -246,7 +242,7 @@ class Upstream:
             self.isolation.done(endpoint, lease, whole)
         # A stream it cut short, or its 5xx answer (router/answers.py maps those that were the
         # client's fault to 4xx: they do not count).
-        if request.get(errors.OUTCOME) == "upstream_broke" or answer.status in _ENGINE_FAULTS:
+        if ex.outcome == "upstream_broke" or answer.status in _ENGINE_FAULTS:
             ejections.failed(endpoint.replica_id)
         else:
             ejections.succeeded(endpoint.replica_id)
@@ -256,8 +252,8 @@ class Upstream:
         self, request: web.Request, endpoint: Endpoint, route: Route
     ) -> web.StreamResponse | None:
         """After node_lost: None (another replica may answer) unless the stream had begun."""
-        rid = request[errors.REQUEST_ID]
-        started = errors.started_stream(request)
+        ex = request[EXCHANGE]
+        rid, started = ex.request_id, ex.stream
         if started is None:
             log.warning(
                 "replica %s of %s: node %s lost with the request in flight; sent elsewhere, rid=%s",
@@ -268,26 +264,27 @@ class Upstream:
             "replica %s of %s: node %s lost mid-stream, rid=%s",
             endpoint.replica_id, endpoint.model, endpoint.node, rid,
         )  # fmt: skip
-        request[errors.OUTCOME] = "upstream_broke"
+        ex.outcome = "upstream_broke"
         failure = errors.upstream_failed("The node serving the model was lost mid-answer.")
-        await started.write(route.shape(failure, _events(request)).sse_event())
+        await started.write(route.shape(failure, _events(ex.tally)).sse_event())
         return started
 
     async def _exchange(
         self, request: web.Request, endpoint: Endpoint, route: Route, body: bytes, stream: bool
     ) -> web.StreamResponse:
         """Send to one replica and relay its answer."""
-        request[errors.REPLICA] = endpoint.replica_id
-        overhead.engine_sent(request)
+        ex = request[EXCHANGE]
+        ex.replica = endpoint.replica_id
+        overhead.engine_sent(ex)
         upstream = await self._connect(request, endpoint, route, body, stream)
-        overhead.engine_answered(request)  # its headers: a stream's own share
-        tally = tally_of(request) or Tally()  # what the answer says it used, for the meter
+        overhead.engine_answered(ex)  # its headers: a stream's own share
+        tally = ex.tally or Tally()  # what the answer says it used, for the meter
         owned = True  # the answer is closed here, unless a drain took it over
         try:
             if upstream.status == 503:  # loading (or full): nothing was done, no byte passed on
                 log.warning(
                     "replica %s of %s on %s answered 503, rid=%s",
-                    endpoint.replica_id, endpoint.model, endpoint.node, request[errors.REQUEST_ID],
+                    endpoint.replica_id, endpoint.model, endpoint.node, ex.request_id,
                 )  # fmt: skip
                 raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
@@ -315,7 +312,7 @@ class Upstream:
         relay: _Relay,
     ) -> Coroutine[Any, Any, web.StreamResponse]:
         """The engine's stream relayed to the client, or folded into a whole answer."""
-        if request.get(FOLD, False):
+        if request[EXCHANGE].fold:
             return self._fold(request, upstream, endpoint, route, relay)
         return self._relay_stream(request, upstream, endpoint, route, relay)
 
@@ -360,7 +357,7 @@ class Upstream:
                 endpoint.replica_id,
                 endpoint.model,
                 endpoint.node,
-                request[errors.REQUEST_ID],
+                request[EXCHANGE].request_id,
                 e,
             )
             raise _Unreachable from e
@@ -373,11 +370,12 @@ class Upstream:
         """The engine's own key, never the client's headers. A stream asks for its connection
         to be closed after it: llama-server closes it anyway without saying so in its headers,
         and a connection both sides know is closing never goes back to the pool."""
+        ex = request[EXCHANGE]
         headers = {
             "Authorization": self._bearer(endpoint.api_key),
-            "Content-Type": request.get(BODY_TYPE, "application/json"),
+            "Content-Type": ex.body_type,
             "Accept": "text/event-stream" if stream else "application/json",
-            "x-request-id": request[errors.REQUEST_ID],
+            "x-request-id": ex.request_id,
             # No compressed answer to inflate (the router reads every answer), no library
             # version told to the engine.
             "Accept-Encoding": "identity",
@@ -419,7 +417,7 @@ class Upstream:
                 "replica %s of %s on %s: pooled connection found closed (%s); sent again on a "
                 "fresh one, rid=%s",
                 endpoint.replica_id, endpoint.model, endpoint.node, e,
-                request[errors.REQUEST_ID],
+                request[EXCHANGE].request_id,
             )  # fmt: skip
         try:
             return await self._client.post(endpoint.url, target, headers, body, fresh=True)
@@ -440,7 +438,7 @@ class Upstream:
         shape (an answer all the same: it does not count against the replica)."""
         try:
             data = await upstream.read()
-            overhead.engine_answered(request)
+            overhead.engine_answered(request[EXCHANGE])
         except ReadTimeout:
             raise errors.upstream_timeout("The model's engine did not answer in time.") from None
         except EngineError as e:
@@ -469,14 +467,15 @@ class Upstream:
         engine failure ends them with an error."""
         out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
         await out.prepare(request)
-        request[errors.STREAM] = out
+        ex = request[EXCHANGE]
+        ex.stream = out
         tally = relay.tally
         tally.stream_started()
         while True:
             try:
                 chunk = await upstream.readany()
             except EngineError as e:
-                request[errors.OUTCOME] = "upstream_broke"
+                ex.outcome = "upstream_broke"
                 failure = (
                     errors.upstream_timeout("The model's engine stopped sending.")
                     if isinstance(e, ReadTimeout)
@@ -522,7 +521,7 @@ class Upstream:
             tally.count(chunk.count(b"\n\n"), len(tokens.findall(chunk)))
             folder.feed(chunk)
         tally.first_at = 0.0  # its client saw no first token: not in the first-token histogram
-        overhead.engine_answered(request)
+        overhead.engine_answered(request[EXCHANGE])
         if folder.error is not None:
             status, model = folder.error_status, endpoint.model
             return answers.engine_error(status, folder.error, model, route).response()
@@ -642,9 +641,8 @@ def _event_end(data: bytes) -> int:
     return max(ends, default=0)
 
 
-def _events(request: web.Request) -> int:
+def _events(tally: Tally | None) -> int:
     """The stream events relayed to the client so far, where counted."""
-    tally = tally_of(request)
     return tally.events or 0 if tally is not None else 0
 
 

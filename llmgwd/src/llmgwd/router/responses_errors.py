@@ -10,7 +10,7 @@ from aiohttp import web
 
 from llmgw.errors import RESPONSES
 from llmgwd.router import errors
-from llmgwd.router.usage_events import tally_of
+from llmgwd.router.exchange import EXCHANGE
 
 
 def shaped(error: errors.ApiError, sequence_number: int = 0) -> errors.ApiError:
@@ -27,5 +27,5 @@ def responses_shape(request: web.Request) -> Iterator[None]:
     try:
         yield
     except errors.ApiError as e:
-        tally = tally_of(request)
+        tally = request[EXCHANGE].tally
         raise shaped(e, tally.events or 0 if tally is not None else 0) from None

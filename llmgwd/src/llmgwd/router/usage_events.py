@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import msgspec
-from aiohttp import web
 
 
 class _Usage(msgspec.Struct):
@@ -113,9 +112,6 @@ def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-TALLY = web.RequestKey("llmgw_tally", Tally)  # set by the /v1 handler for the proxy
-
-
 def ask_for_usage(doc: dict[str, Any]) -> bool:
     """Make a stream request ask the engine for usage; returns whether the client asked."""
     options = doc.get("stream_options")
@@ -123,9 +119,3 @@ def ask_for_usage(doc: dict[str, Any]) -> bool:
     kept = options if isinstance(options, dict) else {}
     doc["stream_options"] = {**kept, "include_usage": True}
     return asked
-
-
-def tally_of(request: web.Request) -> Tally | None:
-    """The tally the handler put on the request, if any."""
-    tally: Tally | None = request.get(TALLY)  # .get() is not typed by key
-    return tally

@@ -18,14 +18,15 @@ from llmgwd.nodes.pool import Endpoint, Pool
 from llmgwd.router import errors, expect, fields, overhead, prefix, transcriptions, v1_routes
 from llmgwd.router.anthropic_errors import anthropic_shape, api_key_header
 from llmgwd.router.balancer import Balancer
+from llmgwd.router.exchange import EXCHANGE
 from llmgwd.router.isolation import CacheIsolation, Mode
-from llmgwd.router.metering import HEADERS, Meter, Reservation
+from llmgwd.router.metering import Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
-from llmgwd.router.proxy import BODY_TYPE, FOLD, Upstream
+from llmgwd.router.proxy import Upstream
 from llmgwd.router.responses_errors import responses_shape
 from llmgwd.router.route import Route
 from llmgwd.router.token_bounds import Estimate, placed_context
-from llmgwd.router.usage_events import TALLY, ask_for_usage
+from llmgwd.router.usage_events import ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # The ready replicas read for a request's checks are its balancer's choice too, unless the
@@ -227,9 +228,10 @@ class Router:
         it; one request and the tokens its answer reports."""
         key = self._authenticate(request)
         admitted: list[Reservation] = []
+        ex = request[EXCHANGE]
 
         async def admit(name: str) -> None:
-            request[errors.MODEL] = name
+            ex.model = name
             model = self._models.get(name)
             if model is None:
                 raise errors.model_not_found(name)
@@ -240,10 +242,10 @@ class Router:
             limit = self._max_audio_bytes
             async with transcriptions.read(request, limit, self._uploads, admit) as form:
                 reservation = admitted[0]
-                request[TALLY] = reservation.tally
-                request[HEADERS] = reservation.headers
+                ex.tally = reservation.tally
+                ex.rate_headers = reservation.headers
                 name = reservation.model.name
-                body, request[BODY_TYPE] = form.body(name)
+                body, ex.body_type = form.body(name)
                 # A memoryview of the spool's file when it spilled: the proxy and the engine
                 # client only take its len() and hand it to the transport, which keeps it.
                 sent = cast(bytes, body)
@@ -259,13 +261,14 @@ class Router:
         then settle what the answer used."""
         check, bound = route.check, route.bound
         assert check is not None and bound is not None  # a route whose body is JSON
+        ex = request[EXCHANGE]
         key = self._authenticate(request)
         raw = await _read_body(request, self._max_body_bytes)
         doc = _parse_object(raw)
         for field in ROUTING_KEYS:  # ignored, never refused: clients' libraries add them
             doc.pop(field, None)
         name = check(doc)
-        request[errors.MODEL] = name
+        ex.model = name
         model = self._models.get(name)
         if model is None:
             raise errors.model_not_found(name)
@@ -275,7 +278,7 @@ class Router:
         bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
         # The engine's prompt cache kept apart per organization or key (client.cache_isolation)
-        self.isolation.apply(request, key, model, doc)
+        self.isolation.apply(ex, key, model, doc)
         stream = doc.get("stream") is True
         # A whole answer is asked of the engine as a stream all the same, and folded: what
         # the engine made is counted even if the client leaves (router/folding.py).
@@ -290,10 +293,9 @@ class Router:
             if (stream or fold) and route.usage_option:
                 reservation.tally.pass_usage = ask_for_usage(doc) or fold
             if fold:
-                doc["stream"] = request[FOLD] = True
-            request[TALLY] = reservation.tally
-            request[HEADERS] = reservation.headers
-            request[BODY_TYPE] = "application/json"  # set: a key missed costs a KeyError
+                doc["stream"] = ex.fold = True
+            ex.tally = reservation.tally
+            ex.rate_headers = reservation.headers
             body = msgspec.json.encode(doc)
             forward = self._upstream.forward
             return await forward(request, model.name, route, body, stream or fold, fresh, affinity)
@@ -319,7 +321,7 @@ class Router:
         key = self._keys.authenticate(secret)
         if key is None:
             raise errors.invalid_api_key("Incorrect API key provided.")
-        request[errors.KEY_ID] = key.id
+        request[EXCHANGE].key_id = key.id
         if key.revoked:
             raise errors.invalid_api_key("This API key has been revoked.")
         return key
@@ -414,11 +416,12 @@ def _parse_object(body: bytes) -> Document:
 async def _answer_headers(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare (one hook for all three): the request id, x-llmgw-overhead-ms
     and the admitted request's x-ratelimit-* headers, on every answer, streams too."""
-    request_id = request.get(errors.REQUEST_ID)
-    if request_id is not None:
-        response.headers["x-request-id"] = request_id
-    overhead.add_header(request, response)
-    if rate := request.get(HEADERS):
+    ex = request.get(EXCHANGE)
+    if ex is None or not ex.request_id:  # the /v1 middleware did not run (router/expect.py)
+        return
+    response.headers["x-request-id"] = ex.request_id
+    overhead.add_header(ex, response)
+    if rate := ex.rate_headers:
         response.headers.update(rate)
 
 

@@ -18,14 +18,10 @@ from llmgwd.router import (
     transcriptions,
 )
 from llmgwd.router.engine_refusals import Words
+from llmgwd.router.exchange import EXCHANGE
 from llmgwd.router.route import Route
 from llmgwd.router.token_bounds import estimate
-from llmgwd.router.usage_events import (
-    CHUNK_TOKENS,
-    MESSAGES_TOKENS,
-    RESPONSES_TOKENS,
-    tally_of,
-)
+from llmgwd.router.usage_events import CHUNK_TOKENS, MESSAGES_TOKENS, RESPONSES_TOKENS
 
 
 def _anthropic(error: errors.ApiError, _events: int = 0) -> errors.ApiError:
@@ -65,5 +61,5 @@ def for_request(request: web.Request, error: errors.ApiError) -> errors.ApiError
     route = ROUTES.get(request.path.partition("/v1/")[2])
     if route is None:
         return error
-    tally = tally_of(request)
+    tally = request[EXCHANGE].tally
     return route.shape(error, tally.events or 0 if tally is not None else 0)
