@@ -5,7 +5,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmgwd.api.route import ROUTES
-from llmgwd.console import act, gpu_map, node_page, pages, signin, usage_page
+from llmgwd.console import (
+    act,
+    gpu_map,
+    mirror_page,
+    node_page,
+    pages,
+    signin,
+    slurm_page,
+    usage_page,
+)
 from llmgwd.console.base import (
     CONSOLE,
     HERE,
@@ -27,7 +36,8 @@ def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Conso
     made on one opens on another); tls, whether the client port has TLS."""
     table = api[ROUTES]  # the records /api/v1 is served from
     routes = Routes(table)
-    for form in (*MODEL_FORMS, *NODE_FORMS):
+    page_forms = (*mirror_page.MIRROR_FORMS, *slurm_page.SLURM_FORMS)
+    for form in (*MODEL_FORMS, *NODE_FORMS, *page_forms):
         routes.of(form)  # a form naming no route fails here, at start
     return Console(
         api=api,
@@ -49,6 +59,8 @@ def console_app(ctx: Console) -> web.Application:
     app.router.add_get("/nodes/{name}", node_page.node_page)
     app.router.add_get("/gpus", gpu_map.gpus_page)
     app.router.add_get("/usage", usage_page.usage_page)
+    app.router.add_get("/mirror", mirror_page.mirror_page)
+    app.router.add_get("/slurm", slurm_page.slurm_page)
     app.router.add_get("/login", signin.login_page)
     app.router.add_post("/login", signin.login)
     app.router.add_post("/logout", signin.logout)
