@@ -10,7 +10,9 @@ from llmgwd.console import (
     gpu_map,
     mirror_page,
     node_page,
+    org_page,
     pages,
+    people_page,
     signin,
     slurm_page,
     usage_page,
@@ -39,6 +41,8 @@ def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Conso
     page_forms = (*mirror_page.MIRROR_FORMS, *slurm_page.SLURM_FORMS)
     for form in (*MODEL_FORMS, *NODE_FORMS, *page_forms):
         routes.of(form)  # a form naming no route fails here, at start
+    for form in (*people_page.FORMS, *org_page.FORMS):
+        routes.of(form)  # the people and organization pages' forms, likewise
     return Console(
         api=api,
         keys=keys,
@@ -65,6 +69,10 @@ def console_app(ctx: Console) -> web.Application:
     app.router.add_post("/login", signin.login)
     app.router.add_post("/logout", signin.logout)
     app.router.add_post("/act", act.act)
+    app.router.add_get("/people", people_page.people_page)
+    app.router.add_post("/made", people_page.made)
+    app.router.add_get("/org", org_page.my_org)
+    app.router.add_get("/org/{org}", org_page.org_page)
     app.router.add_static("/static", HERE / "static", append_version=False)
     return app
 
