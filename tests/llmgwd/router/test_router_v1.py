@@ -241,6 +241,9 @@ class FakeModels:
     def want(self, name: str, replicas: int) -> None:
         self._models[name] = msgspec.structs.replace(self._models[name], replicas=replicas)
 
+    def set(self, model: Model) -> None:
+        self._models[model.name] = model
+
 
 def endpoint(url: str, replica: str = "r1") -> Endpoint:
     return Endpoint(replica_id=replica, model=MODEL, node="n1", url=url, api_key=ENGINE_KEY)

@@ -17,7 +17,7 @@ class Exchange:
     the metrics, the answer's headers and the proxy. Every attribute is set from the start:
     no look-up ever misses."""
 
-    __slots__ = ("body_type", "body_unsent", "engine_s", "engine_sent", "fold", "key_id",
+    __slots__ = ("body_type", "body_unsent", "engine", "engine_s", "engine_sent", "fold", "key_id",
                  "model", "outcome", "rate_headers", "replica", "request_id", "started",
                  "stream", "tally", "ticket")  # fmt: skip
 
@@ -26,6 +26,7 @@ class Exchange:
         self.started = started  # perf_counter() when handling began (router/overhead.py)
         self.outcome = ""  # for the access line: cancelled, client_gone, upstream_broke
         self.model: str | None = None  # the model the client named, once read
+        self.engine = ""  # that model's engine (llama.cpp, vllm), once found
         self.key_id: str | None = None  # the key's id, once its secret matched one
         self.replica = ""  # the replica last sent the request
         self.stream: web.StreamResponse | None = None  # prepared: a stream's headers went out

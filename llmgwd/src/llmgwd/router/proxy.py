@@ -367,9 +367,10 @@ class Upstream:
             raise _engine_failed(endpoint, e) from None
 
     def _headers(self, request: web.Request, endpoint: Endpoint, stream: bool) -> dict[str, str]:
-        """The engine's own key, never the client's headers. A stream asks for its connection
-        to be closed after it: llama-server closes it anyway without saying so in its headers,
-        and a connection both sides know is closing never goes back to the pool."""
+        """The engine's own key, never the client's headers. A stream to llama.cpp asks for its
+        connection to be closed after it: llama-server closes it anyway without saying so in
+        its headers (a request sent on it next is dropped unanswered), and a connection both
+        sides know is closing never goes back to the pool. vLLM's keeps it: pooled."""
         ex = request[EXCHANGE]
         headers = {
             "Authorization": self._bearer(endpoint.api_key),
@@ -381,7 +382,7 @@ class Upstream:
             "Accept-Encoding": "identity",
             "User-Agent": "llmgw",
         }
-        if stream:
+        if stream and ex.engine != "vllm":
             headers["Connection"] = "close"
         return headers
 

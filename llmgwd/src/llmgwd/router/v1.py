@@ -272,6 +272,7 @@ class Router:
         model = self._models.get(name)
         if model is None:
             raise errors.model_not_found(name)
+        ex.engine = model.engine
         fields.for_engine(doc, model, route.path)
         ready = await self._ready(model)
         read_at = time.monotonic()
