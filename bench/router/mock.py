@@ -2,9 +2,11 @@
 
 POST /v1/chat/completions answers at once with a usage block, or, with "stream": true,
 as 64 SSE chunks 20 ms apart (then a usage chunk when stream_options.include_usage is
-set, then [DONE]). GET /health answers {"status":"ok"}. Any Bearer key is accepted:
-the router sends a key derived from its cluster secret. HTTP/1.1 keep-alive, bodies by
-Content-Length only (every client the bench drives sends one).
+set, then [DONE]); all 64 in one write when the request's text says "at once" (WHOLE): the
+router asks a stream for a client's whole answer and folds it, and a whole-answer figure is the
+router's work, not the mock's pacing. GET /health answers {"status":"ok"}. Any Bearer key is
+accepted: the router sends a key derived from its cluster secret. HTTP/1.1 keep-alive, bodies
+by Content-Length only (every client the bench drives sends one).
 
     python mock.py --port 0 [--chunks 64 --gap-ms 20]   # prints "PORT <n>" when listening
 """
@@ -41,6 +43,7 @@ COMPLETION = (
     b'"finish_reason":"stop"}],"usage":' + USAGE + b"}"
 )
 HEALTH = b'{"status":"ok"}'
+WHOLE = b"at once"  # in a request's text: its stream in one write, no gaps
 
 
 def _response(status: bytes, body: bytes) -> bytes:
@@ -149,6 +152,10 @@ class Mock(asyncio.Protocol):
             self._transport.write(OK_COMPLETION)
             return
         usage = ask.stream_options is not None and ask.stream_options.include_usage
+        if WHOLE in body:
+            tail = FINISH + (USAGE_EVENT if usage else b"") + DONE
+            self._transport.write(SSE_HEAD + b"".join(self.deltas) + tail)
+            return
         self._streaming = True
         self._transport.write(SSE_HEAD)
         loop = asyncio.get_running_loop()
