@@ -14,7 +14,7 @@ ROUTER = Path(v1_routes.__file__).parent
 ROUTE_MODULES = {"messages", "responses", "rerank", "embeddings", "transcriptions",
                  "anthropic_errors", "responses_errors", "v1_routes"}  # fmt: skip
 # The concerns every request passes through, which must see a route only as its record.
-CONCERNS = ("proxy", "answers", "route_answers", "folding", "engine_refusals", "usage_events",
+CONCERNS = ("proxy", "answers", "native_answers", "folding", "engine_refusals", "usage_events",
             "isolation", "route")  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from llmgwd.router import engine_refusals, errors, route_answers
+from llmgwd.router import engine_refusals, errors, native_answers
 from llmgwd.router.route import Route
 from llmgwd.router.usage_events import Tally
 
@@ -82,7 +82,7 @@ def success_body(data: bytes, model: str, tally: Tally, route: Route) -> bytes:
     JSON object, as it is. A route of another shape than OpenAI's completion (Responses,
     Messages, rerank) is cleaned by its own module (its record's clean)."""
     if route.clean is not None:
-        return route_answers.whole(data, model, tally, route.clean)
+        return native_answers.whole(data, model, tally, route.clean)
     tally.answered = True
     answer = _typed(data, model)
     if answer is None:
@@ -119,7 +119,7 @@ class Stream:
         self._named = (
             None
             if own is None
-            else route_answers.NamedStream(
+            else native_answers.NamedStream(
                 model, tally, own, self._error, self._tokens, route.opening
             )
         )

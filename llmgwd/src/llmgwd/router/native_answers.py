@@ -1,4 +1,4 @@
-"""Answers of the routes whose shape is not OpenAI's completion (Responses, Anthropic's
+"""Answers of the routes in their native shape, not OpenAI's completion (Responses, Anthropic's
 Messages, rerank, transcriptions): each route's own clean() (its record's: router/v1_routes.py)
 applied to a whole answer or to each event of a stream of named events (`event: NAME` then
 `data: {...}`), their usage told to the tally."""
