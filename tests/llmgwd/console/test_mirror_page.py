@@ -229,3 +229,13 @@ async def test_without_a_mirror_the_page_says_so() -> None:
         finally:
             await b.close()
     assert "This control plane keeps no mirror" in html and "/console/act" not in html
+
+
+async def test_a_set_done_leads_to_the_serve_form_with_its_source(
+    browser: Browser, site: Site
+) -> None:
+    html = await _page(browser, "operator")
+    link = f"/console/serve?source=hf%3Aorg/done%40{COMMIT['done']}"
+    assert f'href="{link}"' in html and html.count("Serve a model from it") == 1
+    r, page = await browser.get(link)
+    assert r.status == 200 and f'value="hf:org/done@{COMMIT["done"]}"' in page

@@ -18,7 +18,7 @@ from llmgwd.console.signin import checked_form, required
 
 log = logging.getLogger(__name__)
 
-_BACK = re.compile(r"/console/[a-z0-9/-]*")
+_BACK = re.compile(r"/console/(?!.*\.\.)[a-z0-9/._-]*")  # a model's card: /console/models/q2.5
 
 
 def _fields(form: Mapping[str, str], part: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ from llmgwd.console import (
     act,
     gpu_map,
     mirror_page,
+    model_page,
     node_page,
     org_page,
     pages,
@@ -27,7 +28,7 @@ from llmgwd.console.base import (
     see_other,
     templates,
 )
-from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, Routes
+from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, SERVE_FORMS, Routes
 from llmgwd.console.headers import security_headers
 from llmgwd.console.session import Sessions, derived
 
@@ -39,7 +40,7 @@ def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Conso
     table = api[ROUTES]  # the records /api/v1 is served from
     routes = Routes(table)
     page_forms = (*mirror_page.MIRROR_FORMS, *slurm_page.SLURM_FORMS)
-    for form in (*MODEL_FORMS, *NODE_FORMS, *page_forms):
+    for form in (*MODEL_FORMS, *SERVE_FORMS, *NODE_FORMS, *page_forms):
         routes.of(form)  # a form naming no route fails here, at start
     for form in (*people_page.FORMS, *org_page.FORMS):
         routes.of(form)  # the people and organization pages' forms, likewise
@@ -59,6 +60,9 @@ def console_app(ctx: Console) -> web.Application:
     app[CONSOLE] = ctx
     app.router.add_get("/", pages.overview)
     app.router.add_get("/models", pages.models_page)
+    app.router.add_get("/models/{name}", model_page.model_card)
+    app.router.add_get("/serve", model_page.serve_page)
+    app.router.add_get("/serve/plan", model_page.serve_plan)
     app.router.add_get("/nodes", pages.nodes_page)
     app.router.add_get("/nodes/{name}", node_page.node_page)
     app.router.add_get("/gpus", gpu_map.gpus_page)

@@ -100,6 +100,30 @@ MODEL_FORMS: tuple[Form, ...] = (
 )
 
 
+# The serve form's: a model put in the catalog (what `llmgw model add` sends); the inputs are
+# the serve page's (serve.html), the preview's values carried on.
+ADD_FORM = Form("POST", "/models", "Add to the catalog")
+# Then its replicas started (`llmgw model serve`), from the preview or the model card.
+SERVE_FORM = Form("POST", "/models/{name}/serve", "Serve", (Field("body.replicas", "Replicas"),))
+# The model card's, per profile: its replicas (`llmgw model replicas --profile`); and a new one.
+PROFILE_FORM = Form(
+    "POST",
+    "/models/{name}/replicas",
+    "Set replicas",
+    (Field("body.profile", "Profile", "hidden"), Field("body.replicas", "Replicas")),
+)
+NEW_PROFILE_FORM = Form(
+    "POST",
+    "/models/{name}/replicas",
+    "Add profile",
+    (
+        Field("body.profile", "New profile's name", "text"),
+        Field("body.kind", "Kind: cpu or gpu (blank: gpu if its name starts so)", "text"),
+        Field("body.replicas", "Replicas", value="1"),
+    ),
+)
+SERVE_FORMS: tuple[Form, ...] = (ADD_FORM, SERVE_FORM, PROFILE_FORM, NEW_PROFILE_FORM)
+
 # The nodes page's forms, per node: cordon, drain, uncordon, remove.
 _FLAGS = "/nodes/{name}/{action:cordon|drain|uncordon}"
 NODE_FORMS: tuple[Form, ...] = (

@@ -109,7 +109,13 @@ async def models_page(request: web.Request) -> web.Response:
     person = required(request)
     models: list[ModelView] = await read(request, person, "/models")
     drawn = await model_forms(request, person, models)
-    return render(request, "models.html", person, models=models, drawn=drawn, page="models")
+    c = console(request)
+    roles = Directory(c.keys.store)
+    adds = await forms.drawn(person.who, c.routes, (forms.ADD_FORM,), {}, roles)
+    return render(
+        request, "models.html", person, models=models, drawn=drawn, may_add=bool(adds),
+        page="models",
+    )  # fmt: skip
 
 
 async def nodes_page(request: web.Request) -> web.Response:

@@ -1,0 +1,228 @@
+"""The console's serve form and model card: what GET /api/v1/models/{name}/plan answers (the
+longest context that fits where placement puts a replica, its memory, tokens/s on CPUs) before
+the model routes (add, serve, context, replicas, stop, remove) the person may send."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from llmgw.api_types import ModelIn, ModelView, PlanView, ReplicaView, Verdict
+from llmgw.errors import ApiError
+from llmgwd.api.models import validate_model
+from llmgwd.console import forms, inproc
+from llmgwd.console.base import ConsoleError, Person, console, render
+from llmgwd.console.mirror_page import size
+from llmgwd.console.pages import live, read
+from llmgwd.console.signin import required
+from llmgwd.people.directory import Directory
+
+REPLY_TOKENS = 1024  # a reply's length where the model sets no longest answer (max_tokens)
+SLOW_S = 60.0  # a reply slower than this: the serve form asks before it is sent
+POLL_S = 5  # the model card's live part (its profiles and replicas)
+# The serve form's inputs, as ModelIn (POST /models) names them.
+INPUTS = ("name", "source", "engine", "context", "max_tokens", "on_demand")
+
+
+@dataclass(frozen=True, slots=True)
+class Best:
+    """Where one more replica of a profile would go: the place that fits with the longest
+    context (None: none fits), and how long a reply takes there on CPUs (0.0: on cards)."""
+
+    profile: str
+    kind: str
+    verdict: Verdict | None
+    reply_tokens: int
+
+    @property
+    def reply_s(self) -> float:
+        """Seconds a reply of reply_tokens takes at the place's tokens/s (0.0: not told)."""
+        v = self.verdict
+        return self.reply_tokens / v.tokens_per_s if v is not None and v.tokens_per_s else 0.0
+
+    @property
+    def slow(self) -> bool:
+        """Whether a reply would take minutes."""
+        return self.reply_s > SLOW_S
+
+
+def best(plan: PlanView, max_tokens: int) -> list[Best]:
+    """Per profile of plan, the place that fits with the longest context (the reduced
+    placement's choice; at its full context every fitting place holds the same)."""
+    out = []
+    for p in plan.profiles:
+        fits = [v for v in p.verdicts if v.fits]
+        top = max(fits, key=lambda v: v.context, default=None)
+        out.append(Best(p.name, p.kind, top, max_tokens or REPLY_TOKENS))
+    return out
+
+
+async def _try_read(request: web.Request, person: Person, plain: str, name: str) -> tuple[int, Any]:
+    """GET plain for model name as the person: its status and its answer (None unless 2xx)."""
+    c = console(request)
+    route = c.routes.get("GET", plain)
+    if route is None:
+        raise ConsoleError(500, f"/api/v1 has no GET {plain}")
+    answer = await inproc.call(request, c.api, person.who, route, {"name": name})
+    if answer.status == 403:
+        raise ConsoleError(403, answer.message())
+    return answer.status, inproc.decoded(answer, route) if answer.ok else None
+
+
+async def plan_of(request: web.Request, person: Person, name: str) -> tuple[PlanView | None, str]:
+    """The model's plan as GET /models/{name}/plan answers the person, or None and why not."""
+    c = console(request)
+    route = c.routes.get("GET", "/models/{name}/plan")
+    if route is None:
+        raise ConsoleError(500, "/api/v1 has no GET /models/{name}/plan")
+    answer = await inproc.call(request, c.api, person.who, route, {"name": name})
+    if answer.ok:
+        return inproc.decoded(answer, route), ""
+    if answer.status in (403, 404):
+        raise ConsoleError(answer.status, answer.message())
+    return None, answer.message()
+
+
+def asked(query: Mapping[str, str]) -> dict[str, str]:
+    """The serve form's inputs as sent (engine llama.cpp and context 0 where not)."""
+    values = {k: query.get(k, "").strip() for k in INPUTS}
+    values["engine"] = values["engine"] or "llama.cpp"
+    for k in ("context", "max_tokens"):
+        values[k] = values[k] or "0"
+    return values
+
+
+def checked_model(values: Mapping[str, str]) -> ModelIn:
+    """The inputs as POST /models reads them and checks them (validate_model), or the 400 it
+    would answer."""
+    fields = {k: v for k, v in values.items() if v and (k != "on_demand" or v == "true")}
+    try:
+        body = msgspec.convert(fields, type=ModelIn, strict=False)
+        validate_model(body)
+    except msgspec.ValidationError as e:
+        raise ConsoleError(400, str(e)) from None
+    except ApiError as e:
+        raise ConsoleError(e.status, e.detail.message) from None
+    return body
+
+
+async def drawn_for(
+    request: web.Request,
+    person: Person,
+    form_list: Sequence[forms.Form],
+    params: Mapping[str, str],
+    values: Mapping[str, str] | None = None,
+) -> list[forms.Drawn]:
+    """The forms of form_list the person may send with these path parameters."""
+    c = console(request)
+    roles = Directory(c.keys.store)
+    return await forms.drawn(person.who, c.routes, form_list, params, roles, values)
+
+
+async def _preview(request: web.Request, person: Person) -> dict[str, Any]:
+    """The serve form's preview: the inputs, the model if the catalog has it, its plan, and
+    the form that comes next (add it, or serve it)."""
+    values = asked(request.query)
+    data: dict[str, Any] = {"values": values, "model": None, "plan": None, "why": ""}
+    data |= {"best": [], "add": [], "serve": [], "size": size}
+    if not values["name"]:  # a blank form, or one a mirror's set filled the source of
+        return data
+    body = checked_model(values)
+    status, model = await _try_read(request, person, "/models/{name}", body.name)
+    if model is None:
+        if status != 404:
+            raise ConsoleError(status, f"GET /models/{body.name} answered {status}")
+        data["add"] = await drawn_for(request, person, (forms.ADD_FORM,), {})
+        return data
+    plan, why = await plan_of(request, person, body.name)
+    data |= {"model": model, "plan": plan, "why": why}
+    data["best"] = best(plan, model.max_tokens) if plan is not None else []
+    values = {"body.replicas": str(max(model.replicas, 1))}
+    data["serve"] = await drawn_for(
+        request, person, (forms.SERVE_FORM,), {"name": model.name}, values
+    )
+    return data
+
+
+async def serve_page(request: web.Request) -> web.Response:
+    """GET /console/serve?name=&source=&...: the serve form and, once it names a model, the
+    preview (without JS: the Preview button loads this page again with the inputs)."""
+    person = required(request)
+    data = await _preview(request, person)
+    adds = await drawn_for(request, person, (forms.ADD_FORM,), {})
+    return render(
+        request, "serve.html", person, may_add=bool(adds), refusal="", page="models", **data
+    )
+
+
+async def serve_plan(request: web.Request) -> web.Response:
+    """GET /console/serve/plan?...: the preview alone (htmx's), a refusal in its words."""
+    person = required(request)
+    try:
+        data = await _preview(request, person)
+    except ConsoleError as e:
+        if not live(request) or e.status >= 500:
+            raise
+        return render(request, "serve_plan.html", person, refusal=e.message)
+    return render(request, "serve_plan.html", person, refusal="", **data)
+
+
+def replica_profiles(m: ModelView, plan: PlanView | None) -> dict[str, str]:
+    """Each replica's profile, by its id: the plan's placements say, or the model's one
+    profile where it has one."""
+    owner = {r.id: p.name for p in plan.profiles for r in p.placed} if plan else {}
+    if len(m.profiles) == 1:
+        owner = {r.id: owner.get(r.id, m.profiles[0].name) for r in m.replica_status}
+    return owner
+
+
+def by_profile(m: ModelView, owner: Mapping[str, str]) -> dict[str, list[ReplicaView]]:
+    """The model's replicas by their profile's name."""
+    out: dict[str, list[ReplicaView]] = {}
+    for r in m.replica_status:
+        out.setdefault(owner.get(r.id, ""), []).append(r)
+    return out
+
+
+async def card_forms(request: web.Request, person: Person, m: ModelView) -> dict[str, Any]:
+    """The model card's forms the person may send: the model's, one per profile, a new
+    profile's."""
+    values = forms.model_values(m.replicas, m.context, m.price_prompt, m.price_completion)
+    params = {"name": m.name}
+    per_profile = {
+        p.name: await drawn_for(
+            request,
+            person,
+            (forms.PROFILE_FORM,),
+            params,
+            {"body.profile": p.name, "body.replicas": str(p.replicas)},
+        )
+        for p in m.profiles
+    }
+    return {
+        "drawn": await drawn_for(request, person, forms.MODEL_FORMS, params, values),
+        "per_profile": per_profile,
+        "new_profile": await drawn_for(request, person, (forms.NEW_PROFILE_FORM,), params),
+    }
+
+
+async def model_card(request: web.Request) -> web.Response:
+    """GET /console/models/{name}: the model, its profiles with their replicas and states,
+    its plan, and the forms the person may send; htmx polls its live part every POLL_S s."""
+    person = required(request)
+    name = request.match_info["name"]
+    model: ModelView = await read(request, person, "/models/{name}", {"name": name})
+    plan, why = await plan_of(request, person, name)
+    data: dict[str, Any] = {"m": model, "plan": plan, "why": why, "size": size}
+    owner = replica_profiles(model, plan)
+    data |= {"owner": owner, "by_profile": by_profile(model, owner), "poll": POLL_S}
+    data["best"] = best(plan, model.max_tokens) if plan is not None else []
+    if live(request):
+        return render(request, "model_live.html", person, page="models", **data)
+    data |= await card_forms(request, person, model)
+    back = f"/console/models/{name}"
+    return render(request, "model.html", person, back=back, page="models", **data)
