@@ -104,8 +104,11 @@ async def test_the_preview_shows_the_plan_routes_figures(
     plan = msgspec.convert(raw, PlanView)
     fits = [v for v in plan.profiles[0].verdicts if v.fits]
     top = max(fits, key=lambda v: v.context)
-    for path in ("/console/serve?", "/console/serve/plan?"):
-        r, html = await browser.get(path + query)
+    for hx in ({}, {"HX-Request": "true"}):  # the page, and htmx's preview alone
+        path = "/console/serve/plan?" if hx else "/console/serve?"
+        async with browser.session.get(site.url + path + query, headers=hx) as r:
+            html = await r.text()
+        assert html.startswith('<section id="plan"') == bool(hx)
         assert r.status == 200 and status == 200
         assert figures(html, "context") == [str(top.context)] == ["8192"]
         assert figures(html, "memory") == [str(top.memory_bytes)]
@@ -117,7 +120,9 @@ async def test_the_preview_shows_the_plan_routes_figures(
     assert serve["path.name"] == "smol"
     assert re.search(r'<input id="p-slow" type="checkbox" required>', html)
     plans.verdicts["default"] = [SHORT]  # 1024 tokens at 40/s: 26 s, nothing to ask
-    _, html = await browser.get("/console/serve/plan?" + query)
+    r, _ = await browser.get("/console/serve/plan?" + query)  # no htmx: the whole page
+    assert r.status == 303 and r.headers["Location"] == "/console/serve?" + query
+    _, html = await browser.get("/console/serve?" + query)
     assert "minutes" not in html and 'type="checkbox" required' not in html
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import msgspec
 from aiohttp import web
@@ -15,7 +16,7 @@ from llmgw.api_types import ModelIn, ModelView, PlanView, ReplicaView, Verdict
 from llmgw.errors import ApiError
 from llmgwd.api.models import validate_model
 from llmgwd.console import forms, inproc
-from llmgwd.console.base import ConsoleError, Person, console, render
+from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render, see_other
 from llmgwd.console.mirror_page import size
 from llmgwd.console.pages import live, read
 from llmgwd.console.signin import required
@@ -160,12 +161,15 @@ async def serve_page(request: web.Request) -> web.Response:
 
 
 async def serve_plan(request: web.Request) -> web.Response:
-    """GET /console/serve/plan?...: the preview alone (htmx's), a refusal in its words."""
+    """GET /console/serve/plan?...: the preview alone (htmx's), a refusal in its words; a
+    browser's own request is sent to the whole page."""
     person = required(request)
+    if not live(request):
+        return see_other(f"{PREFIX}/serve?{urlencode(list(request.query.items()))}")
     try:
         data = await _preview(request, person)
     except ConsoleError as e:
-        if not live(request) or e.status >= 500:
+        if e.status >= 500:
             raise
         return render(request, "serve_plan.html", person, refusal=e.message)
     return render(request, "serve_plan.html", person, refusal="", **data)
