@@ -39,9 +39,13 @@ SOURCE = "llmgw"
 # neither, and on an entry here for a setting that does not exist.
 SETTINGS = {
     "server.oidc.issuer": (
-        "The OpenID Connect provider's issuer URL, for `llmgw login` (its discovery document, "
-        "keys and endpoints are read from ISSUER/.well-known/openid-configuration); https://, "
-        "or http:// on a loopback address only; empty: sign-in is off."
+        "The OpenID Connect provider's issuer URL, for `llmgw login` and the console's "
+        '"Sign in with" (its discovery document, keys and endpoints are read from '
+        "ISSUER/.well-known/openid-configuration); https://, or http:// on a loopback address "
+        "only; empty: sign-in is off. Register at the provider, as redirect URIs of client_id, "
+        "http://127.0.0.1/callback on any port (`llmgw login`, RFC 8252's loopback redirect) "
+        "and, for the console, PUBLIC/console/login/oidc/callback, where PUBLIC is "
+        "client.public_url (or each control plane's https://HOST:PORT as browsers reach it)."
     ),
     "server.oidc.client_id": "llmgw's client id at the provider: the ID token's audience.",
     "server.oidc.client_secret_file": (
@@ -131,6 +135,13 @@ SETTINGS = {
         "Addresses and networks (CIDR) that max_connections_per_address does not apply to: by "
         "default the host itself, where a local reverse proxy or a benchmark connects from. "
         "Set it to [] to cap them too."
+    ),
+    "server.client.public_url": (
+        "The client port as people's browsers reach it, https://HOST[:PORT] (a reverse "
+        "proxy's or a load balancer's, if one is in front; no path). The console's OIDC "
+        "sign-in sends the provider PUBLIC/console/login/oidc/callback as its redirect URI, "
+        "which must be registered there. Empty: the scheme and Host of the request each "
+        "sign-in began with."
     ),
     "server.client.cors_origins": (
         "The web origins (https://HOST[:PORT]) whose pages may call the client port from a "

@@ -63,6 +63,9 @@ class ClientPort(Strict):
     # the time to its first token what another sent): org, key or none.
     cache_isolation: str = "org"
     request_metrics: bool = True  # /metrics counts each /v1 request (false: to measure its cost)
+    # The client port as people's browsers reach it, https://HOST[:PORT] (a proxy's, if one is
+    # in front); "": the address each request came to. The console's OIDC redirect is under it.
+    public_url: str = ""
 
     def __post_init__(self) -> None:
         _check_listen(self.listen)
@@ -75,6 +78,11 @@ class ClientPort(Strict):
             except ValueError:
                 why = f"uncapped_addresses: {net!r} is not an address or network"
                 raise ValueError(why) from None
+        url = urlsplit(self.public_url)
+        if self.public_url and (
+            url.scheme not in ("http", "https") or not url.netloc or url.path or url.query
+        ):
+            raise ValueError(f"public_url: {self.public_url!r} is not https://HOST[:PORT]")
         for origin in self.cors_origins:
             url = urlsplit(origin)
             if url.scheme not in ("http", "https") or not url.netloc or url.path or url.query:

@@ -288,10 +288,13 @@ class Daemon:
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
-        app.add_subapp(login.PREFIX, login.login_app(self.catalog, self.config.oidc))  # no key
+        signin = login.login_app(self.catalog, self.config.oidc)  # the console's OIDC too
+        app.add_subapp(login.PREFIX, signin)  # no key
         api = api_subapp(ctx, key_auth(self.catalog))
         app.add_subapp(API_PREFIX, api)
-        console.mount(app, console.make(api, self.catalog, secret, tls=bool(cfg.tls_cert)))
+        tls, url = bool(cfg.tls_cert), cfg.public_url
+        made = console.make(api, self.catalog, secret, tls=tls, login=signin, public_url=url)
+        console.mount(app, made)
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog, self.meter.allows))
         scim_ctx = ScimContext(self.catalog, self.config.oidc.rules)  # groups by oidc.rules
         app.add_subapp(scim.PREFIX, scim.scim_app(scim_ctx))  # its own token, no key

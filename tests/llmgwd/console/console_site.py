@@ -13,6 +13,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from llmgw.config import Oidc
+from llmgwd.api import login
 from llmgwd.api.access import key_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, NodeInfo
 from llmgwd.api.routes import api_subapp
@@ -68,18 +70,23 @@ async def _fill(site: Site) -> None:
 
 
 @asynccontextmanager
-async def serving(*, tls: bool = False, **context: Any) -> AsyncIterator[Site]:
-    """The client port's /api/v1 and /console, filled as _fill says; context: more of the
-    API's context (ApiContext's fields: slurm, slurm_status, ...)."""
+async def serving(
+    *, tls: bool = False, oidc: Oidc | None = None, **context: Any
+) -> AsyncIterator[Site]:
+    """The client port's /api/v1 and /console, filled as _fill says; oidc: the sign-in
+    settings of /api/v1/login (mounted as the daemon mounts it, the console's OIDC sign-in
+    its); context: more of the API's context (ApiContext's fields: slurm, slurm_status, ...)."""
     store = await SqliteStore.open(":memory:")
     catalog = Catalog(store)
     await catalog.load()
     nodes = Nodes()
     ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=lambda: "t", join_url="", **context)
     app = web.Application()
+    signin = login.login_app(catalog, oidc or Oidc())
+    app.add_subapp(login.PREFIX, signin)
     api = api_subapp(ctx, key_auth(catalog))
     app.add_subapp(API_PREFIX, api)
-    console.mount(app, console.make(api, catalog, SECRET, tls=tls))
+    console.mount(app, console.make(api, catalog, SECRET, tls=tls, login=signin))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     site = Site(str(server.make_url("")).rstrip("/"), catalog, nodes)

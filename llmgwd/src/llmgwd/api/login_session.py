@@ -12,7 +12,7 @@ from aiohttp import web
 
 from llmgw.api_types import LoginAnswer
 from llmgw.errors import ApiError
-from llmgwd.catalog import Catalog, KeyOwner
+from llmgwd.catalog import ApiKey, Catalog, KeyOwner
 from llmgwd.people.oidc import Provider, SignInError
 from llmgwd.people.signin import SignIn
 
@@ -52,18 +52,27 @@ def parts(request: web.Request) -> tuple[Provider, SignIn]:
     return provider, signin
 
 
-async def session_for(request: web.Request, claims: dict[str, Any]) -> LoginAnswer:
+async def new_session(
+    provider: Provider, signin: SignIn, keys: Catalog, claims: dict[str, Any]
+) -> tuple[ApiKey, LoginAnswer]:
     """The user of a checked ID token's claims (made or updated, with the group rules'
-    memberships) and a key of theirs that ends after the settings' session_ttl_s."""
-    provider, signin = parts(request)
-    try:
-        user = await signin.user_for(claims)
-    except SignInError as e:
-        raise refuse(e) from None
+    memberships) and a key of theirs that ends after the settings' session_ttl_s; the console's
+    OIDC sign-in makes its session the same way (SignInError: refused)."""
+    user = await signin.user_for(claims)
     expires_at = time.time() + provider.settings.session_ttl_s
-    request.app[KEYS].note_user(user)  # a new user's key works here at once, before the watch
-    _, key = await request.app[KEYS].create_key(
+    keys.note_user(user)  # a new user's key works here at once, before the watch
+    made, key = await keys.create_key(
         f"login {user.name}", owner=KeyOwner(user=user.id), expires_at=expires_at
     )
     log.info("oidc: user %s (%s) signed in", user.id, user.name)
-    return LoginAnswer(user=user.id, name=user.name, key=key, expires_at=expires_at)
+    return made, LoginAnswer(user=user.id, name=user.name, key=key, expires_at=expires_at)
+
+
+async def session_for(request: web.Request, claims: dict[str, Any]) -> LoginAnswer:
+    """new_session for a sign-in route, its refusal as an API error."""
+    provider, signin = parts(request)
+    try:
+        _, answer = await new_session(provider, signin, request.app[KEYS], claims)
+    except SignInError as e:
+        raise refuse(e) from None
+    return answer

@@ -10,7 +10,9 @@ from llmgwd.console import (
     gpu_map,
     mirror_page,
     model_page,
+    nav,
     node_page,
+    oidc_signin,
     org_page,
     pages,
     people_page,
@@ -33,10 +35,20 @@ from llmgwd.console.headers import security_headers
 from llmgwd.console.session import Sessions, derived
 
 
-def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Console:
+def make(
+    api: web.Application,
+    keys: Keys,
+    secret: bytes,
+    *,
+    tls: bool,
+    login: web.Application | None = None,
+    public_url: str = "",
+) -> Console:
     """The console's context: api, /api/v1's sub-application it sends every request to (and
     whose route table its forms name); secret, the one every control plane shares (a session
-    made on one opens on another); tls, whether the client port has TLS."""
+    made on one opens on another); tls, whether the client port has TLS; login, the
+    /api/v1/login application whose OIDC sign-in the console's uses (with public_url, the
+    client port's, for the provider's redirect back)."""
     table = api[ROUTES]  # the records /api/v1 is served from
     routes = Routes(table)
     page_forms = (*mirror_page.MIRROR_FORMS, *slurm_page.SLURM_FORMS)
@@ -51,12 +63,13 @@ def make(api: web.Application, keys: Keys, secret: bytes, *, tls: bool) -> Conso
         csrf_key=derived(secret, "csrf"),
         routes=routes,
         templates=templates(),
+        oidc=oidc_signin.of_login(login, public_url) if login is not None else None,
     )
 
 
 def console_app(ctx: Console) -> web.Application:
     """The console's pages, forms and static files."""
-    app = web.Application(middlewares=[security_headers, error_pages])
+    app = web.Application(middlewares=[security_headers, nav.navigation, error_pages])
     app[CONSOLE] = ctx
     app.router.add_get("/", pages.overview)
     app.router.add_get("/models", pages.models_page)
@@ -72,6 +85,8 @@ def console_app(ctx: Console) -> web.Application:
     app.router.add_get("/login", signin.login_page)
     app.router.add_post("/login", signin.login)
     app.router.add_post("/logout", signin.logout)
+    app.router.add_get("/login/oidc", oidc_signin.start)
+    app.router.add_get("/login/oidc/callback", oidc_signin.callback)
     app.router.add_post("/act", act.act)
     app.router.add_get("/people", people_page.people_page)
     app.router.add_post("/made", people_page.made)

@@ -13,16 +13,19 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from llmgwd import auth
-from llmgwd.catalog import ApiKey
+from llmgwd.catalog import ApiKey, Catalog
 from llmgwd.console import csrf
 from llmgwd.console.forms import Routes
 from llmgwd.console.session import COOKIE, FLASH, Sessions
+from llmgwd.people.oidc import Provider
+from llmgwd.people.signin import SignIn
 from llmgwd.store import Store
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 PREFIX = "/console"
+NAV = web.RequestKey("llmgw.console.nav", list)  # a person's pages' links (console.nav)
 
 
 class Keys(auth.KeyLookup, Protocol):
@@ -39,6 +42,17 @@ class Keys(auth.KeyLookup, Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class OidcSignIn:
+    """The OIDC sign-in /api/v1/login serves (its very provider, keys cached once, and
+    sign-in), for the console's: console.oidc_signin."""
+
+    provider: Provider
+    signin: SignIn
+    keys: Catalog  # where the session key is made
+    public_url: str  # the client port's (client.public_url); "": each request's own
+
+
+@dataclass(frozen=True, slots=True)
 class Console:
     """What the console's handlers reach: the API it sends every request to, the keys, the
     session cookie, the route table (by route key) and the templates."""
@@ -49,6 +63,7 @@ class Console:
     csrf_key: bytes
     routes: Routes
     templates: jinja2.Environment
+    oidc: OidcSignIn | None = None  # sign-in through the site's provider; None: not set up
 
 
 CONSOLE = web.AppKey("llmgw.console", Console)
@@ -102,6 +117,7 @@ def render(
     flash = c.sessions.flashed(request.cookies.get(FLASH, ""))
     data.setdefault("page", "")
     data.setdefault("csrf", person.csrf if person else "")
+    data.setdefault("nav", request.get(NAV, []))
     page = c.templates.get_template(template).render(person=person, flash=flash, **data)
     response = web.Response(text=page, status=http, content_type="text/html")
     if FLASH in request.cookies:

@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.api_types import ModelView, NodeView
-from llmgwd.console import forms, inproc
-from llmgwd.console.base import ConsoleError, Person, console, render
+from llmgwd.console import forms, inproc, nav
+from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render, see_other
 from llmgwd.console.signin import required
 from llmgwd.people.directory import Directory
 
@@ -70,8 +70,11 @@ def live(request: web.Request) -> bool:
 
 async def overview(request: web.Request) -> web.Response:
     """GET /console/: nodes, models, control planes, and what needs attention; htmx polls
-    its live part every 5 s."""
+    its live part every 5 s. One who may not read /status (an organization's admin with no
+    staff role) is sent to their organization's page instead."""
     person = required(request)
+    if not await nav.may_read(request, person, "/status"):
+        return see_other(PREFIX + "/org")
     status = await read(request, person, "/status")
     nodes: list[NodeView] = await read(request, person, "/nodes")
     models: list[ModelView] = await read(request, person, "/models")

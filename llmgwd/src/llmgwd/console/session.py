@@ -1,5 +1,6 @@
 """The console's session cookie: an HMAC-signed envelope of a key's id and an expiry (never the
-key); and the one-shot flash cookie that carries a change's outcome to the next page."""
+key); the one-shot flash cookie that carries a change's outcome to the next page; and an OIDC
+sign-in's pending state, nonce and PKCE verifier, signed alike."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ COOKIE = "llmgw_console"
 FLASH = "llmgw_console_flash"
 PATH = "/console"
 MAX_AGE_S = 8 * 3600  # a session's longest life; the key's own end and revocation come first
+PENDING = "llmgw_console_oidc"  # an OIDC sign-in under way
+PENDING_PATH = PATH + "/login/oidc"  # sent to the start and the callback only
+PENDING_AGE_S = 600  # the person has this long at the provider
+_B64URL = "[A-Za-z0-9_-]"
+_PENDING = re.compile(
+    rf"p1\.(?P<state>{_B64URL}{{16,64}})\.(?P<nonce>{_B64URL}{{16,64}})"
+    rf"\.(?P<verifier>{_B64URL}{{43,128}})\.(?P<exp>[0-9]{{1,12}})\.(?P<sig>[0-9a-f]{{64}})"
+)
 _VALUE = re.compile(r"v1\.(?P<id>[0-9a-f]{1,64})\.(?P<exp>[0-9]{1,12})\.(?P<sig>[0-9a-f]{64})")
 
 
@@ -23,6 +32,16 @@ def derived(secret: bytes, purpose: str) -> bytes:
     """A key for one use, from the secret every control plane shares (so any of them opens a
     session another made)."""
     return hmac.new(secret, b"llmgw console " + purpose.encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An OIDC sign-in under way: what the provider's redirect back must match (state), what
+    the ID token must carry (nonce), and the PKCE verifier its code is redeemed with."""
+
+    state: str
+    nonce: str
+    verifier: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +116,37 @@ class Sessions:
     def unflash(self, response: web.StreamResponse) -> None:
         """Drop the flash cookie (its text was shown)."""
         response.del_cookie(FLASH, path=PATH, secure=self.secure, httponly=True, samesite="Strict")
+
+    def pend(self, response: web.StreamResponse, p: Pending, now: float | None = None) -> None:
+        """Keep an OIDC sign-in's pending values for PENDING_AGE_S, signed. SameSite=Lax, not
+        Strict: the provider's redirect back is a navigation from its site, on which a browser
+        sends a Strict cookie not at all (Lax: on a top-level GET, as that redirect is)."""
+        expires = int((time.time() if now is None else now) + PENDING_AGE_S)
+        body = f"p1.{p.state}.{p.nonce}.{p.verifier}.{expires}"
+        response.set_cookie(
+            PENDING,
+            f"{body}.{self._sign('pending:' + body)}",
+            max_age=PENDING_AGE_S,
+            path=PENDING_PATH,
+            secure=self.secure,
+            httponly=True,
+            samesite="Lax",
+        )
+
+    def pending(self, value: str, now: float | None = None) -> Pending | None:
+        """The pending sign-in a cookie value holds, if signed by us and not expired."""
+        m = _PENDING.fullmatch(value)
+        if m is None:
+            return None
+        body = value[: m.start("sig") - 1]
+        if not hmac.compare_digest(m["sig"], self._sign("pending:" + body)):
+            return None
+        if int(m["exp"]) <= (time.time() if now is None else now):
+            return None
+        return Pending(m["state"], m["nonce"], m["verifier"])
+
+    def unpend(self, response: web.StreamResponse) -> None:
+        """Drop the pending sign-in (used, or refused: a code is redeemed once)."""
+        response.del_cookie(
+            PENDING, path=PENDING_PATH, secure=self.secure, httponly=True, samesite="Lax"
+        )

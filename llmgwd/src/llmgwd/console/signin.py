@@ -1,4 +1,5 @@
-"""Signing in to the console with an API key (a form, never a URL), and signing out."""
+"""Signing in to the console with an API key (a form, never a URL), and signing out; the sign-in
+page offers the site's OIDC provider too where one is set up (console.oidc_signin)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import secrets
 from aiohttp import web
 
 from llmgwd import auth
-from llmgwd.console import csrf
+from llmgwd.console import csrf, oidc_signin
 from llmgwd.console.base import (
     PREFIX,
     ConsoleError,
@@ -45,7 +46,8 @@ def _login_form(request: web.Request, http: int = 200, why: str = "") -> web.Res
     nonce = secrets.token_urlsafe(16)
     token = csrf.token(c.csrf_key, "pre:" + nonce)
     extra = {"why": why} if why else {}
-    response = render(request, "login.html", None, http, csrf=token, **extra)
+    provider = oidc_signin.provider_name(c)
+    response = render(request, "login.html", None, http, csrf=token, provider=provider, **extra)
     response.set_cookie(
         PRE, nonce, max_age=PRE_AGE_S, path=PREFIX, secure=c.sessions.secure, httponly=True,
         samesite="Strict",
