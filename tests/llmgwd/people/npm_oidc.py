@@ -49,14 +49,21 @@ def installed() -> Path:
 
 
 @contextmanager
-def running(secret_file: Path, device_ttl_s: int = 600, interval_s: int = 1) -> Iterator[str]:
-    """The provider on 127.0.0.1 (its issuer URL), stopped at the end."""
+def running(
+    secret_file: Path,
+    device_ttl_s: int = 600,
+    interval_s: int = 1,
+    redirect_uris: tuple[str, ...] = (),
+) -> Iterator[str]:
+    """The provider on 127.0.0.1 (its issuer URL), stopped at the end; redirect_uris: more
+    than `llmgw login`'s loopback one (the console's callback)."""
     where = installed()
     env = os.environ | {
         "CLIENT_ID": "llmgw",
         "CLIENT_SECRET_FILE": str(secret_file),
         "DEVICE_TTL_S": str(device_ttl_s),
         "INTERVAL_S": str(interval_s),
+        "REDIRECT_URIS": " ".join(redirect_uris),
     }
     proc = subprocess.Popen(
         ["node", str(where / "provider.mjs")],

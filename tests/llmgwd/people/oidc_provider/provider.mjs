@@ -5,7 +5,8 @@
 // refuses); the device pages (/device) are the provider's own. Test-only additions, outside
 // the provider: PUT /accounts/SUB sets an account's claims, and RFC 8628's `interval` (with
 // `slow_down` for a device code polled sooner) which this provider does not send itself.
-// Env: CLIENT_ID, CLIENT_SECRET_FILE, DEVICE_TTL_S, INTERVAL_S. Prints "listening PORT".
+// Env: CLIENT_ID, CLIENT_SECRET_FILE, DEVICE_TTL_S, INTERVAL_S, REDIRECT_URIS (more redirect
+// URIs, space-separated: the console's callback). Prints "listening PORT".
 import * as http from 'node:http';
 import * as fs from 'node:fs';
 import Provider from 'oidc-provider';
@@ -35,7 +36,10 @@ function make(issuer) {
       client_id: env.CLIENT_ID || 'llmgw',
       client_secret: fs.readFileSync(env.CLIENT_SECRET_FILE, 'utf8').trim(),
       application_type: 'native',
-      redirect_uris: ['http://127.0.0.1/callback'],
+      redirect_uris: [
+        'http://127.0.0.1/callback',
+        ...(env.REDIRECT_URIS || '').split(' ').filter(Boolean),
+      ],
       grant_types: ['authorization_code', 'urn:ietf:params:oauth:grant-type:device_code'],
       token_endpoint_auth_method: 'client_secret_post',
     }],
