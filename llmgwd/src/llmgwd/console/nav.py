@@ -38,24 +38,33 @@ LINKS: tuple[Link, ...] = (
 )
 
 
+def _rule(request: web.Request, plain: str) -> auth.Rule | None:
+    route = console(request).routes.get("GET", plain)
+    return route.rule if route is not None else None
+
+
+async def _passes(request: web.Request, person: Person, rule: auth.Rule | None) -> bool:
+    roles = Directory(console(request).keys.store)
+    return rule is not None and await auth.allowed(person.who, rule, {}, roles)
+
+
 async def may_read(request: web.Request, person: Person, plain: str) -> bool:
     """Whether the person passes the rule of GET plain (a route of no path parameter)."""
-    c = console(request)
-    route = c.routes.get("GET", plain)
-    if route is None:
-        return False
-    return await auth.allowed(person.who, route.rule, {}, Directory(c.keys.store))
+    return await _passes(request, person, _rule(request, plain))
 
 
 async def links_for(request: web.Request, person: Person) -> list[Link]:
-    """The links this person's pages show, each route's rule asked once."""
-    passes: dict[str, bool] = {}
+    """The links this person's pages show, each rule asked once (the staff pages' are one)."""
+    passes: dict[auth.Rule | None, bool] = {}
     out = []
     for link in LINKS:
-        if link.reads and link.reads not in passes:
-            passes[link.reads] = await may_read(request, person, link.reads)
-        if not link.reads or passes[link.reads]:
-            out.append(link)
+        if link.reads:
+            rule = _rule(request, link.reads)
+            if rule not in passes:
+                passes[rule] = await _passes(request, person, rule)
+            if not passes[rule]:
+                continue
+        out.append(link)
     return out
 
 
