@@ -14,7 +14,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from integration.conftest import _skip_or_fail
 from integration.harness import PrivateSystemd
-from integration.llmgw_node import MODEL, Node, llama_server, serving
+from integration.llmgw_node import MODEL, Node, gguf, llama_server, serving
 
 CLIENT_PORT = 17900  # not 7700: a quickstart cluster may run on this machine too
 CLUSTER_PORT = 17910
@@ -133,3 +133,57 @@ def test_a_key_for_v1_only_signs_nobody_in(node: Node, page: Page) -> None:
     page.get_by_role("button", name="Sign in").click()
     assert "/v1 only" in page.get_by_role("alert").inner_text()
     assert not [c for c in page.context.cookies() if c["name"] == "llmgw_console"]
+
+
+def test_a_model_served_from_the_form_becomes_ready_and_takes_a_new_context(
+    node: Node, admin_key: str, page: Page, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    shots = tmp_path_factory.mktemp("console-serve-screenshots")
+    node.llmgw("model", "stop", MODEL)  # its replica holds every core: room for the new one
+    node.wait(lambda: node.model()["replicas"] == 0 and not node.engine_units(), "stopped")
+    try:
+        _serve_from_the_form(node, admin_key, page, shots)
+    finally:
+        node.llmgw("model", "remove", "smol2", check=False)
+        node.llmgw("model", "serve", MODEL, "--replicas", "1")
+        node.wait_ready(1)
+
+
+def _serve_from_the_form(node: Node, admin_key: str, page: Page, shots: Path) -> None:
+    sign_in(page, admin_key)
+    page.goto(url("/console/models"))
+    page.get_by_role("link", name="Serve a model").click()
+    page.get_by_label("Name", exact=True).fill("smol2")
+    page.get_by_label("Source").fill(f"file:{gguf()}")
+    page.get_by_role("button", name="Preview").click()  # htmx: the preview alone
+    page.get_by_role("button", name="Add smol2 to the catalog").click()
+    page.wait_for_url(url("/console/models/smol2"))
+    plan = node.llmgw("model", "plan", "smol2", "--json")
+    fits = [v for v in plan["profiles"][0]["verdicts"] if v["fits"]]
+    longest = max(v["context"] for v in fits)
+    shown = page.locator("table.plan data.context").first.get_attribute("value")
+    assert shown == str(longest) and longest > 0  # the card's figure is the plan's
+    shoot(page, "model-card", shots)
+    page.locator("form.serve").get_by_label("Replicas").fill("1")
+    page.locator("form.serve").get_by_role("button", name="Start").click()
+    assert "serve" in page.get_by_role("status").inner_text()
+    node.wait(lambda: node.model("smol2")["ready"] == 1, "smol2 ready", 180)
+    page.reload()
+    assert page.locator("table.profiles data.ready").first.get_attribute("value") == "1"
+    page.get_by_label("Context (tokens; 0: the model's own)").fill("2048")
+    page.get_by_role("button", name="Set context").click()
+    assert "context" in page.get_by_role("status").inner_text()
+    assert node.model("smol2")["context"] == 2048
+    assert "2048" in page.locator("dl").inner_text()  # the card shows it
+    # a running replica keeps the context it was placed with: stopped and started again
+    # from the card, it is placed at the new one
+    page.get_by_role("button", name="Stop").click()
+    node.wait(lambda: not node.model("smol2")["replica_status"], "smol2 stopped")
+    page.locator("form.serve").get_by_label("Replicas").fill("1")
+    page.locator("form.serve").get_by_role("button", name="Start").click()
+
+    def placed_at_2048() -> bool:
+        placed = node.llmgw("model", "plan", "smol2", "--json")["profiles"][0]["placed"]
+        return [p["context"] for p in placed] == [2048] and node.model("smol2")["ready"] == 1
+
+    node.wait(placed_at_2048, "smol2 ready at 2048 tokens", 180)
