@@ -31,7 +31,7 @@ from llmgwd.console.base import (
     templates,
 )
 from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, SERVE_FORMS, Routes
-from llmgwd.console.headers import security_headers
+from llmgwd.console.headers import TLS, security_headers
 from llmgwd.console.session import Sessions, derived
 
 
@@ -69,8 +69,11 @@ def make(
 
 def console_app(ctx: Console) -> web.Application:
     """The console's pages, forms and static files."""
-    app = web.Application(middlewares=[security_headers, nav.navigation, error_pages])
+    # error_pages outermost: a failure working out the navigation is its error page too.
+    app = web.Application(middlewares=[error_pages, nav.navigation])
+    app.on_response_prepare.append(security_headers)  # every answer, aiohttp's own 500 too
     app[CONSOLE] = ctx
+    app[TLS] = ctx.sessions.secure
     app.router.add_get("/", pages.overview)
     app.router.add_get("/models", pages.models_page)
     app.router.add_get("/models/{name}", model_page.model_card)

@@ -140,7 +140,12 @@ async def error_pages(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception:
         log.exception("console: %s %s failed", request.method, request.path)
         status, message = 500, "internal error"
-    return render(request, "error.html", signed_in(request), status, code=status, message=message)
+    try:
+        person = signed_in(request)
+        return render(request, "error.html", person, status, code=status, message=message)
+    except Exception:  # the error page itself failed: say so plainly, still a console answer
+        log.exception("console: the error page for %s %s failed", request.method, request.path)
+        return web.Response(status=500, text="500: internal error", content_type="text/plain")
 
 
 def templates() -> jinja2.Environment:

@@ -15,5 +15,7 @@ def token(key: bytes, session: str) -> str:
 
 
 def valid(key: bytes, session: str, sent: str) -> bool:
-    """Whether sent is the session's form token."""
-    return bool(session) and hmac.compare_digest(token(key, session), sent)
+    """Whether sent is the session's form token (compared as bytes: a str of other than
+    ASCII would make compare_digest raise)."""
+    mine = token(key, session).encode()
+    return bool(session) and hmac.compare_digest(mine, sent.encode(errors="replace"))

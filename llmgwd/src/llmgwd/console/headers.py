@@ -1,10 +1,9 @@
 """The console's security headers: a strict Content-Security-Policy (no inline script or style),
-no sniffing, no referrer, and pages never cached."""
+no sniffing, no referrer, pages never cached, and HSTS where the client port has TLS."""
 
 from __future__ import annotations
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -16,22 +15,15 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+HSTS = "max-age=31536000"  # a year: the client port has TLS, never come back without it
+TLS = web.AppKey("llmgw.console.tls", bool)  # the client port has TLS
 
 
-def _stamp(response: web.StreamResponse, static: bool) -> None:
+async def security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every console answer (on_response_prepare: pages, redirects, refusals and aiohttp's own
+    500 alike) stamped with HEADERS; all but static files never cached."""
     response.headers.update(HEADERS)
-    if not static:  # a page (or a redirect) holds what this person may see: never kept
+    if request.config_dict.get(TLS, False):
+        response.headers["Strict-Transport-Security"] = HSTS
+    if not request.path.startswith("/console/static/"):  # a page holds what this person sees
         response.headers["Cache-Control"] = "no-store"
-
-
-@web.middleware
-async def security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every console answer, error pages and redirects included, with HEADERS."""
-    static = request.path.startswith("/console/static/")
-    try:
-        response = await handler(request)
-    except web.HTTPException as e:
-        _stamp(e, static)
-        raise
-    _stamp(response, static)
-    return response

@@ -106,7 +106,8 @@ class Sessions:
     def flashed(self, value: str) -> str:
         """The text a flash cookie carries, if signed by us; else ""."""
         body, _, sig = value.partition(".")
-        if not body or not hmac.compare_digest(sig, self._sign("flash:" + body)):
+        mine = self._sign("flash:" + body).encode()
+        if not body or not hmac.compare_digest(sig.encode(errors="replace"), mine):
             return ""
         try:
             return base64.urlsafe_b64decode(body).decode(errors="replace")

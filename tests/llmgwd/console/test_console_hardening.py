@@ -1,0 +1,68 @@
+"""The console under a hostile browser: tokens and cookies of other than ASCII, a failing error
+page, HSTS, forms naming routes the console draws none for, a "made" page sent twice, sign-out
+ending the session on the server, and the provider's error in the log."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from llmgwd.console import base, pages
+from llmgwd.console.headers import CSP
+from llmgwd.console.session import FLASH
+from tests.llmgwd.console.console_site import Browser, Site, serving
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    async with serving() as s:
+        yield s
+
+
+@pytest.fixture
+async def browser(site: Site) -> AsyncIterator[Browser]:
+    b = Browser(site)
+    yield b
+    await b.close()
+
+
+async def test_a_form_token_of_other_than_ascii_is_a_403_not_a_500(browser: Browser) -> None:
+    await browser.get("/console/login")  # its nonce cookie
+    r, html = await browser.post("/console/login", {"key": "k", "csrf": "é"})
+    assert r.status == 403 and "token" in html
+
+
+async def test_a_flash_cookie_of_other_than_ascii_is_no_flash(browser: Browser) -> None:
+    browser.session.cookie_jar.update_cookies({FLASH: "aGk.é"})
+    r, _ = await browser.get("/console/login")
+    assert r.status == 200
+
+
+async def test_an_error_page_that_fails_is_plain_text_with_the_headers(
+    browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await browser.sign_in("admin")
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("no template")
+
+    monkeypatch.setattr(pages, "render", broken)
+    monkeypatch.setattr(base, "render", broken)
+    r, text = await browser.get("/console/")
+    assert r.status == 500 and text == "500: internal error"
+    assert r.headers["Content-Security-Policy"] == CSP
+    assert r.headers["Cache-Control"] == "no-store"
+
+
+async def test_hsts_where_the_client_port_has_tls() -> None:
+    async with serving(tls=True) as site:
+        b = Browser(site)
+        r, _ = await b.get("/console/login")
+        await b.close()
+    assert r.headers["Strict-Transport-Security"] == "max-age=31536000"
+
+
+async def test_no_hsts_without_tls(browser: Browser) -> None:
+    r, _ = await browser.get("/console/login")
+    assert "Strict-Transport-Security" not in r.headers
