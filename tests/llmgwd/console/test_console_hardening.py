@@ -11,7 +11,8 @@ import pytest
 from llmgwd.console import base, pages
 from llmgwd.console.headers import CSP
 from llmgwd.console.session import FLASH
-from tests.llmgwd.console.console_site import Browser, Site, serving
+from llmgwd.scim.token import SCIM as SCIM_TOKEN
+from tests.llmgwd.console.console_site import Browser, Site, csrf_of, serving
 
 
 @pytest.fixture
@@ -66,3 +67,23 @@ async def test_hsts_where_the_client_port_has_tls() -> None:
 async def test_no_hsts_without_tls(browser: Browser) -> None:
     r, _ = await browser.get("/console/login")
     assert "Strict-Transport-Security" not in r.headers
+
+
+async def test_act_sends_only_the_routes_the_console_s_forms_send(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("admin")
+    _, html = await browser.get("/console/")
+    token = csrf_of(html)
+    keys = len(site.catalog.keys())
+    scim = await site.catalog.store.get(SCIM_TOKEN.key)
+    for route, body in (("POST /keys", {"body.name": "lost"}), ("POST /scim/token", {})):
+        form = {"csrf": token, "route": route, "back": "/console/people", **body}
+        r, html = await browser.post("/console/act", form)
+        assert r.status == 400 and "may send" in html, route
+    assert len(site.catalog.keys()) == keys  # no key made whose secret nobody saw
+    assert await site.catalog.store.get(SCIM_TOKEN.key) == scim  # the SCIM token not rotated
+    # A route the console's forms do send still goes.
+    form = {"csrf": token, "route": "POST /models/{name}/stop", "path.name": "smol"}
+    r, _ = await browser.post("/console/act", form)
+    assert r.status == 303

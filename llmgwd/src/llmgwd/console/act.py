@@ -1,24 +1,32 @@
 """POST /console/act: a console form sent to the /api/v1 route it names (a Route record's method
-and path, exactly), run through that route's guard, request type and handler as the signed-in
-person; then back to the page with what came of it."""
+and path, exactly, and one a form of the console's sends), run through that route's guard,
+request type and handler as the signed-in person; then back to the page with what came of it.
+The form-to-route runner here is /console/made's too."""
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
 
 from llmgwd.api.route import Route
 from llmgwd.console import inproc
-from llmgwd.console.base import PREFIX, ConsoleError, console, see_other
+from llmgwd.console.base import BACK, PREFIX, ConsoleError, Person, console, see_other
 from llmgwd.console.signin import checked_form, required
 
 log = logging.getLogger(__name__)
 
-_BACK = re.compile(r"/console/(?!.*\.\.)[a-z0-9/._-]*")  # a model's card: /console/models/q2.5
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A form run: the route it named, the path it went to and what the route answered."""
+
+    route: Route
+    path: str
+    answer: inproc.Answer
 
 
 def _fields(form: Mapping[str, str], part: str) -> dict[str, str]:
@@ -39,21 +47,18 @@ def _body(route: Route, fields: Mapping[str, str]) -> bytes | None:
     return msgspec.json.encode(value)
 
 
-def _route(form: Mapping[str, str], request: web.Request) -> Route:
-    route = console(request).routes.by_key.get(form.get("route", ""))
-    if route is None or route.method == "GET":
-        raise ConsoleError(400, "the form names no route of /api/v1 that changes anything")
-    return route
-
-
-async def act(request: web.Request) -> web.Response:
-    """POST /console/act {csrf, route, back, path.*, query.*, body.*}"""
-    person = required(request)
-    form = await checked_form(request, person)
-    route = _route(form, request)
+async def run(
+    request: web.Request, person: Person, form: Mapping[str, str], allowed: Collection[str]
+) -> Sent:
+    """Send a checked form to the route it names, one of allowed (route keys; else a 400), as
+    the person; a refusal (the guard's 403, a 400, 404, 409) is a ConsoleError of its status."""
+    c = console(request)
+    key = form.get("route", "")
+    route = c.routes.by_key.get(key)
+    if route is None or key not in allowed:
+        raise ConsoleError(400, "the form names no route of /api/v1 that this form may send")
     body = _body(route, _fields(form, "body."))
     params, query = _fields(form, "path."), _fields(form, "query.")
-    c = console(request)
     try:
         path = inproc.route_path(route, params)
         answer = await inproc.call(
@@ -63,7 +68,20 @@ async def act(request: web.Request) -> web.Response:
         raise ConsoleError(400, str(e)) from None
     if not answer.ok:
         raise ConsoleError(answer.status, answer.message())
+    return Sent(route, path, answer)
+
+
+def back_of(form: Mapping[str, str], default: str) -> str:
+    """The page a form names to return to (`back`), if it is a console page; else default."""
     back = form.get("back", "")
-    response = see_other(back if _BACK.fullmatch(back) else PREFIX + "/")
-    c.sessions.flash(response, f"Done: {route.method} {path}")
+    return back if BACK.fullmatch(back) else default
+
+
+async def act(request: web.Request) -> web.Response:
+    """POST /console/act {csrf, route, back, path.*, query.*, body.*}"""
+    person = required(request)
+    form = await checked_form(request, person)
+    sent = await run(request, person, form, console(request).routes.acts)
+    response = see_other(back_of(form, PREFIX + "/"))
+    console(request).sessions.flash(response, f"Done: {sent.route.method} {sent.path}")
     return response

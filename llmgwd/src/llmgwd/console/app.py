@@ -8,6 +8,7 @@ from llmgwd.api.route import ROUTES
 from llmgwd.console import (
     act,
     gpu_map,
+    made,
     mirror_page,
     model_page,
     nav,
@@ -49,13 +50,13 @@ def make(
     made on one opens on another); tls, whether the client port has TLS; login, the
     /api/v1/login application whose OIDC sign-in the console's uses (with public_url, the
     client port's, for the provider's redirect back)."""
-    table = api[ROUTES]  # the records /api/v1 is served from
-    routes = Routes(table)
     page_forms = (*mirror_page.MIRROR_FORMS, *slurm_page.SLURM_FORMS)
-    for form in (*MODEL_FORMS, *SERVE_FORMS, *NODE_FORMS, *page_forms):
-        routes.of(form)  # a form naming no route fails here, at start
-    for form in (*people_page.FORMS, *org_page.FORMS):
-        routes.of(form)  # the people and organization pages' forms, likewise
+    every = (*MODEL_FORMS, *SERVE_FORMS, *NODE_FORMS, *page_forms, *people_page.FORMS)
+    every = (*every, *org_page.FORMS)
+    # A form naming no route fails here, at start; /console/act sends only these forms' routes,
+    # but those that make a secret, which /console/made alone sends.
+    table = api[ROUTES]  # the records /api/v1 is served from
+    routes = Routes(table, every, people_page.MAKING)
     return Console(
         api=api,
         keys=keys,
@@ -92,7 +93,7 @@ def console_app(ctx: Console) -> web.Application:
     app.router.add_get("/login/oidc/callback", oidc_signin.callback)
     app.router.add_post("/act", act.act)
     app.router.add_get("/people", people_page.people_page)
-    app.router.add_post("/made", people_page.made)
+    app.router.add_post("/made", made.made)
     app.router.add_get("/org", org_page.my_org)
     app.router.add_get("/org/{org}", org_page.org_page)
     app.router.add_static("/static", HERE / "static", append_version=False)

@@ -4,6 +4,7 @@ error page every refusal is shown in."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 PREFIX = "/console"
 NAV = web.RequestKey("llmgw.console.nav", list)  # a person's pages' links (console.nav)
+# A page a form may send the person back to (a model's card: /console/models/q2.5), never `..`.
+BACK = re.compile(r"/console/(?!.*\.\.)[a-z0-9/._-]*")
 
 
 class Keys(auth.KeyLookup, Protocol):

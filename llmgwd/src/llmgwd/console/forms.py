@@ -55,10 +55,17 @@ def route_key(route: Route) -> str:
 
 
 class Routes:
-    """The route table, by route_key: a form naming a route that is not one fails at once."""
+    """The route table, by route_key and by method and plain path; and the routes the console's
+    forms send: acts (POST /console/act's) and makes (POST /console/made's, whose answer holds
+    a secret). A form naming a route that is not one fails at once (KeyError)."""
 
-    def __init__(self, table: Iterable[Route]) -> None:
+    def __init__(
+        self, table: Iterable[Route], forms: Iterable[Form] = (), making: Iterable[Form] = ()
+    ) -> None:
         self.by_key = {route_key(r): r for r in table}
+        self._by_plain = {(r.method, r.plain): r for r in self.by_key.values()}
+        self.makes = frozenset(route_key(self.of(f)) for f in making)
+        self.acts = frozenset(route_key(self.of(f)) for f in forms) - self.makes
 
     def of(self, form: Form) -> Route:
         """The Route record a form sends (KeyError: it names none)."""
@@ -66,9 +73,7 @@ class Routes:
 
     def get(self, method: str, plain: str) -> Route | None:
         """The route with this method and plain path, if the table has it."""
-        return next(
-            (r for r in self.by_key.values() if (r.method, r.plain) == (method, plain)), None
-        )
+        return self._by_plain.get((method, plain))
 
 
 # The models page's forms, per model: stop, start (serve), context, price, remove.

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from llmgw.api_types import HeldSet, MirrorStatus, SetStatus, SweepIn, SweepOut
 from llmgwd.console import forms, inproc
-from llmgwd.console.base import ConsoleError, Person, console, render
-from llmgwd.console.pages import live, read
+from llmgwd.console.base import Person, console, render
+from llmgwd.console.pages import live, read_kept
 from llmgwd.console.signin import required
 from llmgwd.people.directory import Directory
 
@@ -96,12 +96,7 @@ def held_by(s: SetStatus, held: list[HeldSet]) -> list[HeldSet]:
 
 async def _status(request: web.Request, person: Person) -> MirrorStatus | None:
     """GET /mirror as the person, or None where this llmgwd keeps no mirror (its 503)."""
-    try:
-        status: MirrorStatus = await read(request, person, "/mirror")
-    except ConsoleError as e:
-        if e.status == 503:
-            return None
-        raise
+    status: MirrorStatus | None = await read_kept(request, person, "/mirror")
     return status
 
 

@@ -3,7 +3,6 @@ forms the person may send; read from GET /api/v1/nodes and GET /api/v1/slurm."""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
@@ -11,16 +10,13 @@ from aiohttp import web
 
 from llmgw.api_types import NodeView, SlurmNodeView, SlurmView
 from llmgwd.console import forms
-from llmgwd.console.base import ConsoleError, Person, console, render
+from llmgwd.console.base import BACK, ConsoleError, Person, console, render
 from llmgwd.console.gpu_map import node_cards
-from llmgwd.console.pages import read
+from llmgwd.console.pages import read, read_kept
 from llmgwd.console.signin import required
 from llmgwd.people.directory import Directory
 
 NODES = "/console/nodes"
-# A page POST /console/act sends the person back to (act._BACK's pattern); a node whose name
-# it does not take is sent back to the nodes page.
-_BACK = re.compile(r"/console/[a-z0-9/-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +29,9 @@ class Slurm:
 
 async def slurm_of(request: web.Request, person: Person, name: str) -> Slurm:
     """GET /slurm's row for the node (a standby knows none; a plane keeping no Slurm, 503)."""
-    try:
-        view: SlurmView = await read(request, person, "/slurm")
-    except ConsoleError as e:
-        if e.status == 503:
-            return Slurm(None, "Slurm is not kept by this control plane.")
-        raise
+    view: SlurmView | None = await read_kept(request, person, "/slurm")
+    if view is None:
+        return Slurm(None, "Slurm is not kept by this control plane.")
     if view.status is None:
         return Slurm(None, "This control plane is a standby: the leader knows the standing.")
     row = next((s for s in view.status if s.name == name), None)
@@ -55,7 +48,7 @@ def back(form: forms.Form, name: str) -> str:
     """Where a form of the page returns to: the node's page, or the nodes page after a removal
     (or where the node's name is not one act sends back to)."""
     here = f"{NODES}/{name}"
-    return here if not form.danger and _BACK.fullmatch(here) else NODES
+    return here if not form.danger and BACK.fullmatch(here) else NODES
 
 
 def seen(n: NodeView) -> str:

@@ -4,7 +4,6 @@ organization's admin gets /api/v1's 403), with the forms that person's rules all
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from llmgw.api_types.limits import KeyLimits
 from llmgwd import auth
 from llmgwd.accounting.level_keys import org_level, project_level, team_level
 from llmgwd.console import forms
-from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render, see_other
+from llmgwd.console.base import BACK, PREFIX, ConsoleError, Person, console, render, see_other
 from llmgwd.console.forms import Drawn, Field, Form
 from llmgwd.console.pages import read
 from llmgwd.console.signin import required
@@ -32,7 +31,6 @@ from llmgwd.people.directory import Directory
 
 PAGE = PREFIX + "/org"
 MADE = PREFIX + "/made"  # where a form that makes a key goes: its answer shows the secret once
-_BACK = re.compile(r"/console/[a-z0-9/-]*")  # what act sends a person back to
 
 
 def select(*options: str) -> str:
@@ -242,7 +240,7 @@ def back_to(name: str) -> str:
     """Where a form of the page returns to: the page, or /console/org where act would not
     send the person back to the organization's own address."""
     here = f"{PAGE}/{name}"
-    return here if _BACK.fullmatch(here) else PAGE
+    return here if BACK.fullmatch(here) else PAGE
 
 
 async def org_page(request: web.Request) -> web.Response:

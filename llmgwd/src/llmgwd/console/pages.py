@@ -33,15 +33,23 @@ async def read(
     return inproc.decoded(answer, route)
 
 
+async def read_kept(
+    request: web.Request, person: Person, plain: str, params: Mapping[str, str] | None = None
+) -> Any | None:
+    """read's answer, or None where this llmgwd keeps no such thing (the route's 503: no etcd,
+    no mirror, no Slurm)."""
+    try:
+        return await read(request, person, plain, params)
+    except ConsoleError as e:
+        if e.status == 503:
+            return None
+        raise
+
+
 async def _planes(request: web.Request, person: Person) -> list[Any]:
     """The control planes (none where this llmgwd keeps none: one with no etcd)."""
     plain = next((p for p in PLANES if console(request).routes.get("GET", p)), PLANES[0])
-    try:
-        return list(await read(request, person, plain))
-    except ConsoleError as e:
-        if e.status == 503:
-            return []
-        raise
+    return list(await read_kept(request, person, plain) or [])
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,23 @@
 """The console's people page (/console/people): users, their staff roles and limits, the
 organizations (each on its own page), the admin keys, the person's own keys and SCIM and OIDC
-state, read through /api/v1 as the signed-in person; and POST /console/made, which sends a form
-that makes a key (or the SCIM token) and shows its secret on that answer only, never again."""
+state, read through /api/v1 as the signed-in person; its forms that make a key (or the SCIM token)
+go to POST /console/made (console.made), which shows the secret on that answer only."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-import msgspec
 from aiohttp import web
 
 from llmgw.api_types import KeyView, LevelView, OrgView, PersonKeyView, UserView
-from llmgwd.api.route import Route
-from llmgwd.console import inproc
-from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render
+from llmgwd.console.base import PREFIX, Person, render
 from llmgwd.console.forms import Drawn, Field, Form
 from llmgwd.console.org_page import KEY_MAKING, LIMITS, MADE, drawn, limit_values, readable, select
 from llmgwd.console.pages import read
-from llmgwd.console.signin import checked_form, required
+from llmgwd.console.signin import required
 
 PAGE = PREFIX + "/people"
-_BACK = re.compile(r"/console/[a-z0-9/-]*")
 _USER = "/users/{user}"
 _TEXT = "text"
 
@@ -166,61 +160,3 @@ async def people_page(request: web.Request) -> web.Response:
     person = required(request)
     data = await people_of(request, person)
     return render(request, "people.html", person, page="people", p=data, back=PAGE, made=MADE)
-
-
-def _fields(form: Mapping[str, str], part: str) -> dict[str, str]:
-    return {k.removeprefix(part): v for k, v in form.items() if k.startswith(part)}
-
-
-def _making(request: web.Request, form: Mapping[str, str]) -> Route:
-    """The route a key-making form names: one of MAKING's, else a 400."""
-    c = console(request)
-    route = c.routes.by_key.get(form.get("route", ""))
-    if route is None or all(c.routes.of(f) is not route for f in MAKING):
-        raise ConsoleError(400, "the form names no route of /api/v1 that makes a key")
-    return route
-
-
-def _body(route: Route, fields: Mapping[str, str]) -> bytes | None:
-    """The route's request as JSON from a form's body.* fields (the handler checks it again)."""
-    if route.request is None:
-        if fields:
-            raise ConsoleError(400, f"{route.method} {route.path} takes no body")
-        return None
-    try:
-        value = msgspec.convert(dict(fields), type=route.request, strict=False)
-    except msgspec.ValidationError as e:
-        raise ConsoleError(400, str(e)) from None
-    return msgspec.json.encode(value)
-
-
-async def made(request: web.Request) -> web.Response:
-    """POST /console/made {csrf, route, back, path.*, body.*}: a key (or the SCIM token) made
-    by its /api/v1 route as the signed-in person; this answer, never cached, is the only
-    place its secret is shown (no redirect, no flash, no log)."""
-    person = required(request)
-    form = await checked_form(request, person)
-    route = _making(request, form)
-    body = _body(route, _fields(form, "body."))
-    c = console(request)
-    try:
-        answer = await inproc.call(
-            request, c.api, person.who, route, _fields(form, "path."), body=body
-        )
-    except ValueError as e:
-        raise ConsoleError(400, str(e)) from None
-    if not answer.ok:
-        raise ConsoleError(answer.status, answer.message())
-    got = inproc.decoded(answer, route)
-    secret = str(getattr(got, "key", "") or getattr(got, "token", ""))
-    back = form.get("back", "")
-    return render(
-        request,
-        "made.html",
-        person,
-        answer.status,
-        page="people",
-        got=got,
-        secret=secret,
-        back=back if _BACK.fullmatch(back) else PAGE,
-    )

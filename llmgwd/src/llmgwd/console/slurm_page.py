@@ -9,8 +9,8 @@ from aiohttp import web
 
 from llmgw.api_types import SlurmNodeView, SlurmView
 from llmgwd.console import forms
-from llmgwd.console.base import ConsoleError, Person, console, render
-from llmgwd.console.pages import live, read
+from llmgwd.console.base import Person, console, render
+from llmgwd.console.pages import live, read_kept
 from llmgwd.console.signin import required
 from llmgwd.people.directory import Directory
 
@@ -36,12 +36,7 @@ class Row:
 
 async def _view(request: web.Request, person: Person) -> SlurmView | None:
     """GET /slurm as the person, or None where this llmgwd keeps no Slurm (its 503)."""
-    try:
-        view: SlurmView = await read(request, person, "/slurm")
-    except ConsoleError as e:
-        if e.status == 503:
-            return None
-        raise
+    view: SlurmView | None = await read_kept(request, person, "/slurm")
     return view
 
 
