@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from yarl import URL
 
 from llmgwd.console import base, pages
+from llmgwd.console.ended import ENDED
 from llmgwd.console.headers import CSP
-from llmgwd.console.session import FLASH
+from llmgwd.console.session import COOKIE, FLASH
 from llmgwd.scim.token import SCIM as SCIM_TOKEN
 from tests.llmgwd.console.console_site import Browser, Site, csrf_of, serving
 
@@ -87,3 +89,21 @@ async def test_act_sends_only_the_routes_the_console_s_forms_send(
     form = {"csrf": token, "route": "POST /models/{name}/stop", "path.name": "smol"}
     r, _ = await browser.post("/console/act", form)
     assert r.status == 303
+
+
+async def test_sign_out_ends_a_key_s_session_on_the_server(browser: Browser, site: Site) -> None:
+    await browser.sign_in("viewer")
+    _, html = await browser.get("/console/")
+    old = browser.session.cookie_jar.filter_cookies(URL(site.url + "/console/"))[COOKIE].value
+    r, _ = await browser.post("/console/logout", {"csrf": csrf_of(html)})
+    assert r.status == 303
+    browser.session.cookie_jar.update_cookies({COOKIE: old})  # the cookie kept, sent again
+    r, _ = await browser.get("/console/")
+    assert r.status == 303 and r.headers["Location"] == "/console/login"
+    # The pasted key is the person's own: it still works, and a new sign-in with it too.
+    assert site.catalog.live_key(site.key_ids["viewer"]) is not None
+    await browser.sign_in("viewer")
+    assert (await browser.get("/console/"))[0].status == 200
+    # The record of the ended session goes with the cookie's life (a lease: swept).
+    [kv], _ = await site.catalog.store.range(ENDED, ENDED + "\xff")
+    assert kv.lease != 0

@@ -18,16 +18,17 @@ import aiohttp
 import oidc_provider_mock  # type: ignore[import-untyped]
 import pytest
 from aiohttp.test_utils import make_mocked_request
+from yarl import URL
 
 from llmgw.config import ClientPort, GroupRule, Oidc
 from llmgwd.catalog import ApiKey
 from llmgwd.console.base import OidcSignIn
 from llmgwd.console.nav import LINKS
 from llmgwd.console.oidc_signin import CALLBACK, challenge, redirect_uri
-from llmgwd.console.session import PENDING
+from llmgwd.console.session import COOKIE, PENDING
 from llmgwd.people.oidc import Provider
 from llmgwd.people.signin import SignIn
-from tests.llmgwd.console.console_site import Browser, Site, serving
+from tests.llmgwd.console.console_site import Browser, Site, csrf_of, serving
 
 STAFF_PAGES = {"/console/", "/console/models", "/console/nodes", "/console/gpus"}
 STAFF_PAGES |= {"/console/mirror", "/console/slurm"}
@@ -263,3 +264,33 @@ def test_the_redirect_uri_is_under_the_client_port_s_public_url() -> None:
     assert redirect_uri(request, oidc) == "https://llm.example.org/console/login/oidc/callback"
     behind = OidcSignIn(oidc.provider, oidc.signin, oidc.keys, "")
     assert redirect_uri(request, behind) == "http://10.0.0.5:7700/console/login/oidc/callback"
+
+
+async def test_sign_out_revokes_the_session_key_and_refuses_the_old_cookie(
+    issuer: str, site: Site, browser: Browser
+) -> None:
+    put_user(issuer, "hal-sub", {"preferred_username": "hal", "groups": []})
+    assert (await sign_in(browser, "hal-sub"))[0].status == 200
+    hal = await site.people.user("hal")
+    assert hal is not None
+    _, html = await follow(browser, "/console/people")
+    old = browser.session.cookie_jar.filter_cookies(URL(site.url + "/console/"))[COOKIE].value
+    r, _ = await browser.post("/console/logout", {"csrf": csrf_of(html)})
+    assert r.status == 303
+    [key] = login_keys(site, hal.id)
+    assert key.revoked  # no session key left behind to pile up
+    browser.session.cookie_jar.update_cookies({COOKIE: old})  # the cookie kept, sent again
+    r, _ = await browser.get("/console/people")
+    assert r.status == 303 and r.headers["Location"] == "/console/login"
+
+
+async def test_the_provider_s_error_cannot_forge_a_log_line(
+    site: Site, browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    authorize = await begin(browser)
+    state = urllib.parse.parse_qs(urllib.parse.urlsplit(authorize).query)["state"][0]
+    forged = urllib.parse.quote("denied\nconsole: admin signed in")
+    with caplog.at_level(logging.INFO):
+        r, _ = await browser.get(f"{CALLBACK}?error={forged}&state={state}")
+    assert r.status == 403
+    assert not any(line.startswith("console: admin") for line in caplog.text.splitlines())

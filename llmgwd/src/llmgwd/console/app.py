@@ -28,6 +28,7 @@ from llmgwd.console.base import (
     Console,
     Keys,
     error_pages,
+    live_sessions,
     see_other,
     templates,
 )
@@ -70,8 +71,9 @@ def make(
 
 def console_app(ctx: Console) -> web.Application:
     """The console's pages, forms and static files."""
-    # error_pages outermost: a failure working out the navigation is its error page too.
-    app = web.Application(middlewares=[error_pages, nav.navigation])
+    # error_pages outermost: a failure checking the session or working out the navigation is
+    # its error page too.
+    app = web.Application(middlewares=[error_pages, live_sessions, nav.navigation])
     app.on_response_prepare.append(security_headers)  # every answer, aiohttp's own 500 too
     app[CONSOLE] = ctx
     app[TLS] = ctx.sessions.secure

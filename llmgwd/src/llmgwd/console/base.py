@@ -15,9 +15,9 @@ from aiohttp.typedefs import Handler
 
 from llmgwd import auth
 from llmgwd.catalog import ApiKey, Catalog
-from llmgwd.console import csrf
+from llmgwd.console import csrf, ended
 from llmgwd.console.forms import Routes
-from llmgwd.console.session import COOKIE, FLASH, Sessions
+from llmgwd.console.session import COOKIE, FLASH, Session, Sessions
 from llmgwd.people.oidc import Provider
 from llmgwd.people.signin import SignIn
 from llmgwd.store import Store
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 PREFIX = "/console"
 NAV = web.RequestKey("llmgw.console.nav", list)  # a person's pages' links (console.nav)
+LIVE = web.RequestKey("llmgw.console.live", Session)  # the request's session, not signed out
 # A page a form may send the person back to (a model's card: /console/models/q2.5), never `..`.
 BACK = re.compile(r"/console/(?!.*\.\.)[a-z0-9/._-]*")
 
@@ -36,6 +37,10 @@ class Keys(auth.KeyLookup, Protocol):
 
     def live_key(self, key_id: str) -> ApiKey | None:
         """The key with this id, if live now."""
+        ...
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        """Revoke the key with this id (an OIDC session's, at its sign-out)."""
         ...
 
     @property
@@ -88,6 +93,7 @@ class Person:
     who: auth.Principal
     session: str  # the cookie's value
     csrf: str  # the form token of that session
+    opened: Session  # what the cookie holds: its key's id, kind, session id and end
 
 
 def console(request: web.Request) -> Console:
@@ -96,15 +102,29 @@ def console(request: web.Request) -> Console:
 
 
 def signed_in(request: web.Request) -> Person | None:
-    """The session's person: its key re-resolved now (a revoked or expired key, or a
-    deactivated user's, is no one), its principal made as /api/v1 makes a key's."""
+    """The session's person: its cookie checked by live_sessions (signed, unexpired, not signed
+    out), its key re-resolved now (a revoked or expired key, or a deactivated user's, is no
+    one), its principal made as /api/v1 makes a key's."""
     c = console(request)
-    value = request.cookies.get(COOKIE, "")
-    key_id = c.sessions.key_id(value) if value else None
-    key = c.keys.live_key(key_id) if key_id else None
-    if key is None:
+    session = request.get(LIVE)
+    key = c.keys.live_key(session.key_id) if session else None
+    if session is None or key is None:
         return None
-    return Person(auth.of_key(key), value, csrf.token(c.csrf_key, value))
+    value = request.cookies.get(COOKIE, "")
+    return Person(auth.of_key(key), value, csrf.token(c.csrf_key, value), session)
+
+
+@web.middleware
+async def live_sessions(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The session cookie opened once a request and looked up among the signed-out ones (one
+    store read); signed_in trusts only a session this let through (LIVE)."""
+    value = request.cookies.get(COOKIE, "")
+    c = console(request)
+    session = c.sessions.opened(value) if value else None
+    static = request.path.startswith(PREFIX + "/static/")
+    if session is not None and not static and not await ended.ended(c.keys.store, session):
+        request[LIVE] = session
+    return await handler(request)
 
 
 def see_other(location: str) -> web.Response:

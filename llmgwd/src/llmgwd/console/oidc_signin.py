@@ -16,7 +16,7 @@ from aiohttp import web
 
 from llmgwd.api.login_session import KEYS, OIDC, SIGNIN, new_session
 from llmgwd.console.base import PREFIX, Console, ConsoleError, OidcSignIn, console, render
-from llmgwd.console.session import PENDING, Pending
+from llmgwd.console.session import BY_OIDC, PENDING, Pending
 from llmgwd.people.oidc import SignInError
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ async def callback(request: web.Request) -> web.Response:
     code = request.query.get("code", "")
     if not code:
         error = request.query.get("error", "no code")[:64]
-        log.info("console: the provider refused a sign-in (%s)", error)
+        log.info("console: the provider refused a sign-in (%r)", error)  # %r: no forged line
         return _refused(request, 403, f"the provider refused the sign-in: {error}")
     try:
         token = await oidc.provider.redeem(code, pending.verifier, redirect_uri(request, oidc))
@@ -125,6 +125,6 @@ async def callback(request: web.Request) -> web.Response:
     # send the session's SameSite=Strict cookie on a redirect onward; the page's own refresh
     # is a navigation from this site, which sends it.
     response = render(request, "signed_in.html", None, name=answer.name, to=PREFIX + "/")
-    c.sessions.set(response, key.id)
+    c.sessions.set(response, key.id, BY_OIDC)
     c.sessions.unpend(response)
     return response

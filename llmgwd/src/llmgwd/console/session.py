@@ -1,6 +1,7 @@
-"""The console's session cookie: an HMAC-signed envelope of a key's id and an expiry (never the
-key); the one-shot flash cookie that carries a change's outcome to the next page; and an OIDC
-sign-in's pending state, nonce and PKCE verifier, signed alike."""
+"""The console's session cookie: an HMAC-signed envelope of a key's id, how the session began, a
+random session id and an expiry (never the key); the one-shot flash cookie that carries a
+change's outcome to the next page; and an OIDC sign-in's pending state, nonce and PKCE verifier,
+signed alike."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import hashlib
 import hmac
 import re
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -25,7 +27,11 @@ _PENDING = re.compile(
     rf"p1\.(?P<state>{_B64URL}{{16,64}})\.(?P<nonce>{_B64URL}{{16,64}})"
     rf"\.(?P<verifier>{_B64URL}{{43,128}})\.(?P<exp>[0-9]{{1,12}})\.(?P<sig>[0-9a-f]{{64}})"
 )
-_VALUE = re.compile(r"v1\.(?P<id>[0-9a-f]{1,64})\.(?P<exp>[0-9]{1,12})\.(?P<sig>[0-9a-f]{64})")
+_VALUE = re.compile(
+    r"v2\.(?P<kind>[ko])\.(?P<id>[0-9a-f]{1,64})\.(?P<sid>[0-9a-f]{32})"
+    r"\.(?P<exp>[0-9]{1,12})\.(?P<sig>[0-9a-f]{64})"
+)
+BY_KEY, BY_OIDC = "k", "o"  # a pasted key's session; an OIDC sign-in's (its key is the session's)
 
 
 def derived(secret: bytes, purpose: str) -> bytes:
@@ -45,6 +51,16 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
+class Session:
+    """An opened session cookie: its key's id, how it began (BY_KEY, BY_OIDC), its id and end."""
+
+    key_id: str
+    kind: str
+    sid: str  # random: what sign-out records as ended (console.ended)
+    expires: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sessions:
     """Makes, opens and clears the session cookie."""
 
@@ -55,29 +71,37 @@ class Sessions:
     def _sign(self, text: str) -> str:
         return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
 
-    def value(self, key_id: str, now: float | None = None) -> str:
-        """A signed cookie value naming key_id, ending max_age_s from now."""
+    def value(
+        self, key_id: str, now: float | None = None, kind: str = BY_KEY, sid: str | None = None
+    ) -> str:
+        """A signed cookie value naming key_id (a session of kind, its id sid, else a new
+        random one), ending max_age_s from now."""
         expires = int((time.time() if now is None else now) + self.max_age_s)
-        body = f"v1.{key_id}.{expires}"
+        body = f"v2.{kind}.{key_id}.{sid or secrets.token_hex(16)}.{expires}"
         return f"{body}.{self._sign(body)}"
 
-    def key_id(self, value: str, now: float | None = None) -> str | None:
-        """The key id a cookie value names, if its signature holds and it has not expired."""
+    def opened(self, value: str, now: float | None = None) -> Session | None:
+        """The session a cookie value holds, if its signature holds and it has not expired."""
         m = _VALUE.fullmatch(value)
         if m is None:
             return None
         body = value[: m.start("sig") - 1]
-        if not hmac.compare_digest(m["sig"], self._sign(body)):
+        if not hmac.compare_digest(m["sig"].encode(), self._sign(body).encode()):
             return None
         if int(m["exp"]) <= (time.time() if now is None else now):
             return None
-        return m["id"]
+        return Session(m["id"], m["kind"], m["sid"], int(m["exp"]))
 
-    def set(self, response: web.StreamResponse, key_id: str) -> None:
-        """Start a session for key_id on response."""
+    def key_id(self, value: str, now: float | None = None) -> str | None:
+        """The key id a cookie value names, if its signature holds and it has not expired."""
+        session = self.opened(value, now)
+        return session.key_id if session else None
+
+    def set(self, response: web.StreamResponse, key_id: str, kind: str = BY_KEY) -> None:
+        """Start a session of kind for key_id on response."""
         response.set_cookie(
             COOKIE,
-            self.value(key_id),
+            self.value(key_id, kind=kind),
             max_age=self.max_age_s,
             path=PATH,
             secure=self.secure,

@@ -9,7 +9,7 @@ import secrets
 from aiohttp import web
 
 from llmgwd import auth
-from llmgwd.console import csrf, oidc_signin
+from llmgwd.console import csrf, ended, oidc_signin
 from llmgwd.console.base import (
     PREFIX,
     ConsoleError,
@@ -19,6 +19,7 @@ from llmgwd.console.base import (
     see_other,
     signed_in,
 )
+from llmgwd.console.session import BY_OIDC
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,15 @@ async def checked_form(request: web.Request, person: Person) -> dict[str, str]:
 
 
 async def logout(request: web.Request) -> web.Response:
-    """POST /console/logout: the session's cookie cleared."""
+    """POST /console/logout: the session recorded as ended (every control plane refuses its
+    cookie from now on), an OIDC sign-in's session key revoked, and the cookie cleared."""
     person = required(request)
     await checked_form(request, person)
+    c = console(request)
+    await ended.end(c.keys.store, person.opened)
+    if person.opened.kind == BY_OIDC:  # the key was made for this session alone
+        await c.keys.revoke_key(person.opened.key_id)
     log.info("console: %s signed out", person.who.label)
     response = see_other(PREFIX + "/login")
-    console(request).sessions.clear(response)
+    c.sessions.clear(response)
     return response
