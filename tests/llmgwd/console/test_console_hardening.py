@@ -14,7 +14,7 @@ from llmgwd.console.ended import ENDED
 from llmgwd.console.headers import CSP
 from llmgwd.console.session import COOKIE, FLASH
 from llmgwd.scim.token import SCIM as SCIM_TOKEN
-from tests.llmgwd.console.console_site import Browser, Site, csrf_of, serving
+from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
 
 
 @pytest.fixture
@@ -107,3 +107,23 @@ async def test_sign_out_ends_a_key_s_session_on_the_server(browser: Browser, sit
     # The record of the ended session goes with the cookie's life (a lease: swept).
     [kv], _ = await site.catalog.store.range(ENDED, ENDED + "\xff")
     assert kv.lease != 0
+
+
+async def test_the_made_page_sent_again_is_a_409_not_a_second_secret(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("admin")
+    _, html = await browser.get("/console/people")
+    [form] = [f for f in Forms(html).forms if f.get("route") == "POST /scim/token"]
+    assert form["action"] == "/console/made" and form["once"]
+    sent = {k: v for k, v in form.items() if k != "action"}
+    r, page = await browser.post("/console/made", sent)
+    assert r.status in (200, 201) and "New token made" in page
+    shown = await site.catalog.store.get(SCIM_TOKEN.key)
+    r, page = await browser.post("/console/made", sent)  # the answer page refreshed
+    assert r.status == 409 and "sent already" in page
+    assert await site.catalog.store.get(SCIM_TOKEN.key) == shown  # the token shown still works
+    # Another load of the page has a fresh nonce: a new token is made on purpose only.
+    _, html = await browser.get("/console/people")
+    [again] = [f for f in Forms(html).forms if f.get("route") == "POST /scim/token"]
+    assert again["once"] != form["once"]

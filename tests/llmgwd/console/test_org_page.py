@@ -177,6 +177,7 @@ async def test_another_org_s_admin_sees_nothing_of_it_and_a_forged_act_is_403(
         "path.org": "acme",
         "path.project": "web",
         "body.name": "mine",
+        "once": "n" * 22,  # a nonce of the person's own page would do as well
     }
     r, _ = await browser.post("/console/made", made)
     assert r.status == 403

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -171,12 +172,19 @@ async def error_pages(request: web.Request, handler: Handler) -> web.StreamRespo
         return web.Response(status=500, text="500: internal error", content_type="text/plain")
 
 
+def once() -> str:
+    """A one-time nonce for a form whose answer shows a secret (console.made spends it)."""
+    return secrets.token_urlsafe(16)
+
+
 def templates() -> jinja2.Environment:
-    """The console's templates, autoescaped."""
-    return jinja2.Environment(
+    """The console's templates, autoescaped; once() is theirs to call."""
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.globals["once"] = once
+    return env
