@@ -106,6 +106,8 @@ TABLE: list[Route] = [
     Route("GET", "/openapi.json", openapi.get_openapi, READ, answer=dict[str, Any]),
     Route("GET", "/models", models.list_models, READ, answer=list[ModelView]),
     Route("POST", "/models", models.add_model, OPERATE, ModelIn, ModelView, CREATED),
+    # where a model not yet added would go (nothing stored or fetched), to READ as GET plan
+    Route("POST", "/models/plan", plans.preview_plan, READ, ModelIn, PlanView),
     Route("GET", "/models/{name}", models.get_model, READ, answer=ModelView),
     Route("DELETE", "/models/{name}", models.remove_model, OPERATE, answer=ModelRemoved),
     Route("POST", "/models/{name}/serve", models.serve_model, OPERATE, ServeIn, ModelView),
