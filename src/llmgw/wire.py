@@ -189,6 +189,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     # (client.cache_isolation): llama-server keeps no prompt cache in RAM, which every slot
     # would load from (the router keeps its slots apart).
     isolated_cache: bool = False
+    generation: int = 0  # the model's restart generation: a new one starts the engine again
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
@@ -210,6 +211,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
             "gpu_memory_fraction",
             "cache_type",
             "isolated_cache",
+            "generation",
         ):
             if not data[unset]:
                 del data[unset]

@@ -166,6 +166,18 @@ def test_model_commands(daemon: Daemon) -> None:
     assert json.loads(daemon.cli("models", "--json").stdout) == []
 
 
+def test_model_max_tokens_and_restart(daemon: Daemon) -> None:
+    assert daemon.cli("model", "add", "smol", "--from", "file:/m.gguf").exit_code == 0
+    r = daemon.cli("model", "max-tokens", "smol", "300")
+    assert (r.exit_code, r.stdout.strip()) == (0, "Model smol: longest answer 300 tokens.")
+    r = daemon.cli("model", "restart", "smol")
+    restarting = "Restarting model smol: 0 replicas wanted, 0 ready."
+    assert (r.exit_code, r.stdout.strip()) == (0, restarting)
+    model = daemon.catalog.get("smol")
+    assert model is not None and (model.max_tokens, model.generation) == (300, 1)
+    assert daemon.cli("model", "restart", "nope").exit_code == 4
+
+
 def test_refusals_exit_1_with_the_reason(daemon: Daemon) -> None:
     r = daemon.cli("model", "add", "smol", "--from", "models/smol.gguf")
     assert r.exit_code == 1

@@ -152,6 +152,19 @@ async def test_stopping_a_model_empties_its_node(store: SqliteStore) -> None:
     assert nodes.desired["n1"] == []
 
 
+async def test_a_restart_changes_every_replica_s_fingerprint_where_it_runs(
+    store: SqliteStore,
+) -> None:
+    nodes = FakeNodes("a", "b")
+    rec = await start(store, nodes, smol(replicas=2))
+    before = {s.id: (n, s.fingerprint()) for n, specs in nodes.desired.items() for s in specs}
+    await rec._catalog.update_model("m", generation=1)  # POST /models/m/restart
+    await rec.reconcile()
+    after = {s.id: (n, s.fingerprint()) for n, specs in nodes.desired.items() for s in specs}
+    assert len(after) == 2 and after.keys() == before.keys()  # the same replicas, same nodes
+    assert all(after[i][0] == before[i][0] and after[i][1] != before[i][1] for i in after)
+
+
 async def test_a_silent_node_loses_its_replica_and_is_told_so_when_back(
     store: SqliteStore,
 ) -> None:

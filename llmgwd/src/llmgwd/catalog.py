@@ -58,6 +58,8 @@ class Model(msgspec.Struct, kw_only=True):
     on_demand: bool = False  # started by the first request, parked after idle_s without one
     idle_s: int = 300
     files: list[ModelFile] = []  # an hf: source's set, each file with its sha256; [] for file:
+    # Raised by POST /models/{name}/restart: in each replica's spec, so the agents replace them.
+    generation: int = 0
 
 
 def profiles_of(model: Model) -> list[Profile]:

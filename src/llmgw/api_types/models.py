@@ -56,6 +56,12 @@ class ContextIn(msgspec.Struct, forbid_unknown_fields=True):
     context: Context
 
 
+class MaxTokensIn(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /api/v1/models/{name}/max_tokens"""
+
+    max_tokens: Context  # 0: the context
+
+
 class PriceIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """PUT /models/{name}/price: per million tokens, in the site's currency."""
 

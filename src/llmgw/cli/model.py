@@ -1,4 +1,4 @@
-"""llmgw model add|serve|stop|price|remove and llmgw models: the model catalog."""
+"""llmgw model add|serve|stop|restart|price|remove and llmgw models: the model catalog."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 from llmgw.api_types import (
     ContextIn,
     Engine,
+    MaxTokensIn,
     ModelIn,
     ModelRemoved,
     ModelView,
@@ -267,6 +268,36 @@ def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
         echo_json(answer)
     else:
         click.echo(f"Model {name}: context {tokens or 'as trained'}.")
+
+
+@model.command("max-tokens")
+@click.argument("name")
+@click.argument("tokens", type=click.IntRange(min=0))
+@json_option
+@pass_settings
+def max_tokens(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
+    """Let a request to model NAME ask for at most TOKENS of answer (0: its context); its
+    next requests are bound by it, with no replica started again."""
+    body = MaxTokensIn(max_tokens=tokens)
+    answer = call(settings, "PUT", api_path("models", name, "max_tokens"), body)
+    if as_json:
+        echo_json(answer)
+    else:
+        longest = f"{tokens} tokens" if tokens else "its context"
+        click.echo(f"Model {name}: longest answer {longest}.")
+
+
+@model.command()
+@click.argument("name")
+@json_option
+@pass_settings
+def restart(settings: Settings, name: str, as_json: bool) -> None:
+    """Start every replica of model NAME again, where it runs."""
+    answer = call(settings, "POST", api_path("models", name, "restart"))
+    if as_json:
+        echo_json(answer)
+    else:
+        click.echo(f"Restarting {_summary(answer)}.")
 
 
 def _verdict_row(v: Verdict) -> list[Any]:

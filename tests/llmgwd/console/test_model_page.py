@@ -280,3 +280,19 @@ async def test_the_card_changes_context_and_removes_with_its_files_option(
     assert site.catalog.get("smol") is None
     r, _ = await browser.get("/console/models/smol")
     assert r.status == 404
+
+
+async def test_the_card_sets_the_longest_answer_and_restarts(browser: Browser, site: Site) -> None:
+    await browser.sign_in("operator")
+    _, html = await browser.get("/console/models/smol")
+    by_route = {f.get("route", ""): f for f in Forms(html).forms}
+    assert 'type="number" name="body.max_tokens" value="0"' in html  # the model's value now
+    longest = by_route["PUT /models/{name}/max_tokens"]
+    r, _ = await browser.post("/console/act", longest | {"body.max_tokens": "256"})
+    assert r.status == 303 and r.headers["Location"] == "/console/models/smol"
+    r, _ = await browser.post("/console/act", by_route["POST /models/{name}/restart"])
+    assert r.status == 303
+    model = site.catalog.get("smol")
+    assert model is not None and (model.max_tokens, model.generation) == (256, 1)
+    _, html = await browser.get("/console/models/smol")
+    assert 'type="number" name="body.max_tokens" value="256"' in html

@@ -16,6 +16,7 @@ from llmgw.api_types import (
     MAX_REPLICAS,
     SOURCE_RULE,
     ContextIn,
+    MaxTokensIn,
     ModelIn,
     ModelRemoved,
     ProfileReplicasIn,
@@ -332,6 +333,31 @@ async def set_context(request: web.Request) -> web.Response:
         raise bad_field("context", f"is below the model's max_tokens ({model.max_tokens})")
     model = await _update(ctx, name, context=body.context)
     log.info("model %s: context %d, by %s", name, body.context, caller(request))
+    return json_response(_view(ctx, model))
+
+
+async def set_max_tokens(request: web.Request) -> web.Response:
+    """PUT /models/{name}/max_tokens {max_tokens}: the longest answer a request may ask for
+    (0: the context); the router reads it per request, so no replica is started again."""
+    ctx = api_context(request)
+    name = request.match_info["name"]
+    model = _model_or_404(ctx, name)
+    body = await read_body(request, MaxTokensIn)
+    if not 0 <= body.max_tokens <= (model.context or MAX_CONTEXT):
+        raise bad_field("max_tokens", "must be between 0 (the context) and the model's context")
+    model = await _update(ctx, name, max_tokens=body.max_tokens)
+    log.info("model %s: max_tokens %d, by %s", name, body.max_tokens, caller(request))
+    return json_response(_view(ctx, model))
+
+
+async def restart_model(request: web.Request) -> web.Response:
+    """POST /models/{name}/restart: every replica started again (a new generation in each
+    replica's spec, which its agent replaces as it does a changed spec)."""
+    ctx = api_context(request)
+    name = request.match_info["name"]
+    model = _model_or_404(ctx, name)
+    model = await _update(ctx, name, generation=model.generation + 1)
+    log.info("model %s: restarted (generation %d), by %s", name, model.generation, caller(request))
     return json_response(_view(ctx, model))
 
 

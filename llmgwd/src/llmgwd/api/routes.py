@@ -15,6 +15,7 @@ from llmgw.api_types import (
     KeyIn,
     KeyView,
     LimitsIn,
+    MaxTokensIn,
     MetricsTokenView,
     MirrorStatus,
     ModelIn,
@@ -121,6 +122,10 @@ TABLE: list[Route] = [
         ModelView,
     ),
     Route("PUT", "/models/{name}/context", models.set_context, OPERATE, ContextIn, ModelView),
+    Route(
+        "PUT", "/models/{name}/max_tokens", models.set_max_tokens, OPERATE, MaxTokensIn, ModelView
+    ),
+    Route("POST", "/models/{name}/restart", models.restart_model, OPERATE, answer=ModelView),
     Route("GET", "/models/{name}/plan", plans.get_plan, READ, answer=PlanView),
     Route("PUT", "/models/{name}/price", limits.set_price, ADMIN, PriceIn, ModelView),
     Route("GET", "/nodes", nodes.get_nodes, READ, answer=list[NodeView]),

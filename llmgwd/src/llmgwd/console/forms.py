@@ -76,7 +76,8 @@ class Routes:
         return self._by_plain.get((method, plain))
 
 
-# The models page's forms, per model: stop, start (serve), context, price, remove.
+# The models page's forms, per model: stop, start (serve), context, longest answer, restart,
+# price, remove.
 MODEL_FORMS: tuple[Form, ...] = (
     Form("POST", "/models/{name}/stop", "Stop"),
     Form("POST", "/models/{name}/serve", "Start", (Field("body.replicas", "Replicas"),)),
@@ -86,6 +87,13 @@ MODEL_FORMS: tuple[Form, ...] = (
         "Set context",
         (Field("body.context", "Context (tokens; 0: the model's own)"),),
     ),
+    Form(
+        "PUT",
+        "/models/{name}/max_tokens",
+        "Set longest answer",
+        (Field("body.max_tokens", "Longest answer (tokens; 0: the context)"),),
+    ),
+    Form("POST", "/models/{name}/restart", "Restart"),
     Form(
         "PUT",
         "/models/{name}/price",
@@ -140,11 +148,14 @@ NODE_FORMS: tuple[Form, ...] = (
 )
 
 
-def model_values(replicas: int, context: int, prompt: float, completion: float) -> dict[str, str]:
+def model_values(
+    replicas: int, context: int, prompt: float, completion: float, max_tokens: int = 0
+) -> dict[str, str]:
     """The models page's inputs as a model has them now."""
     return {
         "body.replicas": str(max(replicas, 1)),
         "body.context": str(context),
+        "body.max_tokens": str(max_tokens),
         "body.prompt": f"{prompt:g}",
         "body.completion": f"{completion:g}",
     }

@@ -195,7 +195,9 @@ def by_profile(m: ModelView, owner: Mapping[str, str]) -> dict[str, list[Replica
 async def card_forms(request: web.Request, person: Person, m: ModelView) -> dict[str, Any]:
     """The model card's forms the person may send: the model's, one per profile, a new
     profile's."""
-    values = forms.model_values(m.replicas, m.context, m.price_prompt, m.price_completion)
+    values = forms.model_values(
+        m.replicas, m.context, m.price_prompt, m.price_completion, m.max_tokens
+    )
     params = {"name": m.name}
     per_profile = {
         p.name: await drawn_for(

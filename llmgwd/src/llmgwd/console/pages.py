@@ -108,7 +108,9 @@ async def model_forms(
     roles = Directory(c.keys.store)
     out = {}
     for m in models:
-        values = forms.model_values(m.replicas, m.context, m.price_prompt, m.price_completion)
+        values = forms.model_values(
+            m.replicas, m.context, m.price_prompt, m.price_completion, m.max_tokens
+        )
         out[m.name] = await forms.drawn(
             person.who, c.routes, forms.MODEL_FORMS, {"name": m.name}, roles, values
         )

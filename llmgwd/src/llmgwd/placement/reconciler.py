@@ -523,6 +523,7 @@ class Reconciler:
             gpu_memory_fraction=fraction,
             cache_type=profile.cache_type or "",
             isolated_cache=self._isolated_cache and m.engine == "llama.cpp",
+            generation=m.generation,
         )
 
     # Views
