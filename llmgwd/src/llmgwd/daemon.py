@@ -50,6 +50,7 @@ from llmgwd.planes.session import Session
 from llmgwd.planes.wakeups import Waker
 from llmgwd.router import Router, isolation, transcriptions
 from llmgwd.router.metering import Meter
+from llmgwd.router.rates import Rates
 from llmgwd.scim import app as scim
 from llmgwd.scim.base import ScimContext
 from llmgwd.slurm.settings import SettingsStore
@@ -281,6 +282,7 @@ class Daemon:
             cache_isolation=isolation.mode(cfg.cache_isolation),
             salt_secret=secret,
         )
+        ctx.traffic = Rates(self.router.metrics.requests) if cfg.request_metrics else None
         # llama.cpp's slots are reused only while this control plane is the only one.
         self.router.isolation.wait_for_planes()
         self._spawn(registry.follow(self.store, self.router.isolation.planes))

@@ -27,6 +27,19 @@ class ReplicaCounts(msgspec.Struct, kw_only=True):
     ready: int
 
 
+class TrafficView(msgspec.Struct, kw_only=True):
+    """This control plane's own /v1 requests, per second: not the cluster's (each control
+    plane counts the requests it answers), over the window_s seconds before the read (the
+    last minute, or since the read before it, or llmgwd's start, where that is longer ago)."""
+
+    scope: str  # "this control plane": the figures of the plane answering, no other's
+    plane: str  # its name
+    window_s: float  # the seconds the figures cover (0: none yet)
+    requests_per_s: float
+    errors_4xx_per_s: float
+    errors_5xx_per_s: float
+
+
 class StatusView(msgspec.Struct, kw_only=True):
     """GET /status"""
 
@@ -37,3 +50,5 @@ class StatusView(msgspec.Struct, kw_only=True):
     nodes: NodeCounts
     models: ModelCounts
     replicas: ReplicaCounts
+    # None: this llmgwd does not count /v1's requests (client.request_metrics = false)
+    traffic: TrafficView | None = None

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from llmgwd.mirror.service import Mirror
     from llmgwd.mirror.sweep import NodeFiles
     from llmgwd.planes.listing import ControlPlanes
+    from llmgwd.router.rates import Rates
     from llmgwd.slurm.settings import SettingsStore
 
 
@@ -167,6 +168,7 @@ class ApiContext:
     slurm: SettingsStore | None = None  # /slurm: None, Slurm's settings are not kept here
     # Each node's standing between llmgw and Slurm (Roles.slurm_status; None: a standby's)
     slurm_status: Callable[[], list[SlurmNodeView] | None] | None = None
+    traffic: Rates | None = None  # this plane's own /v1 rates (None: requests not counted)
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)
