@@ -126,6 +126,22 @@ async def test_the_preview_shows_the_plan_routes_figures(
     assert "minutes" not in html and 'type="checkbox" required' not in html
 
 
+async def test_a_new_model_s_preview_is_post_models_plan_s_without_adding_it(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("operator")
+    body = {"name": "qwen2.5", "source": "file:/m/q.gguf", "engine": "llama.cpp"}
+    status, raw = await api(site, "POST", "/models/plan", body)
+    plan = msgspec.convert(raw, PlanView)
+    top = max((v for v in plan.profiles[0].verdicts if v.fits), key=lambda v: v.context)
+    _, html = await browser.get("/console/serve?" + urlencode(body))
+    assert status == 200 and figures(html, "context") == [str(top.context)] == ["8192"]
+    assert figures(html, "speed") == [str(top.tokens_per_s)]
+    assert "/m/q.gguf is not on the control plane: placed by count only" in html
+    assert any(f.get("route") == "POST /models" for f in Forms(html).forms)
+    assert site.catalog.get("qwen2.5") is None  # previewed, not added
+
+
 async def test_the_form_adds_the_model_post_models_would(browser: Browser, site: Site) -> None:
     await browser.sign_in("operator")
     inputs = {"name": "qwen2.5", "source": "file:/m/q.gguf", "context": "4096"}

@@ -88,6 +88,24 @@ async def plan_of(request: web.Request, person: Person, name: str) -> tuple[Plan
     return None, answer.message()
 
 
+async def new_plan_of(
+    request: web.Request, person: Person, body: ModelIn
+) -> tuple[PlanView | None, str]:
+    """A model not in the catalog's plan as POST /models/plan answers the person (nothing is
+    added or fetched), or None and why not."""
+    c = console(request)
+    route = c.routes.get("POST", "/models/plan")
+    if route is None:
+        raise ConsoleError(500, "/api/v1 has no POST /models/plan")
+    data = msgspec.json.encode(body)
+    answer = await inproc.call(request, c.api, person.who, route, {}, body=data)
+    if answer.ok:
+        return inproc.decoded(answer, route), ""
+    if answer.status == 403:
+        raise ConsoleError(answer.status, answer.message())
+    return None, answer.message()
+
+
 def asked(query: Mapping[str, str]) -> dict[str, str]:
     """The serve form's inputs as sent (engine llama.cpp and context 0 where not)."""
     values = {k: query.get(k, "").strip() for k in INPUTS}
@@ -138,6 +156,9 @@ async def _preview(request: web.Request, person: Person) -> dict[str, Any]:
         if status != 404:
             raise ConsoleError(status, f"GET /models/{body.name} answered {status}")
         data["add"] = await drawn_for(request, person, (forms.ADD_FORM,), {})
+        plan, why = await new_plan_of(request, person, body)
+        data |= {"plan": plan, "why": why}
+        data["best"] = best(plan, body.max_tokens) if plan is not None else []
         return data
     plan, why = await plan_of(request, person, body.name)
     data |= {"model": model, "plan": plan, "why": why}
