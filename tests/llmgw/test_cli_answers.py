@@ -190,6 +190,27 @@ def test_model_plan_shows_places_and_verdicts(monkeypatch: pytest.MonkeyPatch) -
     assert "cordoned: it takes no new replicas" in r.stdout
 
 
+def test_model_plan_from_a_source_asks_for_a_model_not_added(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[tuple[str, str, Any]] = []
+
+    def request(_sock: str, method: str, path: str, body: Any, **_k: Any) -> tuple[int, Any]:
+        sent.append((method, path, msgspec.to_builtins(body)))
+        plan = PlanView(model="qwen", estimates=False, note="x is not fetched yet", parked=False,
+                        failed_on=[], profiles=[])  # fmt: skip
+        return 200, msgspec.to_builtins(plan)
+
+    monkeypatch.setattr("llmgw.cli.common.ipc.request", request)
+    r = _run("model", "plan", "qwen", "--from", "hf:Qwen/Q-GGUF", "--context", "8192")
+    assert r.exit_code == 0, r.output
+    assert "No estimates: x is not fetched yet." in r.stdout
+    [(method, path, body)] = sent
+    assert (method, path) == ("POST", "/api/v1/models/plan")
+    assert (body["name"], body["source"], body["context"]) == ("qwen", "hf:Qwen/Q-GGUF", 8192)
+    assert _run("model", "plan", "qwen", "--context", "8192").exit_code == 2
+
+
 def test_scim_token_prints_the_token_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     _answering(monkeypatch, ScimTokenView(token="scim-secret"))
     r = _run("scim", "token")

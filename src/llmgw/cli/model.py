@@ -309,12 +309,42 @@ def _verdict_row(v: Verdict) -> list[Any]:
 
 @model.command()
 @click.argument("name")
+@click.option(
+    "--from",
+    "source",
+    metavar="SOURCE",
+    help="For a model not added yet: where it would come from, as `llmgw model add "
+    "--from` takes it (nothing is added or fetched; an hf: set the mirror has not fetched "
+    "is planned by count).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["llama.cpp", "vllm"]),
+    default="llama.cpp",
+    show_default=True,
+    help="With --from: the engine that would serve it.",
+)
+@click.option(
+    "--context",
+    type=click.IntRange(min=0),
+    default=0,
+    help="With --from: its context length in tokens (default: the engine's).",
+)
 @json_option
 @pass_settings
-def plan(settings: Settings, name: str, as_json: bool) -> None:
+def plan(
+    settings: Settings, name: str, source: str | None, engine: str, context: int, as_json: bool
+) -> None:
     """Say where each replica of model NAME is, and where one more would go or why not:
-    per node and card, the memory it takes, the context that fits, and tokens/s on CPUs."""
-    answer = call(settings, "GET", api_path("models", name, "plan"))
+    per node and card, the memory it takes, the context that fits, and tokens/s on CPUs.
+    With --from, where model NAME would go were it added from SOURCE."""
+    if source is None:
+        if engine != "llama.cpp" or context:
+            raise click.UsageError("--engine and --context go with --from")
+        answer = call(settings, "GET", api_path("models", name, "plan"))
+    else:
+        body = ModelIn(name=name, source=source, engine=cast(Engine, engine), context=context)
+        answer = call(settings, "POST", f"{API}/models/plan", body)
     if as_json:
         echo_json(answer)
         return
