@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -345,7 +346,10 @@ async def test_an_adopted_record_without_a_limit_restarts_with_the_nodes_default
     records = Path(node.config.state_dir) / "engines"
     records.mkdir(parents=True)
     old = msgspec.structs.replace(spec(), api_key="")
-    record = EngineRecord(spec().fingerprint(), 43150, old, "127.0.0.1")
+    with socket.socket() as s:  # a port free now (a fixed one may be a connection's own)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    record = EngineRecord(spec().fingerprint(), port, old, "127.0.0.1")
     (records / "r1.json").write_bytes(msgspec.json.encode(record))
     replicas = await node.new_replicas()
     await replicas.apply([spec()])  # the same spec: started from its record
