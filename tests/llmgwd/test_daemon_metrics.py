@@ -97,3 +97,15 @@ async def test_staff_keys_read_the_metrics_and_other_keys_do_not(tmp_path: Path)
                 assert status == 403 and body["error"]["type"] == "permission_error"
             status, _ = await _get(port.url + path, "sk-llmgw-not-a-key")
             assert status == 401
+
+
+async def test_status_carries_this_plane_s_own_requests_and_errors(tmp_path: Path) -> None:
+    async with llmgwd(tmp_path) as port:
+        _, admin = await port.daemon.catalog.create_key("ops", "admin")
+        assert (await _get(port.url + "/v1/models", "not-a-key"))[0] == 401
+        status, answer = await _get(port.url + "/api/v1/status", admin)
+        traffic = answer["traffic"]
+        assert status == 200 and traffic["scope"] == "this control plane"
+        assert traffic["window_s"] > 0 and traffic["errors_4xx_per_s"] > 0
+        assert traffic["requests_per_s"] == traffic["errors_4xx_per_s"]  # the 401 alone
+        assert traffic["errors_5xx_per_s"] == 0

@@ -45,7 +45,7 @@ async def test_the_overview_shows_this_plane_s_requests_and_errors_per_second() 
         await browser.close()
     figures = {k: v for k, v in re.findall(r'<data class="(rps|e4xx|e5xx)" value="([^"]*)"', html)}
     assert figures == {"rps": "3.0", "e4xx": "0.4", "e5xx": "0.1"}
-    assert "This control plane (llmgw), over the last 60 s" in html
+    assert "This control plane (llmgw), over the last 60.0 s" in html
 
 
 async def test_a_plane_that_counts_no_requests_says_so() -> None:

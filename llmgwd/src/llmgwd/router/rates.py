@@ -68,7 +68,7 @@ class Rates:
         if span <= 0:
             return Rate(0.0, 0.0, 0.0, 0.0)
         self._last = Rate(
-            window_s=round(span, 1),
+            window_s=round(span, 3),
             requests=round((now.requests - base.requests) / span, 3),
             c4xx=round((now.c4xx - base.c4xx) / span, 3),
             c5xx=round((now.c5xx - base.c5xx) / span, 3),
