@@ -5,6 +5,7 @@ their card, each coloured by its work, each leading to its node's page."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -14,6 +15,8 @@ import pytest
 
 from llmgw import wire
 from llmgwd.api.base import ClusterNodes, NodeInfo
+from llmgwd.console import gpu_map
+from llmgwd.console.base import templates
 from llmgwd.console.headers import CSP
 from llmgwd.nodes import state
 from tests.llmgw_agentd.nvml_inventory import hopper_mig, load, recorded
@@ -230,3 +233,80 @@ async def test_no_one_signed_out_nor_of_no_staff_role_sees_the_map(browser: Brow
     r, html = await browser.get("/console/gpus")
     assert r.status == 403 and r.headers["Content-Security-Policy"] == CSP
     assert not MapPage(html).places
+
+
+async def _live(browser: Browser) -> tuple[int, str]:
+    async with browser.session.get(
+        browser.site.url + "/console/gpus", headers={"HX-Request": "true"}
+    ) as r:
+        return r.status, await r.text()
+
+
+async def test_one_drawing_is_shared_but_each_persons_rule_is_asked_each_time(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(gpu_map, "clock", lambda: now[0])
+    viewer, admin, other = Browser(site), Browser(site), Browser(site)
+    try:
+        await viewer.sign_in("viewer")
+        await admin.sign_in("admin")
+        await other.sign_in("org-admin")
+        seen = [await _live(viewer), await _live(admin)]
+        assert seen[0] == seen[1] and seen[0][0] == 200
+        assert len(MapPage(seen[0][1]).places) == 18 + 8
+        # A fresh drawing exists; one GET /nodes refuses is refused it all the same.
+        status, html = await _live(other)
+        assert status == 403 and not MapPage(html).places
+        # So is the viewer, once their staff role is taken away.
+        (vic,) = [u for u in await site.people.users() if u.name == "vic"]
+        await site.people.set_staff(vic.id, None)
+        assert (await _live(viewer))[0] == 403
+    finally:
+        for b in (viewer, admin, other):
+            await b.close()
+
+
+async def test_the_map_shows_a_changed_inventory_once_the_sharing_window_is_over(
+    site: Site, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(gpu_map, "clock", lambda: now[0])
+    await browser.sign_in("viewer")
+    card = INVENTORIES["rtx"].gpus[2]
+    assert "work-idle" in MapPage((await _live(browser))[1]).places[card.uuid].classes
+    busy = msgspec.structs.replace(card, utilization_percent=90)
+    gpus = [busy if g.uuid == card.uuid else g for g in INVENTORIES["rtx"].gpus]
+    changed = dict(INVENTORIES, rtx=msgspec.structs.replace(INVENTORIES["rtx"], gpus=gpus))
+    site.nodes.items = ClusterNodes(
+        lambda: [_record(n, inv, n != "cpu-1") for n, inv in changed.items()]
+    ).nodes()
+    now[0] += gpu_map.SHARED_SECONDS - 0.1  # within the window: the drawing shared
+    assert "work-idle" in MapPage((await _live(browser))[1]).places[card.uuid].classes
+    now[0] += 0.2  # past it: drawn again from the changed inventory
+    drawn = MapPage((await _live(browser))[1]).places[card.uuid]
+    assert "work-4" in drawn.classes and "busy 90%" in drawn.text
+
+
+async def test_drawing_the_map_lets_other_requests_run_between_its_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gpu_map, "SLICE_SECONDS", -1.0)  # let go after every piece
+    template = templates().get_template("gpus_live.html")
+    shown = gpu_map.gpu_map(recorded_nodes())
+    ticks = 0
+
+    async def other() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    try:
+        html = await gpu_map.drawn(template, nodes=shown, cards=18)
+    finally:
+        running.cancel()
+    assert html == template.render(nodes=shown, cards=18)
+    assert ticks > len(shown) * 2  # it ran between the nodes' cards, not only before and after

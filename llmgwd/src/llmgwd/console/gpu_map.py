@@ -1,23 +1,38 @@
 """The console's GPU map: every card of every node (a MIG card's instances inside it), coloured by
 its work (SMs active where GPM reads them, else NVML's busy share), with its memory and power
-against their limits; read from GET /api/v1/nodes (each node's last reported inventory)."""
+against their limits; read from GET /api/v1/nodes (each node's last reported inventory). Its
+live part, drawn once, is shared for SHARED_SECONDS by everyone who may read GET /nodes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import asyncio
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
+import jinja2
 from aiohttp import web
+from markupsafe import Markup
 
 from llmgw import wire
 from llmgw.api_types import NodeView
-from llmgwd.console.base import render
+from llmgwd.console import nav
+from llmgwd.console.base import Person, console, render
 from llmgwd.console.pages import live, read
 from llmgwd.console.signin import required
 
+T = TypeVar("T")
 GIB = 1 << 30
 # A work's band, the class its place is coloured by: its share in quarters, below 1 % idle.
 _BANDS = ((1.0, "idle"), (25.0, "1"), (50.0, "2"), (75.0, "3"))
+# How long one read and drawing of the live part serves every poll (htmx's: every 10 s).
+SHARED_SECONDS = 2.0
+clock: Callable[[], float] = time.monotonic
+# The longest the drawing holds the event loop (/v1's too) before letting others run.
+SLICE_SECONDS = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,21 +135,72 @@ def node_cards(n: NodeView) -> NodeCards:
     return NodeCards(n.name, n.connected, cards)
 
 
+def by_name(nodes: Sequence[NodeView]) -> Iterator[NodeCards]:
+    """Every node's cards, nodes by name, one node at a time."""
+    return (node_cards(n) for n in sorted(nodes, key=lambda n: n.name))
+
+
 def gpu_map(nodes: Sequence[NodeView]) -> list[NodeCards]:
     """Every node's cards, nodes by name."""
-    return [node_cards(n) for n in sorted(nodes, key=lambda n: n.name)]
+    return list(by_name(nodes))
+
+
+@dataclass(slots=True)
+class Shared:
+    """The live part last drawn (for one console), when its read began, and whether it is
+    being drawn again now."""
+
+    html: Markup = field(default_factory=Markup)
+    at: float = -math.inf
+    drawing: bool = False
+
+
+_SHARED: weakref.WeakKeyDictionary[web.Application, Shared] = weakref.WeakKeyDictionary()
+
+
+async def unhurried(items: Iterator[T]) -> list[T]:
+    """items made in slices of SLICE_SECONDS, the event loop let go between them."""
+    out: list[T] = []
+    since = time.perf_counter()
+    for item in items:
+        out.append(item)
+        if time.perf_counter() - since > SLICE_SECONDS:
+            await asyncio.sleep(0)
+            since = time.perf_counter()
+    return out
+
+
+async def drawn(template: jinja2.Template, **data: object) -> Markup:
+    """template drawn in slices of SLICE_SECONDS, the event loop let go between them."""
+    pieces = await unhurried(template.generate(**data))
+    return Markup("".join(pieces))  # noqa: S704 (the autoescaping templates' own output)
+
+
+async def live_part(request: web.Request, person: Person) -> Markup:
+    """The map's live part: the one drawn under SHARED_SECONDS ago (or the last one, while
+    another request draws it again), for a person who passes GET /nodes's rule now (its
+    answer is the same for everyone it lets in); else drawn from this person's own read
+    (whose guard refuses whom the rule does not pass)."""
+    c = console(request)
+    shared = _SHARED.setdefault(c.api, Shared())
+    fresh = clock() - shared.at < SHARED_SECONDS or (shared.drawing and bool(shared.html))
+    if fresh and await nav.may_read(request, person, "/nodes"):
+        return shared.html
+    began, shared.drawing = clock(), True
+    try:
+        nodes: list[NodeView] = await read(request, person, "/nodes")
+        shown = await unhurried(by_name(nodes))
+        cards = sum(len(n.cards) for n in shown)
+        html = await drawn(c.templates.get_template("gpus_live.html"), nodes=shown, cards=cards)
+    finally:
+        shared.drawing = False
+    shared.html, shared.at = html, began
+    return html
 
 
 async def gpus_page(request: web.Request) -> web.Response:
     """GET /console/gpus: the map; htmx polls its live part every 10 s."""
     person = required(request)
-    nodes: list[NodeView] = await read(request, person, "/nodes")
-    shown = gpu_map(nodes)
-    return render(
-        request,
-        "gpus_live.html" if live(request) else "gpus.html",
-        person,
-        nodes=shown,
-        cards=sum(len(n.cards) for n in shown),
-        page="gpus",
-    )
+    part = await live_part(request, person)
+    template = "live_part.html" if live(request) else "gpus.html"
+    return render(request, template, person, live_part=part, page="gpus")
