@@ -178,6 +178,19 @@ def test_model_max_tokens_and_restart(daemon: Daemon) -> None:
     assert daemon.cli("model", "restart", "nope").exit_code == 4
 
 
+def test_model_replicas_sets_a_gpu_profile_s_cards(daemon: Daemon) -> None:
+    assert daemon.cli("model", "add", "smol", "--from", "file:/m.gguf").exit_code == 0
+    r = daemon.cli("model", "replicas", "smol", "2", "--profile", "gpu", "--gpus", "4")
+    assert r.exit_code == 0, r.stderr
+    model = daemon.catalog.get("smol")
+    assert model is not None
+    assert [(p.name, p.kind, p.replicas, p.gpus) for p in model.profiles if p.name == "gpu"] == [
+        ("gpu", "gpu", 2, 4)
+    ]
+    r = daemon.cli("model", "replicas", "smol", "1", "--profile", "gpu", "--gpus", "0")
+    assert r.exit_code == 2  # refused before anything is sent
+
+
 def test_refusals_exit_1_with_the_reason(daemon: Daemon) -> None:
     r = daemon.cli("model", "add", "smol", "--from", "models/smol.gguf")
     assert r.exit_code == 1

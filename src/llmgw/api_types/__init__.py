@@ -57,6 +57,7 @@ from llmgw.api_types.mirror import (
     UploadView,
 )
 from llmgw.api_types.models import (
+    MAX_CARDS_PER_REPLICA,
     MAX_CONTEXT,
     MAX_REPLICAS,
     SOURCE_PATTERN,
@@ -141,6 +142,7 @@ from llmgw.api_types.usage import (
 __all__ = [
     "KEY_NAME",
     "KEY_NAME_RULE",
+    "MAX_CARDS_PER_REPLICA",
     "MAX_CONTEXT",
     "MAX_MONEY",
     "MAX_REPLICAS",

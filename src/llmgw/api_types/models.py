@@ -18,6 +18,8 @@ SOURCE_RULE = "must be hf:ORG/REPO[@REV][:PATTERN] or file:/absolute/path (on th
 
 Replicas = Annotated[int, msgspec.Meta(ge=0, le=MAX_REPLICAS)]
 Context = Annotated[int, msgspec.Meta(ge=0, le=MAX_CONTEXT)]
+MAX_CARDS_PER_REPLICA = 64  # one node's cards at most: a replica is split over one node's
+CardsPerReplica = Annotated[int, msgspec.Meta(ge=1, le=MAX_CARDS_PER_REPLICA)]
 
 
 class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -48,6 +50,8 @@ class ProfileReplicasIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     # for a new profile: cpu or gpu ("": gpu if its name starts so, else cpu)
     kind: Literal["", "cpu", "gpu"] = ""
     priority: int | None = None
+    # a gpu profile's cards a replica, the model split across them (None: kept, or 1 if new)
+    gpus: CardsPerReplica | None = None
 
 
 class ContextIn(msgspec.Struct, forbid_unknown_fields=True):

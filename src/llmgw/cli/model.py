@@ -7,6 +7,7 @@ from typing import Any, Literal, cast
 import click
 
 from llmgw.api_types import (
+    MAX_CARDS_PER_REPLICA,
     ContextIn,
     Engine,
     MaxTokensIn,
@@ -234,6 +235,11 @@ def remove(settings: Settings, name: str, files: bool, as_json: bool) -> None:
 )
 @click.option("--kind", type=click.Choice(["cpu", "gpu"]), help="A new profile's kind.")
 @click.option("--priority", type=int, help="The router fills higher priorities first.")
+@click.option(
+    "--gpus",
+    type=click.IntRange(1, MAX_CARDS_PER_REPLICA),
+    help="A gpu profile's cards a replica, the model split across them.",
+)
 @json_option
 @pass_settings
 def replicas(
@@ -243,12 +249,15 @@ def replicas(
     profile: str,
     kind: str | None,
     priority: int | None,
+    gpus: int | None,
     as_json: bool,
 ) -> None:
     """Run COUNT replicas of model NAME's profile; new ones start before old ones stop."""
-    # kind "" and priority None: a new profile's defaults, an existing one's kept
+    # kind "", priority and gpus None: a new profile's defaults, an existing one's kept
     new_kind = cast(Literal["", "cpu", "gpu"], kind or "")
-    body = ProfileReplicasIn(profile=profile, replicas=count, kind=new_kind, priority=priority)
+    body = ProfileReplicasIn(
+        profile=profile, replicas=count, kind=new_kind, priority=priority, gpus=gpus
+    )
     answer = call(settings, "POST", api_path("models", name, "replicas"), body)
     if as_json:
         echo_json(answer)

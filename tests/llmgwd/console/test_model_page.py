@@ -312,3 +312,24 @@ async def test_the_card_sets_the_longest_answer_and_restarts(browser: Browser, s
     assert model is not None and (model.max_tokens, model.generation) == (256, 1)
     _, html = await browser.get("/console/models/smol")
     assert 'type="number" name="body.max_tokens" value="256"' in html
+
+
+async def test_a_gpu_profile_s_cards_change_from_its_form_and_a_cpu_one_has_none(
+    browser: Browser, site: Site
+) -> None:
+    await browser.sign_in("operator")
+    gpu = Profile(name="gpu", kind="gpu", replicas=1, priority=10, gpus=3)
+    cpu = Profile(name="cpu", kind="cpu", replicas=1, cores=4)
+    await site.catalog.update_model("smol", profiles=[gpu, cpu], replicas=2)
+    _, html = await browser.get("/console/models/smol")
+    shown = re.findall(r'name="body\.gpus" value="(\d+)"', html)
+    assert shown == ["3"]  # the gpu profile's own cards; the cpu profile's form has no such input
+    per_profile = {f["body.profile"]: f for f in Forms(html).forms if f.get("body.profile")}
+    form = per_profile["gpu"] | {"body.replicas": "1", "body.gpus": "2"}
+    r, _ = await browser.post("/console/act", form)
+    model = site.catalog.get("smol")
+    assert r.status == 303 and model is not None
+    assert [(p.name, p.replicas, p.gpus) for p in model.profiles] == [
+        ("gpu", 1, 2),
+        ("cpu", 1, 1),
+    ]

@@ -275,14 +275,20 @@ def with_profile_replicas(model: Model, body: ProfileReplicasIn) -> list[Profile
     names = [p.name for p in profiles]
     if body.profile in names:
         i = names.index(body.profile)
-        priority = profiles[i].priority if body.priority is None else body.priority
+        old = profiles[i]
+        if body.gpus is not None and old.kind != "gpu":
+            raise bad_field("gpus", f"profile {old.name!r} runs on CPUs: it has no cards")
+        priority = old.priority if body.priority is None else body.priority
+        gpus = old.gpus if body.gpus is None else body.gpus
         profiles[i] = msgspec.structs.replace(
-            profiles[i], replicas=body.replicas, priority=priority
+            old, replicas=body.replicas, priority=priority, gpus=gpus
         )
         return profiles
     kind = body.kind or ("gpu" if body.profile.startswith("gpu") else "cpu")
     if kind not in ("cpu", "gpu"):
         raise bad_field("kind", "must be cpu or gpu")
+    if body.gpus is not None and kind != "gpu":
+        raise bad_field("gpus", "a cpu profile has no cards")
     new = Profile(
         name=body.profile,
         kind="gpu" if kind == "gpu" else "cpu",
@@ -290,13 +296,14 @@ def with_profile_replicas(model: Model, body: ProfileReplicasIn) -> list[Profile
         args=list(model.args),
         replicas=body.replicas,
         priority=body.priority or 0,
+        gpus=body.gpus or 1,
         cores=0 if kind == "gpu" else 1,
     )
     return [*profiles, new]
 
 
 async def set_profile_replicas(request: web.Request) -> web.Response:
-    """POST /models/{name}/replicas {profile, replicas, kind?, priority?}"""
+    """POST /models/{name}/replicas {profile, replicas, kind?, priority?, gpus?}"""
     ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)

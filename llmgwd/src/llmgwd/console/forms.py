@@ -125,6 +125,18 @@ PROFILE_FORM = Form(
     "Set replicas",
     (Field("body.profile", "Profile", "hidden"), Field("body.replicas", "Replicas")),
 )
+# A gpu profile's, in PROFILE_FORM's place (the same route): its replicas and its cards a
+# replica (`llmgw model replicas --gpus`).
+GPU_PROFILE_FORM = Form(
+    "POST",
+    "/models/{name}/replicas",
+    "Set replicas and cards",
+    (
+        Field("body.profile", "Profile", "hidden"),
+        Field("body.replicas", "Replicas"),
+        Field("body.gpus", "Cards a replica"),
+    ),
+)
 NEW_PROFILE_FORM = Form(
     "POST",
     "/models/{name}/replicas",

@@ -224,9 +224,9 @@ async def card_forms(request: web.Request, person: Person, m: ModelView) -> dict
         p.name: await drawn_for(
             request,
             person,
-            (forms.PROFILE_FORM,),
+            (forms.GPU_PROFILE_FORM if p.kind == "gpu" else forms.PROFILE_FORM,),
             params,
-            {"body.profile": p.name, "body.replicas": str(p.replicas)},
+            {"body.profile": p.name, "body.replicas": str(p.replicas), "body.gpus": str(p.gpus)},
         )
         for p in m.profiles
     }
