@@ -469,6 +469,27 @@ def test_cluster_nodes_adapts_the_cluster_state() -> None:
     assert n.firewall == "nftables: broken"  # the node's table as its agent reports it
 
 
+async def test_get_nodes_carries_each_node_s_disks_as_its_agent_reported_them(
+    client: aiohttp.ClientSession, nodes: FakeNodes
+) -> None:
+    disks = [
+        wire.Disk("/var/lib/llmgw-agent", 900 << 30, 12 << 30),
+        wire.Disk("/", 50 << 30, 9 << 30),
+    ]
+    inv = wire.Inventory(cores=4, memory_bytes=8 << 30, memory_free_bytes=1 << 30, disks=disks)
+    rec = cluster.NodeInfo(
+        name="n1", address="10.0.0.1", version="0.1.0", inventory=inv, replicas=(),
+        desired=None, connected=True, last_seen=5.0,
+    )  # fmt: skip
+    nodes.items = ClusterNodes(lambda: [rec]).nodes()
+    status, listed = await call(client, "GET", "/nodes")
+    assert status == 200
+    assert listed[0]["disks"] == [
+        {"path": "/var/lib/llmgw-agent", "total_bytes": 900 << 30, "free_bytes": 12 << 30},
+        {"path": "/", "total_bytes": 50 << 30, "free_bytes": 9 << 30},
+    ]
+
+
 async def test_a_refused_engine_argument_is_named_with_why(client: aiohttp.ClientSession) -> None:
     status, body = await call(client, "POST", "/models", {**MODEL, "args": ["--ctx_size", "99"]})
     assert (status, body["error"]["code"], body["error"]["param"]) == (400, "invalid_field", "args")

@@ -37,6 +37,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     # Its cards as its agent last reported them: memory, busy share, power against its limit,
     # GPM's counters where read, and a MIG card's instances.
     cards: list[wire.Gpu] = []
+    # The filesystems its agent last reported (its state directory's and /'s), each once.
+    disks: list[wire.Disk] = []
 
 
 class NodeRemoved(msgspec.Struct, kw_only=True):

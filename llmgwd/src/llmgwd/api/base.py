@@ -104,6 +104,7 @@ class ClusterNodes:
                 note=engine_support.node_note(n.inventory),
                 firewall=n.inventory.firewall,
                 cards=list(n.inventory.gpus),
+                disks=list(n.inventory.disks),
             )
             for n in self.source()
         ]
