@@ -1,13 +1,15 @@
 """The console's page of one node as a browser reads it: its cards (MIG instances inside them),
-replicas, Slurm standing and agent version; the node forms each role may send (those the rule
+disks, replicas, Slurm standing and agent version; the node forms each role may send (those the rule
 table lets it, no more); an unknown node is a 404 in the console's error page."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import pytest
 
+from llmgw import wire
 from llmgw.api_types import SlurmNodeView
 from llmgwd.api.routes import TABLE
 from llmgwd.console.forms import NODE_FORMS
@@ -17,6 +19,7 @@ from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
 from tests.llmgwd.console.test_gpu_map import INVENTORIES, REPLICA, MapPage, recorded_nodes
+from tests.llmgwd.console.test_overview_attention import FULL, NFT_REFUSED, disk_nodes
 
 STANDING = SlurmNodeView(
     name="dgx", status="lent", held=True, state="allocated", jobs=["4711"], version="24.05.3"
@@ -78,6 +81,58 @@ async def test_a_node_not_in_slurm_and_one_without_cards_say_so(browser: Browser
     html = await _page(browser, "cpu-1")
     assert "Slurm is off." in html
     assert "No cards: it runs on its CPUs." in html and '<span class="bad">lost</span>' in html
+
+
+DISK_ROW = re.compile(
+    r'<tr class="disk"><th scope="row">(?P<path>[^<]*)</th>\s*'
+    r'<td><meter min="0" max="(?P<size>\d+)" value="(?P<used>\d+)"[^>]*>[^<]*</meter>'
+    r'(?P<words>[^<]*)(?P<full><span class="bad">full</span>)?</td>\s*'
+    r'<td><data value="(?P<free>\d+)">[^<]*</data></td>\s*<td><data value="(?P<total>\d+)">'
+)
+
+
+def _disk(d: wire.Disk, words: str, full: bool) -> dict[str, str]:
+    """A disk's row as the page should draw it: the inventory's figures, words and mark."""
+    used = d.total_bytes - d.free_bytes
+    return {
+        "path": d.path, "size": str(d.total_bytes), "used": str(used), "words": words,
+        "full": '<span class="bad">full</span>' if full else "", "free": str(d.free_bytes),
+        "total": str(d.total_bytes),
+    }  # fmt: skip
+
+
+async def test_its_disks_as_its_agent_reported_them_a_full_one_marked(site: Site) -> None:
+    site.nodes.items = disk_nodes()
+    browser = Browser(site)
+    try:
+        html = await _page(browser, "full-1")
+    finally:
+        await browser.close()
+    rows = [{**m.groupdict(""), "words": m["words"].strip()} for m in DISK_ROW.finditer(html)]
+    cache, root = FULL  # 95 % and 60 % used
+    assert rows == [_disk(cache, "95%, 950.0 GiB", True), _disk(root, "60%, 60.0 GiB", False)]
+
+
+async def test_a_node_reporting_no_disks_says_so(site: Site) -> None:
+    site.nodes.items = disk_nodes()
+    browser = Browser(site)
+    try:
+        html = await _page(browser, "bare")
+    finally:
+        await browser.close()
+    assert re.search(r'<h2 id="disks">Disks</h2>\s*<p>None reported.</p>', html)
+    assert "<dt>Firewall</dt><dd>not reported</dd>" in html  # an agent older than the field
+
+
+@pytest.mark.parametrize(("name", "shown"), [("full-1", NFT_REFUSED), ("roomy", "ok")])
+async def test_its_firewall_as_its_agent_reported_it(site: Site, name: str, shown: str) -> None:
+    site.nodes.items = disk_nodes()
+    browser = Browser(site)
+    try:
+        html = await _page(browser, name)
+    finally:
+        await browser.close()
+    assert f"<dt>Firewall</dt><dd>{shown}</dd>" in html
 
 
 async def test_without_slurm_kept_here_the_page_says_so() -> None:

@@ -1,5 +1,5 @@
-"""The console's page of one node: its cards, replicas, Slurm standing, agent version and the node
-forms the person may send; read from GET /api/v1/nodes and GET /api/v1/slurm."""
+"""The console's page of one node: its cards, disks, replicas, Slurm standing, firewall, agent
+version and the node forms the person may send; read from GET /api/v1/nodes and /api/v1/slurm."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from llmgw.api_types import NodeView, SlurmNodeView, SlurmView
 from llmgwd.console import forms
 from llmgwd.console.base import BACK, ConsoleError, Person, console, render
 from llmgwd.console.gpu_map import node_cards
-from llmgwd.console.pages import read, read_kept
+from llmgwd.console.pages import FULL_DISK, read, read_kept, used_share
 from llmgwd.console.signin import required
 from llmgwd.people.directory import Directory
 
@@ -75,6 +75,8 @@ async def node_page(request: web.Request) -> web.Response:
         person,
         node=node,
         cards=node_cards(node),
+        disks=[(d, used_share(d) > FULL_DISK) for d in node.disks],
+        full_share=FULL_DISK,
         slurm=await slurm_of(request, person, name),
         drawn=[(d, back(d.form, name)) for d in drawn],
         seen=seen(node),

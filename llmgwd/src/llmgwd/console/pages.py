@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw import wire
 from llmgw.api_types import ModelView, NodeView
 from llmgwd.console import forms, inproc, nav
 from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render, see_other
@@ -60,9 +61,34 @@ class Attention:
     where: str
 
 
+# A disk needs attention above this share of it used (total less what the agent may still
+# write): a share, not a floor in bytes, since one floor would be needlessly loud on a 20 GiB
+# root or too late on a 10 TiB disk, while 10 % left is little on either.
+FULL_DISK = 0.9
+
+
+def used_share(d: wire.Disk) -> float:
+    """The share of the disk used (0 for one that reports no size)."""
+    return (d.total_bytes - d.free_bytes) / d.total_bytes if d.total_bytes > 0 else 0.0
+
+
+def full_disks(n: NodeView) -> list[Attention]:
+    """The node's disks used over FULL_DISK, as its agent last reported them."""
+    return [
+        Attention(
+            f"disk {d.path} {used_share(d):.0%} full, {d.free_bytes / 2**30:.1f} GiB free"
+            f" of {d.total_bytes / 2**30:.1f} GiB",
+            n.name,
+        )
+        for d in n.disks
+        if used_share(d) > FULL_DISK
+    ]
+
+
 def attention(nodes: Sequence[NodeView], models: Sequence[ModelView]) -> list[Attention]:
-    """Nodes lost and replicas failing (or killed over their memory)."""
+    """Nodes lost, disks full, and replicas failing (or killed over their memory)."""
     out = [Attention("node lost: not connected", n.name) for n in nodes if not n.connected]
+    out += [a for n in nodes for a in full_disks(n)]
     for m in models:
         for r in m.replica_status:
             if r.state == "failed" or r.reason == "oom":
