@@ -150,7 +150,12 @@ class Agent:
 
     def inventory(self) -> wire.Inventory:
         """What this node has now, as a heartbeat carries it."""
-        found = inventory.collect(self.config.state_dir, self._gpus, self._bandwidth)
+        found = inventory.collect(
+            self.config.state_dir,
+            self._gpus,
+            self._bandwidth,
+            models_dir=self.config.models_dir,
+        )
         gpus = dcgm.fill(found.gpus, self._dcgm.counters) if self._dcgm else found.gpus
         return msgspec.structs.replace(
             found, gpus=gpus, firewall=self.firewall.status, slurm=self.slurm.report

@@ -128,11 +128,13 @@ def collect(
     *,
     vllm: bool = True,
     toolkit: str | None = None,
+    models_dir: str = "",
 ) -> Inventory:
     """The node's inventory now: its cards read through gpus (none without a reader), the
     bandwidth measured at the agent's start (membw.measure) where it was, the CUDA toolkit
     (asked once unless given) and the engines it runs (vLLM unless vllm is False: every
-    AgentConfig has engines.vllm, installed when first needed; see vllm_allowed)."""
+    AgentConfig has engines.vllm, installed when first needed; see vllm_allowed). Its disks:
+    those of the state directory, the model cache (models_dir) and /, each filesystem once."""
     mem = meminfo()
     report = gpus.read() if gpus is not None else None
     cards = report.gpus if report else []
@@ -141,7 +143,7 @@ def collect(
         cores=cores(),
         memory_bytes=mem.get("MemTotal", 0),
         memory_free_bytes=mem.get("MemAvailable", mem.get("MemFree", 0)),
-        disks=disks([state_dir, "/"]),
+        disks=disks([p for p in (state_dir, models_dir, "/") if p]),
         gpus=cards,
         gpu_driver_version=report.driver_version if report else "",
         cuda_version=report.cuda_version if report else "",
