@@ -100,7 +100,7 @@ def remove_with_files_frees_what_du_sees(mirrors: Mirrors) -> None:
     b.llmgw("model", "stop", "smol")
     b.wait(lambda: not n1.engine_units(), "the engine stopped", 60)
     mirror_before, node_before = _du(b, MIRROR_BLOBS), _du(n1, NODE_BLOBS)
-    out = b.llmgw("model", "remove", "smol", "--files", "--json")
+    out = b.llmgw("model", "remove", "smol", "--files", "--yes", "--json")
     files = out["files"]
     assert files["files"] >= 1
     assert mirror_before - _du(b, MIRROR_BLOBS) == files["bytes"]

@@ -268,7 +268,7 @@ def many_replicas_one_fetch(m: Mirrors) -> dict[str, int]:
     b, n1 = m.b, m.n1
     want, data = _gguf(m)
     _stop(m, "smol")
-    b.llmgw("model", "remove", "smol", "--files")
+    b.llmgw("model", "remove", "smol", "--files", "--yes")
     assert _blobs_check(n1, f"{MODELS_DIR}/blobs") == []
     b.llmgw("model", "add", "smol", "--from", SOURCE, "--context", "512")
     count = next(n["cores"] for n in b.llmgw("nodes", "--json") if n["name"] == "mn1")

@@ -384,7 +384,7 @@ def test_a_model_without_a_catalog_context_is_bounded_by_its_replica(node: Node)
 def test_a_removed_node_is_refused_until_it_joins_again_with_a_token(node: Node) -> None:
     # Last in this module: the node leaves the cluster, then comes back.
     [name] = node.connected()
-    r = node.llmgw("node", "remove", name)
+    r = node.llmgw("node", "remove", name, "--yes")
     assert "removed" in r.stdout
     node.wait(lambda: node.connected() == [] and node.model()["ready"] == 0, "node removed")
     url = f"https://127.0.0.1:{node.cluster_port}"

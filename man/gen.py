@@ -362,9 +362,11 @@ def paragraphs(text: str | None) -> list[str]:
 
 
 def bold_opts(record: str) -> str:
-    """'--from file:PATH' as \\fB\\-\\-from\\fR \\fIfile:PATH\\fR."""
-    names, _, metavar = record.partition(" ")
-    parts = ", ".join(f"\\fB{esc(n.strip())}\\fR" for n in names.split(","))
+    """'--from file:PATH' as \\fB\\-\\-from\\fR \\fIfile:PATH\\fR ('-o, --output X': both
+    names bold)."""
+    *names, last = record.split(", ")
+    name, _, metavar = last.partition(" ")
+    parts = ", ".join(f"\\fB{esc(n)}\\fR" for n in [*names, name])
     return parts + (f" \\fI{esc(metavar)}\\fR" if metavar else "")
 
 
@@ -455,7 +457,8 @@ def render_llmgw() -> str:
         ".SH EXIT STATUS",
         ".TP\n0\nDone.",
         ".TP\n1\nThe daemon refused; its reason is on standard error.",
-        ".TP\n2\nA usage error.",
+        ".TP\n2\nA usage error, or a delete that takes other things with it not confirmed "
+        "(answered no, or no \\fB\\-\\-yes\\fR where standard input is not a terminal).",
         ".TP\n3\nThe daemon cannot be reached.",
         ".TP\n4\nNo such model, key or other thing named.",
         ".SH SHELL COMPLETION",

@@ -35,7 +35,7 @@ from llmgw.cli.main import main
 
 COMMANDS = [
     ["nodes"],
-    ["node", "remove", "gpu1"],
+    ["node", "remove", "gpu1", "--yes"],
     ["node", "token"],
     ["status"],
     ["usage"],
@@ -50,7 +50,7 @@ COMMANDS = [
     ["mirror", "sweep"],
     ["mirror", "add-peer", "https://m2:7700/hf"],
     ["model", "remove", "m"],
-    ["model", "remove", "m", "--files"],
+    ["model", "remove", "m", "--files", "--yes"],
     ["model", "plan", "m"],
     ["key", "list"],
     ["key", "limits", "k1", "--rpm", "5"],
@@ -61,12 +61,12 @@ COMMANDS = [
     ["user", "create", "ann"],
     ["user", "list"],
     ["user", "set", "ann", "--email", "a@acme.org"],
-    ["user", "delete", "ann"],
+    ["user", "delete", "ann", "--yes"],
     ["user", "staff", "ann", "viewer"],
     ["org", "create", "acme"],
     ["org", "list"],
     ["org", "show", "acme"],
-    ["org", "delete", "acme"],
+    ["org", "delete", "acme", "--yes"],
     ["org", "team", "acme", "ml"],
     ["org", "team", "acme", "ml", "--delete"],
     ["org", "project", "acme", "chat"],
@@ -160,7 +160,7 @@ def test_model_remove_files_shows_each_nodes_sweep(monkeypatch: pytest.MonkeyPat
         ],
     )  # fmt: skip
     _answering(monkeypatch, ModelRemoved(name="tiny", removed=True, files=swept))
-    r = _run("model", "remove", "tiny", "--files")
+    r = _run("model", "remove", "tiny", "--files", "--yes")
     assert r.exit_code == 0, r.output
     assert "Removed model tiny.\nmirror: 1 files deleted, 4.0 KiB freed" in r.stdout
     assert "n1: 1 files deleted, 4.0 KiB freed" in r.stdout

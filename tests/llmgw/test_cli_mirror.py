@@ -143,7 +143,7 @@ def test_import_then_add_then_sweep_and_remove(daemon: Daemon, tmp_path: Path) -
     assert daemon.cli("model", "add", "tiny", "--from", "hf:local/tiny").exit_code == 0
     dry = daemon.cli("mirror", "sweep", "--dry-run")
     assert f"mirror: 1 files, would free {size(9)}" in dry.stdout  # notes.json: no model uses it
-    r = daemon.cli("model", "remove", "tiny", "--files")
+    r = daemon.cli("model", "remove", "tiny", "--files", "--yes")
     assert r.exit_code == 0, r.output
     assert f"mirror: 1 files deleted, {size(GGUF.stat().st_size)} freed" in r.stdout
     status = json.loads(daemon.cli("mirror", "status", "--json").stdout)

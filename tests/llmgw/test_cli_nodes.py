@@ -64,11 +64,13 @@ def api(tmp_path: Path) -> Iterator[Api]:
 
 
 def test_node_remove(api: Api) -> None:
-    r = api.cli("node", "remove", "gpu1")
+    r = api.cli("node", "remove", "gpu1", "--yes")
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == "Node gpu1 removed: its certificates are refused from now on."
-    assert json.loads(api.cli("node", "remove", "gpu1", "--json").stdout)["removed"] is True
-    r = api.cli("node", "remove", "nope")
+    assert (
+        json.loads(api.cli("node", "remove", "gpu1", "--json", "--yes").stdout)["removed"] is True
+    )
+    r = api.cli("node", "remove", "nope", "--yes")
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith("No node nope is known here; its name is revoked all the same")
     assert api.removed == ["gpu1", "gpu1", "nope"]

@@ -61,10 +61,10 @@ def test_a_user_deleted_leaves_their_organization(cli: Callable[..., Result]) ->
     _ok(cli("org", "create", "acme"))
     _ok(cli("user", "create", "ann"))
     _ok(cli("org", "member", "acme", "ann", "manager"))
-    assert "User ann deleted" in _ok(cli("user", "delete", "ann"))
+    assert "User ann deleted" in _ok(cli("user", "delete", "ann", "-y"))
     assert "ann" not in _ok(cli("user", "list"))
     assert "manager" not in _ok(cli("org", "show", "acme"))
-    r = cli("user", "delete", "ann")
+    r = cli("user", "delete", "ann", "-y")
     assert r.exit_code != 0 and "ann" in r.output
 
 

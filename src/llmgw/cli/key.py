@@ -1,13 +1,15 @@
-"""llmgw key create|list|limits|revoke: the API keys people and programs call /v1 with."""
+"""llmgw key create|limits|revoke and llmgw keys: the API keys people and programs call /v1
+with."""
 
 from __future__ import annotations
 
 import click
 
 from llmgw.api_types import KeyIn, KeyView, NewKey
+from llmgw.cli import complete
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
-from llmgw.cli.output import echo_json, echo_table, json_option, when
+from llmgw.cli.output import Listing, echo_json, json_option, listing_options, when
 
 
 @click.group()
@@ -53,15 +55,14 @@ def create(
     click.echo(new.key)
 
 
-@key.command("list")
-@json_option
+@click.command()
+@listing_options
 @pass_settings
-def list_(settings: Settings, as_json: bool) -> None:
+def keys(settings: Settings, out: Listing) -> None:
     """List the keys (never the keys themselves): id, name, role, prefix, created, state and
     limits."""
     answer = call(settings, "GET", f"{API}/keys")
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     rows = [
         [
@@ -76,11 +77,11 @@ def list_(settings: Settings, as_json: bool) -> None:
         for k in decoded(answer, list[KeyView])
     ]
     headers = ["ID", "NAME", "ROLE", "PREFIX", "CREATED", "STATE", "LIMITS"]
-    echo_table(headers, rows, "No keys yet: make one with `llmgw key create NAME`.")
+    out.table(headers, rows, "No keys yet: make one with `llmgw key create NAME`.")
 
 
 @key.command()
-@click.argument("ident", metavar="ID")
+@click.argument("ident", metavar="ID", shell_complete=complete.keys)
 @json_option
 @pass_settings
 def revoke(settings: Settings, ident: str, as_json: bool) -> None:
@@ -94,7 +95,7 @@ def revoke(settings: Settings, ident: str, as_json: bool) -> None:
 
 
 @key.command()
-@click.argument("ident", metavar="ID")
+@click.argument("ident", metavar="ID", shell_complete=complete.keys)
 @limit_options
 @json_option
 @pass_settings

@@ -21,9 +21,19 @@ from llmgw.api_types import (
     SetStatus,
     Verdict,
 )
-from llmgw.cli import progress
+from llmgw.cli import complete, progress
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
-from llmgw.cli.output import echo_json, echo_table, json_option, size
+from llmgw.cli.output import (
+    Listing,
+    confirm,
+    echo_json,
+    echo_table,
+    json_option,
+    listing_options,
+    size,
+    when,
+    yes_option,
+)
 
 
 @click.group()
@@ -145,7 +155,7 @@ def _summary(answer: Any) -> str:
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.option(
     "--replicas", type=click.IntRange(min=0), required=True, help="How many replicas to run."
 )
@@ -161,7 +171,7 @@ def serve(settings: Settings, name: str, replicas: int, as_json: bool) -> None:
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @json_option
 @pass_settings
 def stop(settings: Settings, name: str, as_json: bool) -> None:
@@ -174,7 +184,7 @@ def stop(settings: Settings, name: str, as_json: bool) -> None:
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.option(
     "--prompt", type=click.FloatRange(min=0), required=True, help="Per million prompt tokens."
 )
@@ -201,16 +211,20 @@ def price(settings: Settings, name: str, prompt: float, completion: float, as_js
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.option(
     "--files",
     is_flag=True,
     help="Also delete its files that no other model uses, from the mirror and the nodes.",
 )
+@yes_option
 @json_option
 @pass_settings
-def remove(settings: Settings, name: str, files: bool, as_json: bool) -> None:
-    """Take model NAME out of the catalog; its replicas are stopped."""
+def remove(settings: Settings, name: str, files: bool, yes: bool, as_json: bool) -> None:
+    """Take model NAME out of the catalog; its replicas are stopped. With --files it asks
+    first, unless --yes."""
+    if files:
+        confirm(yes, f"Removing model {name} with --files deletes its files from the nodes")
     path = api_path("models", name) + ("?files=true" if files else "")
     answer = call(settings, "DELETE", path)
     if as_json:
@@ -228,7 +242,7 @@ def remove(settings: Settings, name: str, files: bool, as_json: bool) -> None:
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.argument("count", type=click.IntRange(min=0))
 @click.option(
     "--profile", required=True, help="The profile (made if new: gpu* on cards, else CPUs)."
@@ -266,7 +280,7 @@ def replicas(
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.argument("tokens", type=click.IntRange(min=0))
 @json_option
 @pass_settings
@@ -280,7 +294,7 @@ def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
 
 
 @model.command("max-tokens")
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.argument("tokens", type=click.IntRange(min=0))
 @json_option
 @pass_settings
@@ -297,7 +311,7 @@ def max_tokens(settings: Settings, name: str, tokens: int, as_json: bool) -> Non
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @json_option
 @pass_settings
 def restart(settings: Settings, name: str, as_json: bool) -> None:
@@ -317,7 +331,7 @@ def _verdict_row(v: Verdict) -> list[Any]:
 
 
 @model.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.models)
 @click.option(
     "--from",
     "source",
@@ -394,19 +408,32 @@ def status_of(m: ModelView) -> str:
     return ("ready" if m.ready >= m.replicas else "starting") + also
 
 
+def _wide(m: ModelView) -> list[object]:
+    """The columns -o wide adds: longest answer, price, on demand, files, added."""
+    price = (
+        f"{m.price_prompt:g}/{m.price_completion:g}"
+        if m.price_prompt or m.price_completion
+        else "-"
+    )
+    demand = f"idle {m.idle_s}s" if m.on_demand else "no"
+    files = f"{m.files} ({size(m.bytes)})" if m.files else "-"
+    return [m.max_tokens or "context", price, demand, files, when(m.created_at)]
+
+
 @click.command()
-@json_option
+@listing_options
 @pass_settings
-def models(settings: Settings, as_json: bool) -> None:
+def models(settings: Settings, out: Listing) -> None:
     """List the models and how their replicas are doing.
 
     One line a model: engine, replicas ready of wanted, context length, status (stopped,
     starting, ready, stopping, parked for an on-demand model without requests, or failed
-    with the first failure's reason) and source.
+    with the first failure's reason) and source; -o wide adds the longest answer in tokens,
+    the price per million prompt/completion tokens, whether it runs on demand, its files
+    and when it was added.
     """
     answer = call(settings, "GET", f"{API}/models")
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     rows = [
         [
@@ -416,8 +443,10 @@ def models(settings: Settings, as_json: bool) -> None:
             m.context or "default",
             status_of(m),
             m.source,
+            *_wide(m),
         ]
         for m in decoded(answer, list[ModelView])
     ]
     headers = ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "SOURCE"]
-    echo_table(headers, rows, "No models yet: add one with `llmgw model add`.")
+    headers += ["MAX TOKENS", "PRICE", "ON DEMAND", "FILES", "ADDED"]
+    out.table(headers, rows, "No models yet: add one with `llmgw model add`.", shown=6)

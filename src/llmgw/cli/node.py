@@ -7,8 +7,18 @@ from typing import Any
 import click
 
 from llmgw.api_types import NodeRemoved, NodeView, TokenView
+from llmgw.cli import complete
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
-from llmgw.cli.output import ago, echo_json, echo_table, json_option, size
+from llmgw.cli.output import (
+    Listing,
+    ago,
+    confirm,
+    echo_json,
+    json_option,
+    listing_options,
+    size,
+    yes_option,
+)
 
 
 def echo_join_command(answer: Any) -> None:
@@ -80,7 +90,7 @@ def _flag(action: str, settings: Settings, name: str, as_json: bool) -> None:
 
 
 @node.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.nodes)
 @json_option
 @pass_settings
 def cordon(settings: Settings, name: str, as_json: bool) -> None:
@@ -89,7 +99,7 @@ def cordon(settings: Settings, name: str, as_json: bool) -> None:
 
 
 @node.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.nodes)
 @json_option
 @pass_settings
 def drain(settings: Settings, name: str, as_json: bool) -> None:
@@ -98,7 +108,7 @@ def drain(settings: Settings, name: str, as_json: bool) -> None:
 
 
 @node.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.nodes)
 @json_option
 @pass_settings
 def uncordon(settings: Settings, name: str, as_json: bool) -> None:
@@ -107,17 +117,20 @@ def uncordon(settings: Settings, name: str, as_json: bool) -> None:
 
 
 @node.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.nodes)
+@yes_option
 @json_option
 @pass_settings
-def remove(settings: Settings, name: str, as_json: bool) -> None:
+def remove(settings: Settings, name: str, yes: bool, as_json: bool) -> None:
     """Remove node NAME from the cluster: its certificates are refused from now on.
 
     Its connection is closed and its replicas are placed on other nodes at once. It comes
     back only by joining again with a new token (`llmgw node token`), under this name or
     another. Run it for a node that is gone for good, or whose certificate may be in other
-    hands; `llmgw node drain` moves replicas off a node that stays.
+    hands; `llmgw node drain` moves replicas off a node that stays. It asks first, unless
+    --yes.
     """
+    confirm(yes, f"Removing node {name} revokes its certificates and moves its replicas away")
     answer = call(settings, "DELETE", api_path("nodes", name))
     if as_json:
         echo_json(answer)
@@ -152,20 +165,20 @@ def _engines(n: NodeView) -> str:
 
 
 @click.command()
-@json_option
+@listing_options
 @pass_settings
-def nodes(settings: Settings, as_json: bool) -> None:
+def nodes(settings: Settings, out: Listing) -> None:
     """List the nodes, their resources and replicas.
 
     One line a node: address, whether it is connected (and cordoned or draining), when it
     was last heard from, its cores, memory and cards, the engines it runs on CPUs and cards
     (with its CUDA toolkit's version), and its replicas (ready of all). A note follows for a
     node that needs one, such as cards without the CUDA toolkit (llama.cpp on CPUs only), or
-    one whose firewall (its nftables table) could not be set.
+    one whose firewall (its nftables table) could not be set (on stderr with --no-headers).
+    -o wide adds its agent's version and its firewall's state.
     """
     answer = call(settings, "GET", f"{API}/nodes")
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     found = decoded(answer, list[NodeView])
     rows = [
@@ -179,14 +192,17 @@ def nodes(settings: Settings, as_json: bool) -> None:
             n.gpus,
             _engines(n),
             _replicas(n),
+            n.version or "-",
+            n.firewall or "-",
         ]
         for n in found
     ]
     headers = ["NAME", "ADDRESS", "STATE", "LAST SEEN", "CORES", "MEMORY", "GPUS", "ENGINES"]
-    headers.append("REPLICAS")
-    echo_table(headers, rows, "No nodes yet: join one with the command `llmgw node token` prints.")
-    for n in found:
+    headers += ["REPLICAS", "VERSION", "FIREWALL"]
+    empty = "No nodes yet: join one with the command `llmgw node token` prints."
+    out.table(headers, rows, empty, shown=9)
+    for n in found:  # notes on stderr without headers: stdout is the table's rows alone
         if n.note:
-            click.echo(f"{n.name}: {n.note}")
+            click.echo(f"{n.name}: {n.note}", err=not out.headers)
         if n.firewall not in ("", "ok", "off"):  # its engine ports may be open
-            click.echo(f"{n.name}: its firewall is not set: {n.firewall}")
+            click.echo(f"{n.name}: its firewall is not set: {n.firewall}", err=not out.headers)

@@ -1,5 +1,5 @@
-"""llmgw org create|list|show|delete|team|project|member|unmember: organizations, their teams
-and projects, and who holds which role in them."""
+"""llmgw org create|show|delete|team|project|member|unmember and llmgw orgs: organizations,
+their teams and projects, and who holds which role in them."""
 
 from __future__ import annotations
 
@@ -20,8 +20,18 @@ from llmgw.api_types import (
     ScopeView,
     TeamView,
 )
+from llmgw.cli import complete
 from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
-from llmgw.cli.output import echo_json, echo_table, json_option
+from llmgw.cli.output import (
+    Listing,
+    confirm,
+    echo_json,
+    echo_table,
+    json_option,
+    listing_options,
+    when,
+    yes_option,
+)
 
 ROLES = click.Choice(["admin", "manager", "member"])
 
@@ -45,21 +55,24 @@ def create(settings: Settings, name: str, title: str, as_json: bool) -> None:
     click.echo(f"Organization {decoded(answer, OrgView).name} made.")
 
 
-@org.command("list")
-@json_option
+@click.command()
+@listing_options
 @pass_settings
-def list_(settings: Settings, as_json: bool) -> None:
-    """List the organizations."""
+def orgs(settings: Settings, out: Listing) -> None:
+    """List the organizations.
+
+    One line an organization: its name and title; -o wide adds when it was made.
+    """
     answer = call(settings, "GET", api_path("orgs"))
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
-    rows = [[o.name, o.title] for o in decoded(answer, list[OrgView])]
-    echo_table(["NAME", "TITLE"], rows, "No organizations yet: `llmgw org create NAME`.")
+    rows = [[o.name, o.title, when(o.created_at)] for o in decoded(answer, list[OrgView])]
+    empty = "No organizations yet: `llmgw org create NAME`."
+    out.table(["NAME", "TITLE", "CREATED"], rows, empty, shown=2)
 
 
 @org.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.orgs)
 @json_option
 @pass_settings
 def show(settings: Settings, name: str, as_json: bool) -> None:
@@ -87,16 +100,19 @@ def _where(scope: ScopeView) -> str:
 
 
 @org.command()
-@click.argument("name")
+@click.argument("name", shell_complete=complete.orgs)
+@yes_option
 @pass_settings
-def delete(settings: Settings, name: str) -> None:
-    """Delete the organization NAME with its teams, projects and memberships."""
+def delete(settings: Settings, name: str, yes: bool) -> None:
+    """Delete the organization NAME with its teams, projects and memberships (it asks first,
+    unless --yes)."""
+    confirm(yes, f"Deleting organization {name} deletes its teams, projects and memberships")
     gone = decoded(call(settings, "DELETE", api_path("orgs", name)), Deleted)
     click.echo(f"Organization {gone.name} deleted.")
 
 
 @org.command()
-@click.argument("org_name", metavar="ORG")
+@click.argument("org_name", metavar="ORG", shell_complete=complete.orgs)
 @click.argument("name")
 @click.option("--delete", "remove", is_flag=True, help="Delete the team instead.")
 @pass_settings
@@ -112,7 +128,7 @@ def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
 
 
 @org.command()
-@click.argument("org_name", metavar="ORG")
+@click.argument("org_name", metavar="ORG", shell_complete=complete.orgs)
 @click.argument("name")
 @click.option("--team", "team_name", default="", help="The team the project is in.")
 @click.option("--delete", "remove", is_flag=True, help="Delete the project instead.")
@@ -146,7 +162,7 @@ scope_options = [
 
 
 @org.command()
-@click.argument("org_name", metavar="ORG")
+@click.argument("org_name", metavar="ORG", shell_complete=complete.orgs)
 @click.argument("user")
 @click.argument("role", type=ROLES)
 @scope_options[0]
@@ -164,7 +180,7 @@ def member(
 
 
 @org.command()
-@click.argument("org_name", metavar="ORG")
+@click.argument("org_name", metavar="ORG", shell_complete=complete.orgs)
 @click.argument("user")
 @scope_options[0]
 @scope_options[1]

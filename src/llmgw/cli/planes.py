@@ -8,7 +8,7 @@ import click
 
 from llmgw.api_types import PlaneRemoved, PlaneTokenIn, PlaneView, RemoveIn, TokenView
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
-from llmgw.cli.output import echo_json, echo_table, json_option
+from llmgw.cli.output import Listing, echo_json, json_option, listing_options
 
 UNITS = ("llmgwd.service", "llmgw-etcd.service")
 
@@ -92,18 +92,18 @@ def remove(settings: Settings, name: str, force: bool, as_json: bool) -> None:
 
 
 @click.command("planes")
-@json_option
+@listing_options
 @pass_settings
-def planes(settings: Settings, as_json: bool) -> None:
+def planes(settings: Settings, out: Listing) -> None:
     """List the control planes: address, etcd member and its health, and who leads.
 
     HEALTH is the member as this control plane's member sees it (healthy, unreachable, not
     started), "(learner)" while a joined member has not caught up and been promoted to a
-    voter; ROLE is leader or standby, empty where no llmgwd runs now.
+    voter; ROLE is leader or standby, empty where no llmgwd runs now. -o wide adds the
+    address its etcd member's peers reach it at.
     """
     answer = call(settings, "GET", f"{API}/planes")
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     rows = [
         [
@@ -112,8 +112,9 @@ def planes(settings: Settings, as_json: bool) -> None:
             s.member or "-",
             s.health + (" (learner)" if s.learner else ""),
             s.role or "-",
+            s.peer_url or "-",
         ]
         for s in decoded(answer, list[PlaneView])
     ]
-    headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE"]
-    echo_table(headers, rows, "One control plane on SQLite: no etcd members.")
+    headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE", "PEER ADDRESS"]
+    out.table(headers, rows, "One control plane on SQLite: no etcd members.", shown=5)

@@ -1,5 +1,5 @@
-"""llmgw user create|list|set|delete|staff: people made by staff, and the cluster's staff
-roles."""
+"""llmgw user create|set|delete|staff and llmgw users: people made by staff, and the
+cluster's staff roles."""
 
 from __future__ import annotations
 
@@ -17,7 +17,15 @@ from llmgw.api_types import (
     UserView,
 )
 from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
-from llmgw.cli.output import echo_json, echo_table, json_option, when
+from llmgw.cli.output import (
+    Listing,
+    confirm,
+    echo_json,
+    json_option,
+    listing_options,
+    when,
+    yes_option,
+)
 
 
 @click.group()
@@ -49,22 +57,25 @@ def create(settings: Settings, name: str, email: str, external_id: str, as_json:
     click.echo(f"User {made.name} made (id {made.id}).")
 
 
-@user.command("list")
-@json_option
+@click.command()
+@listing_options
 @pass_settings
-def list_(settings: Settings, as_json: bool) -> None:
-    """List the users."""
+def users(settings: Settings, out: Listing) -> None:
+    """List the users.
+
+    One line a user: id, name, email, source, state and when made; -o wide adds their
+    external id.
+    """
     answer = call(settings, "GET", api_path("users"))
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     rows = [
         [u.id, u.name, u.email, u.source, "active" if u.active else "inactive",
-         when(u.created_at)]
+         when(u.created_at), u.external_id or "-"]
         for u in decoded(answer, list[UserView])
     ]  # fmt: skip
-    headers = ["ID", "NAME", "EMAIL", "SOURCE", "STATE", "CREATED"]
-    echo_table(headers, rows, "No users yet: `llmgw user create NAME`.")
+    headers = ["ID", "NAME", "EMAIL", "SOURCE", "STATE", "CREATED", "EXTERNAL ID"]
+    out.table(headers, rows, "No users yet: `llmgw user create NAME`.", shown=6)
 
 
 @user.command("set")
@@ -92,12 +103,15 @@ def set_(
 
 @user.command()
 @click.argument("name")
+@yes_option
 @pass_settings
-def delete(settings: Settings, name: str) -> None:
+def delete(settings: Settings, name: str, yes: bool) -> None:
     """Delete the user NAME (a name or an id): their memberships, staff role, limits and
     keys go, and their keys are refused at once. A user from OIDC or SCIM comes back as a
     new user at their next sign-in or provisioning; to stop one, deactivate them instead
-    (the identity provider's SCIM, or PATCH /api/v1/users/NAME {"active": false})."""
+    (the identity provider's SCIM, or PATCH /api/v1/users/NAME {"active": false}).
+    It asks first, unless --yes."""
+    confirm(yes, f"Deleting user {name} deletes their memberships, staff role, limits and keys")
     gone = decoded(call(settings, "DELETE", api_path("users", name)), UserDeleted)
     click.echo(f"User {name} deleted (id {gone.user}); their keys are revoked.")
 
