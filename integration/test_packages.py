@@ -33,6 +33,11 @@ APT = {"DEBIAN_FRONTEND": "noninteractive"}
 LLAMA = "/usr/local/lib/llmgw/llama-server"
 # llmgwd's package installs the Grafana dashboard as the repository keeps it.
 DASHBOARD = ("/usr/share/llmgw/grafana/llmgw.json", REPO / "packaging/grafana/llmgw.json")
+# ... and Prometheus' scrape config, alert rules and their unit tests; llmgw the guide's page.
+PROMETHEUS = ("llmgw.rules.yml", "prometheus.yml", "tests.yml")
+SHIPPED = (DASHBOARD, *((f"/usr/share/llmgw/prometheus/{name}",
+                         REPO / "packaging/prometheus" / name) for name in PROMETHEUS))  # fmt: skip
+GUIDE = "/usr/share/man/man7/llmgw-cluster.7.gz"
 # The daemons' modules import every compiled dependency (msgspec, uvloop, cryptography, ...).
 COMPILED = (
     "import llmgw.cli.main, llmgwd.main, llmgwd.daemon, llmgw_agentd.main, llmgw_agentd.daemon"
@@ -185,7 +190,9 @@ def test_install_enables_and_starts_nothing(host: PrivateSystemd) -> None:
     for daemon in ("llmgwd", "llmgw-agentd"):
         r = host.run([f"/usr/bin/{daemon}", "--help"])
         assert "--config" in r.stdout
-    assert host.read_file(DASHBOARD[0]) == DASHBOARD[1].read_text()
+    for installed, source in SHIPPED:
+        assert host.read_file(installed) == source.read_text(), installed
+    host.run(["test", "-s", GUIDE])
 
 
 def test_units_verify_and_llmgwd_is_hardened(host: PrivateSystemd) -> None:
@@ -335,7 +342,9 @@ def test_rpm_payload_installs_and_serves(rpms: list[Path], make_systemd: MakeSys
     assert ps.run(["id", "-gn", "llmgw"]).stdout.strip() == "llmgw"
     assert ps.run(["stat", "-c", "%a %U %G", "/etc/llmgw"]).stdout.split() == [
         "750", "root", "llmgw"]  # fmt: skip
-    assert ps.read_file(DASHBOARD[0]) == DASHBOARD[1].read_text()
+    for installed, source in SHIPPED:
+        assert ps.read_file(installed) == source.read_text(), installed
+    ps.run(["test", "-s", GUIDE])
     units = [f"/usr/lib/systemd/system/{u}" for u in
              ("llmgwd.service", "llmgw-etcd.service", "llmgw-agentd.service",
               "llmgw-engines.slice")]  # fmt: skip

@@ -1,5 +1,6 @@
 """The man pages: llmgw(1) and llmgw.yaml(5) are what man/gen.py makes of the CLI and
-config.py now, every daemon option is on its page, and every page lints clean."""
+config.py now, every daemon option is on its page, every command llmgw-cluster(7) names
+exists, and every page lints clean."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from llmgw.cli.main import main as cli
 from man import gen
 
 MAN = Path(gen.__file__).resolve().parent
-PAGES = sorted(MAN.glob("*.[158]"))
+PAGES = sorted(MAN.glob("*.[1578]"))
 
 
 @pytest.mark.parametrize("name", sorted(gen.PAGES))
@@ -51,6 +52,29 @@ def test_every_setting_has_a_description() -> None:
     assert set(gen.SETTINGS) <= ids, f"no such settings: {set(gen.SETTINGS) - ids}"
     # Nested sections are walked, and named by their dotted key (llama.cpp as YAML spells it).
     assert {"agent.engines.llama.cpp.binary", "server.client.listen"} <= ids
+
+
+def _named_commands(page: str) -> list[list[str]]:
+    """The words after each `llmgw` a page shows in bold or in an example."""
+    text = re.sub(r"\\f[BIRP]", "", page).replace("\\-", "-")
+    named = re.findall(r"(?m)^llmgw((?: [a-z][a-z-]*)+)", text)
+    named += re.findall(r"\\fBllmgw((?: [a-z][a-z-]*)+)", page.replace("\\-", "-"))
+    return [words.split() for words in named]
+
+
+def test_every_command_llmgw_cluster_7_names_exists() -> None:
+    named = _named_commands((MAN / "llmgw-cluster.7").read_text())
+    assert len(named) >= 20  # the page was read, not skipped
+    for words in named:
+        cmd: click.Command = cli
+        ctx = click.Context(cli, info_name="llmgw")
+        for word in words:  # down the groups; a command's arguments follow it
+            if not isinstance(cmd, click.Group):
+                break
+            sub = cmd.get_command(ctx, word)
+            assert sub is not None, f"llmgw-cluster(7) names llmgw {' '.join(words)}"
+            cmd, ctx = sub, click.Context(sub, info_name=word, parent=ctx)
+        assert not isinstance(cmd, click.Group), f"llmgw {' '.join(words)}: a group"
 
 
 def _daemon_options(main: object) -> set[str]:
