@@ -214,3 +214,35 @@ def test_completion_is_silent_when_the_daemon_is_not_there(
     gone = ["--socket", str(tmp_path / "gone.sock"), "model", "serve"]
     assert shell.get_completions(gone, "") == []
     assert capsys.readouterr() == ("", "")
+
+
+def _row(model: str | None, n: int) -> dict[str, Any]:
+    return {"model": model, "requests": n, "prompt_tokens": 10 * n, "completion_tokens": n,
+            "total_tokens": 11 * n, "spend": 0.5 * n}  # fmt: skip
+
+
+USAGE = {"by": "model", "since": "2026-12-01", "rows": [_row("smol", 1), _row("tiny", 2)],
+         "total": _row(None, 3)}  # fmt: skip
+LEVELS = [{"level": "org acme", "limits": {}, "models": []},
+          {"level": "team acme/ml", "limits": {}, "models": ["smol"]}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [(["usage", "--by", "model"], USAGE), (["limits", "show", "--org", "acme"], LEVELS)],
+    ids=["usage", "limits show"],
+)
+def test_the_reports_tables_take_the_same_options(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], answer: Any
+) -> None:
+    monkeypatch.setattr("llmgw.cli.common.ipc.request", lambda *a, **k: (200, answer))
+
+    def run(*more: str) -> str:
+        r = CliRunner().invoke(main, ["--socket", "/x.sock", *args, *more])
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    assert json.loads(run("-o", "json")) == answer == json.loads(run("--json"))
+    assert yaml.safe_load(run("-o", "yaml")) == answer
+    table = run().splitlines()
+    assert run("--no-headers").splitlines() == table[1:] and len(table) > 2

@@ -11,7 +11,7 @@ import msgspec
 from llmgw.api_types import LevelIn, LevelView
 from llmgw.cli.common import Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.limits import describe, limit_options, limits_body
-from llmgw.cli.output import echo_json, echo_table, json_option
+from llmgw.cli.output import Listing, echo_json, json_option, listing_options
 
 
 @click.group("limits")
@@ -91,7 +91,7 @@ def set_(
 
 @limits.command()
 @_level_options
-@json_option
+@listing_options
 @pass_settings
 def show(
     settings: Settings,
@@ -99,19 +99,18 @@ def show(
     team: str | None,
     project: str | None,
     user: str | None,
-    as_json: bool,
+    out: Listing,
 ) -> None:
     """Show an organization's limits with its teams' and projects', or a user's."""
     if team is not None or project is not None:
         raise click.UsageError("show takes --org ORG (all its levels) or --user U")
     answer = call(settings, "GET", _path(org, None, None, user))
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     # an organization's: it, then its teams' and projects'; a user's: the one level
     views = decoded(answer, list[LevelView]) if user is None else [decoded(answer, LevelView)]
     rows = [[v.level, describe(v.limits), ",".join(v.models) or "all"] for v in views]
-    echo_table(["LEVEL", "LIMITS", "MODELS"], rows, "No levels.")
+    out.table(["LEVEL", "LIMITS", "MODELS"], rows, "No levels.")
 
 
 def _line(view: LevelView) -> str:

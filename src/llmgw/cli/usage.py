@@ -9,7 +9,7 @@ import click
 
 from llmgw.api_types import UsageReport, UsageRow
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
-from llmgw.cli.output import echo_json, echo_table, json_option
+from llmgw.cli.output import Listing, listing_options
 
 
 @click.command()
@@ -26,17 +26,16 @@ from llmgw.cli.output import echo_json, echo_table, json_option
     help="The first day counted (UTC; default: the first day of this month).",
 )
 @click.option("--org", metavar="ORG", help="Only the keys of this organization (its admins').")
-@json_option
+@listing_options
 @pass_settings
-def usage(settings: Settings, by: str, since: str | None, org: str | None, as_json: bool) -> None:
+def usage(settings: Settings, by: str, since: str | None, org: str | None, out: Listing) -> None:
     """Show the usage of /v1: requests, prompt and completion tokens, and spend at the models'
     prices, summed by key, model, day, organization, team, project or user (a key's maker;
     "-": keys of none); counts not yet written to the store are included."""
     query = {"by": by, **({"since": since} if since else {})}
     path = api_path("orgs", org, "usage") if org else f"{API}/usage"
     answer = call(settings, "GET", f"{path}?{urlencode(query)}")
-    if as_json:
-        echo_json(answer)
+    if out.raw(answer):
         return
     report = decoded(answer, UsageReport)
     first = ["KEY", "NAME"] if by == "key" else [by.upper()]
@@ -44,7 +43,7 @@ def usage(settings: Settings, by: str, since: str | None, org: str | None, as_js
     lines = [[*_group(row, by), *_counts(row)] for row in report.rows]
     if lines:
         lines.append(["total", *[""] * (len(first) - 1), *_counts(report.total)])
-    echo_table(headers, lines, f"No usage since {report.since}.")
+    out.table(headers, lines, f"No usage since {report.since}.")
 
 
 def _group(row: UsageRow, by: str) -> list[str]:
