@@ -1,4 +1,6 @@
-"""The llmgw CLI against a real admin API (and a stand-in agent) on Unix sockets."""
+"""The llmgw CLI against a real admin API (and a stand-in agent) on Unix sockets, and the
+same tests over HTTPS: the API guarded by keys, reached through a context with an admin key
+and its CA pinned."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from llmgw import config, wire
 from llmgw.cli import plane
 from llmgw.cli.main import main
 from llmgwd.accounting.usage import Usage
-from llmgwd.api.access import peercred_auth
+from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
+from tests.llmgw.https_site import ADMIN_SECRET, WithAdmin, add_context, make_tls, start_tls_site
 
 T = TypeVar("T")
 JOIN_URL = "https://cp.example:7710"
@@ -50,13 +53,15 @@ class Daemon:
     loop: asyncio.AbstractEventLoop
     joins: list[dict[str, Any]] = field(default_factory=list)
     usage: Usage | None = None  # what `llmgw usage` reads
+    env: dict[str, str] = field(default_factory=dict)  # XDG_CONFIG_HOME, LLMGW_CONTEXT
+    url: str = ""  # over HTTPS: the API's
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
     def cli(self, *args: str) -> Result:
         base = ["--socket", self.socket, "--agent-socket", self.agent_socket]
-        return CliRunner().invoke(main, [*base, *args])
+        return CliRunner().invoke(main, [*base, *args], env=self.env)
 
 
 def agent_app(joins: list[dict[str, Any]]) -> web.Application:
@@ -78,8 +83,10 @@ async def _start_site(app: web.Application, path: str) -> web.AppRunner:
     return runner
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+@pytest.fixture(params=["socket", "https"])
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """The API over the Unix socket, or over HTTPS with the commands' context (an admin key
+    in a key file, the CA pinned by its fingerprint)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -98,10 +105,19 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     ctx = ApiContext(
         catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL, usage=usage
     )
-    runners = [
-        d.run(_start_site(api_app(ctx, peercred_auth("llmgw")), d.socket)),
-        d.run(_start_site(agent_app(d.joins), d.agent_socket)),
-    ]
+    d.env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    runners = [d.run(_start_site(agent_app(d.joins), d.agent_socket))]
+    if request.param == "socket":
+        runners.append(d.run(_start_site(api_app(ctx, peercred_auth("llmgw")), d.socket)))
+    else:
+        tls = make_tls(tmp_path)
+        app = api_app(ctx, key_auth(WithAdmin(catalog)))
+        runner, d.url = d.run(start_tls_site(app, tls.server))
+        runners.append(runner)
+        (tmp_path / "admin.key").write_text(ADMIN_SECRET + "\n")
+        add_context(tmp_path / "config", "test", d.url, "--ca-fingerprint", tls.fingerprint,
+                    "--key-file", str(tmp_path / "admin.key"))  # fmt: skip
+        d.env["LLMGW_CONTEXT"] = "test"
     yield d
     for runner in runners:
         d.run(runner.cleanup())
@@ -383,6 +399,7 @@ def test_plane_init_writes_the_config(tmp_path: Path) -> None:
     assert r.exit_code == 2
 
 
+@pytest.mark.parametrize("daemon", ["socket"], indirect=True)  # this host's llmgwd, any context
 def test_plane_init_starts_llmgwd_and_prints_the_join_command(
     daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,5 +1,6 @@
 """llmgw mirror import|status|sweep and model add --from hf: as a person runs them: the
-whole set's progress on stderr while the mirror fetches, the answer on stdout."""
+whole set's progress on stderr while the mirror fetches, the answer on stdout; over the Unix
+socket and over HTTPS (a context with an admin key, the CA pinned)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from click.testing import CliRunner, Result
 from llmgw.cli.main import main
 from llmgw.cli.output import size
 from llmgw.wire import ModelFile
-from llmgwd.api.access import peercred_auth
+from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
@@ -28,6 +29,7 @@ from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
 from llmgwd.mirror.snapshot import Snapshot
 from llmgwd.store.sqlite import SqliteStore
+from tests.llmgw.https_site import ADMIN_SECRET, WithAdmin, add_context, make_tls, start_tls_site
 
 GGUF = Path(__file__).resolve().parents[1] / "llmgwd/gguf/smollm2-135m-instruct-q4_1.copied.gguf"
 UP_REPO, COMMIT = "up/tiny", hashlib.sha1(b"up").hexdigest()
@@ -61,11 +63,13 @@ async def slow(request: web.Request, handler: Handler) -> web.StreamResponse:
 class Daemon:
     """llmgwd's API with a mirror, on a loop in a background thread."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, transport: str) -> None:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.socket = str(tmp / "d.sock")
         self.tmp = tmp
+        self.transport = transport
+        self.env = {"XDG_CONFIG_HOME": str(tmp / "config")}
 
     def run(self, coro: object) -> object:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)  # type: ignore[arg-type]
@@ -90,9 +94,26 @@ class Daemon:
             join_url="https://cp:7710",
             mirror=self.mirror,
         )
+        if self.transport == "https":
+            await self._start_https(ctx)
+            return
         self.runner = web.AppRunner(api_app(ctx, peercred_auth("llmgw")))
         await self.runner.setup()
         await web.UnixSite(self.runner, self.socket).start()
+
+    async def _start_https(self, ctx: ApiContext) -> None:
+        tls = make_tls(self.tmp)
+        app = api_app(ctx, key_auth(WithAdmin(self.catalog)))
+        self.runner, self.url = await start_tls_site(app, tls.server)
+        self.fingerprint = tls.fingerprint
+
+    def add_context(self) -> None:
+        """Over HTTPS, the commands' context (off the loop: the CLI's handshake needs it)."""
+        if self.transport == "https":
+            (self.tmp / "admin.key").write_text(ADMIN_SECRET)
+            add_context(self.tmp / "config", "test", self.url, "--ca-fingerprint",
+                        self.fingerprint, "--key-file", str(self.tmp / "admin.key"))  # fmt: skip
+            self.env["LLMGW_CONTEXT"] = "test"
 
     async def stop(self) -> None:
         await self.runner.cleanup()
@@ -101,7 +122,7 @@ class Daemon:
         await self.store.close()
 
     def cli(self, *args: str) -> Result:
-        return CliRunner().invoke(main, ["--socket", self.socket, *args])
+        return CliRunner().invoke(main, ["--socket", self.socket, *args], env=self.env)
 
 
 class NoNodes:
@@ -109,10 +130,11 @@ class NoNodes:
         return []
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path)
+@pytest.fixture(params=["socket", "https"])
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, request.param)
     d.run(d.start())
+    d.add_context()
     yield d
     d.run(d.stop())
     d.loop.call_soon_threadsafe(d.loop.stop)
@@ -150,6 +172,7 @@ def test_import_then_add_then_sweep_and_remove(daemon: Daemon, tmp_path: Path) -
     assert status["files_held"] == 1  # the notes, until a sweep
 
 
+@pytest.mark.parametrize("daemon", ["socket"], indirect=True)  # the route itself, once
 def test_an_upload_that_does_not_check_is_refused(daemon: Daemon) -> None:
     sha = hashlib.sha256(b"what was hashed").hexdigest()
     import http.client

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -11,6 +12,8 @@ import msgspec
 
 from llmgw import ipc
 from llmgw.api_types import ErrorAnswer
+from llmgw.cli import contexts, https
+from llmgw.cli.session import session_key
 
 API = "/api/v1"
 T = TypeVar("T")
@@ -33,6 +36,12 @@ class Unreachable(click.ClickException):
     exit_code = EXIT_UNREACHABLE
 
 
+class PinRefused(click.ClickException):
+    """The server is not signed by the CA pinned for it: not the daemon meant."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
 class NotFound(click.ClickException):
     """The model, key or other thing named does not exist."""
 
@@ -46,9 +55,25 @@ class Settings:
     socket: str
     agent_socket: str
     timeout: float = ipc.DEFAULT_TIMEOUT_S
+    context: str | None = None  # --context or $LLMGW_CONTEXT; None: the current one, if any
+
+    def remote(self) -> https.Remote | None:
+        """The control plane the context names, over HTTPS; None for the local socket."""
+        try:
+            chosen = contexts.chosen(self.context)
+            if chosen is None:
+                return None
+            return contexts.remote(chosen, session_key(chosen.url))
+        except contexts.ContextError as e:
+            raise Refused(str(e)) from None
 
 
 pass_settings = click.make_pass_decorator(Settings)
+
+
+def local(settings: Settings) -> Settings:
+    """settings for this host's own llmgwd, whatever the context (its Unix socket)."""
+    return dataclasses.replace(settings, context=contexts.LOCAL)
 
 
 def api_path(*parts: str) -> str:
@@ -75,14 +100,21 @@ def decoded(answer: Any, kind: type[T]) -> T:
 def call(
     settings: Settings, method: str, path: str, body: object = None, *, agent: bool = False
 ) -> Any:
-    """One API call; a refusal, an unknown name or an unreachable daemon ends the command."""
+    """One API call, over the local socket or the context's HTTPS (the agent's: always its
+    local socket); a refusal, an unknown name or an unreachable daemon ends the command."""
+    remote = None if agent else settings.remote()
     sock, daemon = (settings.agent_socket, "llmgw-agentd") if agent else (settings.socket, "llmgwd")
     try:
-        status, answer = ipc.request(
-            sock, method, path, body, daemon=daemon, timeout=settings.timeout
-        )
+        if remote is not None:
+            status, answer = https.request(remote, method, path, body, timeout=settings.timeout)
+        else:
+            status, answer = ipc.request(
+                sock, method, path, body, daemon=daemon, timeout=settings.timeout
+            )
     except ipc.IpcError as e:
         raise Unreachable(str(e)) from None
+    except https.PinMismatch as e:
+        raise PinRefused(str(e)) from None
     if status == 404:
         raise NotFound(error_message(answer, status))
     if status >= 400:

@@ -6,54 +6,17 @@ from __future__ import annotations
 import os
 import time
 import webbrowser
-from pathlib import Path
 
 import click
-import msgspec
 
 from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
 from llmgw.cli.common import Refused, decoded
 from llmgw.cli.login_device import device_sign_in
 from llmgw.cli.login_flow import Catcher, Request
 from llmgw.cli.login_http import call
+from llmgw.cli.session import SavedSession, save_session
 
 WAIT_S = 300.0  # how long the person has to sign in
-
-
-class SavedSession(msgspec.Struct, kw_only=True):
-    """What `llmgw login` keeps: the server it signed in to, the key, whose, until when."""
-
-    server: str
-    key: str
-    user: str
-    name: str
-    expires_at: float
-
-
-def session_path() -> Path:
-    """$XDG_CONFIG_HOME/llmgw/session.json (~/.config by default)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "llmgw" / "session.json"
-
-
-def save_session(session: SavedSession) -> Path:
-    """Write the session readable by its owner only (0600, in a 0700 dir)."""
-    path = session_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(msgspec.json.encode(session))
-    return path
-
-
-def load_session() -> SavedSession | None:
-    """The kept session, if any and not expired."""
-    try:
-        saved = msgspec.json.decode(session_path().read_bytes(), type=SavedSession)
-    except (OSError, msgspec.DecodeError):
-        return None
-    return saved if saved.expires_at > time.time() else None
 
 
 def open_browser(url: str) -> None:

@@ -8,6 +8,7 @@ import click
 
 from llmgw import config
 from llmgw.cli import (
+    context,
     key,
     level_limits,
     login,
@@ -46,16 +47,25 @@ from llmgw.cli.common import Settings
     show_default=True,
     help="llmgw-agentd's Unix socket (env LLMGW_AGENT_SOCKET).",
 )
+@click.option(
+    "--context",
+    "context_name",
+    envvar="LLMGW_CONTEXT",
+    metavar="NAME",
+    help="The control plane to talk to over HTTPS (env LLMGW_CONTEXT; see llmgw context).",
+)
 @click.version_option(package_name="llmgw")
 @click.pass_context
-def main(ctx: click.Context, socket_path: str, agent_socket: str) -> None:
+def main(ctx: click.Context, socket_path: str, agent_socket: str, context_name: str | None) -> None:
     """llmgw: run an on-premise, OpenAI-compatible LLM cluster.
 
     Commands talk to the local llmgwd (or llmgw-agentd) over its Unix socket, which
-    needs root or the llmgw group. Exit status: 0 done, 1 the daemon refused (its reason
-    on stderr), 2 usage error, 3 the daemon cannot be reached, 4 no such model or key.
+    needs root or the llmgw group, or, with a context (`llmgw context`), to a control
+    plane's /api/v1 over HTTPS with a key or the `llmgw login` session. Exit status: 0
+    done, 1 the daemon refused (its reason on stderr), 2 usage error, 3 the daemon cannot
+    be reached (or its certificate is not from the CA pinned for it), 4 no such model or key.
     """
-    ctx.obj = Settings(socket=socket_path, agent_socket=agent_socket)
+    ctx.obj = Settings(socket=socket_path, agent_socket=agent_socket, context=context_name)
 
 
 def old_name(command: click.Command, name: str) -> click.Command:
@@ -82,6 +92,7 @@ main.add_command(level_limits.limits)
 main.add_command(org.org)
 main.add_command(user.user)
 main.add_command(login.login)
+main.add_command(context.context)
 main.add_command(usage.usage)
 main.add_command(mirror.mirror)
 main.add_command(slurm.slurm)

@@ -22,6 +22,7 @@ from llmgw.api_types import (
     SweepIn,
     SweepOut,
 )
+from llmgw.cli import https
 from llmgw.cli.common import (
     API,
     Refused,
@@ -92,15 +93,17 @@ def _hash(path: Path) -> tuple[int, str, str]:
 
 
 def _upload(settings: Settings, path: Path, sha: str, n: int) -> None:
-    conn = ipc.UnixHTTPConnection(settings.socket, max(settings.timeout, 600.0))
+    remote, timeout = settings.remote(), max(settings.timeout, 600.0)
+    conn: http.client.HTTPConnection = (
+        https.connection(remote, timeout)
+        if remote
+        else ipc.UnixHTTPConnection(settings.socket, timeout)
+    )
+    headers = {"Content-Length": str(n), "Accept": "application/json"}
+    headers |= https.auth_headers(remote) if remote else {}
     try:
         with open(path, "rb") as f:
-            conn.request(
-                "PUT",
-                f"{API}/mirror/uploads/{sha}",
-                body=f,
-                headers={"Content-Length": str(n), "Accept": "application/json"},
-            )
+            conn.request("PUT", f"{API}/mirror/uploads/{sha}", body=f, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
     except OSError as e:

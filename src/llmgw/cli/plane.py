@@ -13,7 +13,16 @@ import click
 
 from llmgw import config, ipc
 from llmgw.api_types import SlurmSettingsIn, StatusView
-from llmgw.cli.common import API, Refused, Settings, Unreachable, call, decoded, pass_settings
+from llmgw.cli.common import (
+    API,
+    Refused,
+    Settings,
+    Unreachable,
+    call,
+    decoded,
+    local,
+    pass_settings,
+)
 from llmgw.cli.node import echo_join_command
 from llmgw.cli.output import echo_json, json_option
 
@@ -168,6 +177,7 @@ def init(
     """
     if advertise is not None and not advertise.startswith("https://"):
         raise click.BadParameter("must be https://HOST:PORT", param_hint="--advertise")
+    settings = local(settings)  # this host's llmgwd, whatever the context
     cfg = config.ServerConfig(state_dir=str(state_dir), socket=settings.socket)
     cfg.cluster.advertise = advertise or default_advertise(cfg.cluster.listen)
     write_config(config_path, cfg, force)

@@ -7,7 +7,16 @@ import subprocess
 import click
 
 from llmgw.api_types import PlaneRemoved, PlaneTokenIn, PlaneView, RemoveIn, TokenView
-from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
+from llmgw.cli.common import (
+    API,
+    Refused,
+    Settings,
+    api_path,
+    call,
+    decoded,
+    local,
+    pass_settings,
+)
 from llmgw.cli.output import Listing, echo_json, json_option, listing_options
 
 UNITS = ("llmgwd.service", "llmgw-etcd.service")
@@ -62,7 +71,7 @@ def leave(settings: Settings, force: bool, keep_running: bool, as_json: bool) ->
     Refused for the last member, and (without --force) when the members left would not
     have a quorum of healthy members.
     """
-    answer = call(settings, "POST", f"{API}/planes/leave", RemoveIn(force=force))
+    answer = call(local(settings), "POST", f"{API}/planes/leave", RemoveIn(force=force))
     if not keep_running:
         _stop_units()
     if as_json:

@@ -1,0 +1,152 @@
+"""The CLI's HTTPS transport to a control plane's client port: TLS trusting the context's
+pinned CA only (or the system's CAs when none is pinned), the key as a bearer token."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from llmgw import ipc, pki
+
+_ENCODING_DER = 2  # _ssl.ENCODING_DER, for the private chain's certificates
+
+
+class PinMismatch(Exception):
+    """The server's CA is not the pinned one; the message names both fingerprints."""
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """Where and as whom a context's commands go: never printed (it holds the key)."""
+
+    url: str  # https://HOST:PORT
+    ca_pem: bytes | None = None  # the pinned CA; None: the system's trusted CAs
+    key: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Remote(url={self.url!r})"
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or 443
+
+
+def tls_context(ca_pem: bytes | None) -> ssl.SSLContext:
+    """A verifying client context: only ca_pem as trust anchor, or the system's CAs."""
+    if ca_pem is None:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cadata=ca_pem.decode())
+
+
+def offered_chain(url: str, timeout: float = ipc.DEFAULT_TIMEOUT_S) -> list[bytes]:
+    """The certificates (DER) the server at url sends in its handshake, unverified: only to
+    be matched against a fingerprint the person gave, never trusted as they come."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    host, port = _address(url)
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            ctx.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            return _chain(tls)
+    except (OSError, ssl.SSLError) as e:
+        raise ipc.IpcError(f"cannot reach {url}: {e.strerror or e}") from None
+
+
+def _chain(tls: ssl.SSLSocket) -> list[bytes]:
+    public = getattr(tls, "get_unverified_chain", None)  # Python 3.13
+    if public is not None:
+        return list(public())
+    # Python 3.10-3.12 have it on the private object only.
+    certs: list[Any] = tls._sslobj.get_unverified_chain() or []  # type: ignore[attr-defined]
+    return [c.public_bytes(_ENCODING_DER) for c in certs]
+
+
+def fingerprint(der: bytes) -> str:
+    """sha256 of a certificate's DER, lowercase hex (what pki.ca_fingerprint gives)."""
+    return hashlib.sha256(der).hexdigest()
+
+
+def pinned_ca(url: str, pin: str) -> bytes:
+    """The CA certificate (PEM) in the server's chain whose fingerprint is pin, or PinMismatch
+    naming what the server offers."""
+    chain = offered_chain(url)
+    for der in chain:
+        if fingerprint(der) == pin:
+            pem = ssl.DER_cert_to_PEM_cert(der).encode()
+            try:
+                pki.check_ca(pem)
+            except pki.PKIError as e:
+                raise PinMismatch(f"the certificate sha256 {pin} at {url}: {e}") from None
+            return pem
+    offered = fingerprint(chain[-1]) if chain else "none"
+    raise PinMismatch(
+        f"the server at {url} offers sha256 {offered} (its chain's last certificate), not "
+        f"the pinned CA sha256 {pin} (a server that does not send its CA: give it with --ca-file)"
+    )
+
+
+def _mismatch(remote: Remote) -> PinMismatch:
+    if remote.ca_pem:
+        trusted = f"the pinned CA sha256 {pki.ca_fingerprint(remote.ca_pem)}"
+    else:
+        trusted = "a CA this system trusts (pin one: llmgw context add --ca-fingerprint)"
+    try:
+        chain = offered_chain(remote.url)
+        offered = fingerprint(chain[-1]) if chain else "none"
+    except ipc.IpcError:
+        offered = "unknown"
+    return PinMismatch(
+        f"the server at {remote.url} is not signed by {trusted}; "
+        f"it offers sha256 {offered} (its chain's last certificate)"
+    )
+
+
+def connection(remote: Remote, timeout: float) -> http.client.HTTPSConnection:
+    """A connection to remote that trusts its pinned CA only (or the system's CAs)."""
+    host, port = _address(remote.url)
+    return http.client.HTTPSConnection(
+        host, port, timeout=timeout, context=tls_context(remote.ca_pem)
+    )
+
+
+def auth_headers(remote: Remote) -> dict[str, str]:
+    """The Authorization header of remote's key, if it has one."""
+    return {"Authorization": f"Bearer {remote.key}"} if remote.key else {}
+
+
+def request(
+    remote: Remote, method: str, path: str, body: object = None, *,
+    timeout: float = ipc.DEFAULT_TIMEOUT_S,
+) -> tuple[int, Any]:  # fmt: skip
+    """One request to remote; the HTTP status and the decoded JSON answer (None if empty).
+    IpcError when it cannot be reached, PinMismatch when its certificate is not the CA's."""
+    conn = connection(remote, timeout)
+    headers = {"Accept": "application/json", **auth_headers(remote)}
+    payload = None if body is None else msgspec.json.encode(body)
+    if payload is not None:
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=payload, headers=headers)
+        resp = conn.getresponse()
+        status, raw = resp.status, resp.read()
+    except ssl.SSLCertVerificationError:
+        raise _mismatch(remote) from None
+    except (OSError, http.client.HTTPException) as e:
+        why = getattr(e, "strerror", None) or e or type(e).__name__
+        raise ipc.IpcError(f"cannot reach llmgwd at {remote.url}: {why}") from None
+    finally:
+        conn.close()
+    try:
+        return status, msgspec.json.decode(raw) if raw else None
+    except msgspec.DecodeError:
+        raise ipc.IpcError(f"{remote.url} answered {status} with a body not JSON") from None

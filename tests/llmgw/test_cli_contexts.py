@@ -1,0 +1,118 @@
+"""`llmgw context` and the CLI over HTTPS: the CA pinned by its fingerprint, the key from a
+file, $LLMGW_API_KEY or the `llmgw login` session, a role's refusal shown as over the socket."""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from llmgw import pki
+from llmgw.cli.main import main
+from llmgw.cli.session import SavedSession, save_session
+from llmgwd.catalog import KeyOwner
+from tests.llmgw.https_site import ADMIN_SECRET, add_context
+from tests.llmgw.test_cli import Daemon, daemon  # noqa: F401 (daemon: a fixture)
+
+over_https = pytest.mark.parametrize("daemon", ["https"], indirect=True)
+
+
+def _as(daemon: Daemon, context: str, *args: str, **env: str) -> Result:  # noqa: F811
+    return CliRunner().invoke(main, ["--context", context, *args], env={**daemon.env, **env})
+
+
+def _pin(daemon: Daemon) -> str:  # noqa: F811
+    listed = json.loads(daemon.cli("context", "list", "--json").stdout)
+    [test] = [c for c in listed if c["name"] == "test"]
+    assert (test["url"], test["current"]) == (daemon.url, False)
+    return str(test["ca_fingerprint"])
+
+
+@over_https
+def test_a_wrong_fingerprint_is_refused_naming_both(daemon: Daemon) -> None:  # noqa: F811
+    pin = _pin(daemon)
+    wrong = "ab" * 32
+    r = daemon.cli("context", "add", "evil", daemon.url, "--ca-fingerprint", wrong)
+    assert r.exit_code == 3
+    assert f"offers sha256 {pin}" in r.stderr and f"not the pinned CA sha256 {wrong}" in r.stderr
+    assert "nothing saved" in r.stderr
+    assert [c["name"] for c in json.loads(daemon.cli("context", "list", "--json").stdout)] == [
+        "test"
+    ]
+
+
+@over_https
+def test_a_server_of_another_ca_is_refused_at_each_command(
+    daemon: Daemon,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    other = pki.make_ca("other")
+    (tmp_path / "other.pem").write_bytes(other.cert_pem)
+    add_context(tmp_path / "config", "other", daemon.url, "--ca-file", str(tmp_path / "other.pem"))
+    r = _as(daemon, "other", "models")
+    assert r.exit_code == 3
+    assert f"not signed by the pinned CA sha256 {pki.ca_fingerprint(other.cert_pem)}" in r.stderr
+    assert f"it offers sha256 {_pin(daemon)}" in r.stderr
+    r = daemon.cli("context", "add", "x", daemon.url, "--ca-file", str(tmp_path / "other.pem"),
+                   "--ca-fingerprint", "cd" * 32)  # fmt: skip
+    assert r.exit_code == 3 and f"not the pinned sha256 {'cd' * 32}" in r.stderr
+
+
+@over_https
+def test_a_viewer_signed_in_reads_and_gets_403_on_an_admin_command(
+    daemon: Daemon,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    made = json.loads(daemon.cli("user", "create", "vic", "--json").stdout)
+    assert daemon.cli("user", "staff", "vic", "viewer").exit_code == 0
+    daemon.run(daemon.catalog.load())  # as llmgwd's watch would: vic is an active user
+    _, secret = daemon.run(
+        daemon.catalog.create_key("vic-session", owner=KeyOwner(user=made["id"]))
+    )
+    add_context(tmp_path / "config", "vic", daemon.url, "--ca-fingerprint", _pin(daemon))
+    r = _as(daemon, "vic", "key", "list")
+    assert r.exit_code == 1 and "an API key is needed" in r.stderr  # not signed in yet
+
+    session = SavedSession(server=daemon.url, key=secret, user=made["id"], name="vic",
+                           expires_at=time.time() + 600)  # fmt: skip
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CONFIG_HOME", daemon.env["XDG_CONFIG_HOME"])
+        path = save_session(session)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    r = _as(daemon, "vic", "key", "list")
+    assert r.exit_code == 0, r.output
+    assert "vic-session" in r.stdout
+    r = _as(daemon, "vic", "key", "create", "mine")
+    assert r.exit_code == 1
+    assert "may not POST /api/v1/keys" in r.stderr
+    [only] = daemon.catalog.keys()
+    assert only.name == "vic-session"
+    r = _as(daemon, "vic", "key", "create", "mine", LLMGW_API_KEY=ADMIN_SECRET)
+    assert r.exit_code == 0, r.output  # the key in the environment comes first
+
+
+@over_https
+def test_contexts_are_chosen_kept_0600_and_removed(daemon: Daemon, tmp_path: Path) -> None:  # noqa: F811
+    config = tmp_path / "config" / "llmgw" / "contexts.yaml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    local = {k: v for k, v in daemon.env.items() if k != "LLMGW_CONTEXT"}
+    r = CliRunner().invoke(main, ["--socket", str(tmp_path / "none.sock"), "models"], env=local)
+    assert r.exit_code == 3 and "none.sock" in r.stderr  # no context: the local socket
+    assert CliRunner().invoke(main, ["context", "use", "test"], env=local).exit_code == 0
+    r = CliRunner().invoke(main, ["--socket", str(tmp_path / "none.sock"), "models"], env=local)
+    assert r.exit_code == 0 and "No models yet" in r.stdout
+    assert json.loads(daemon.cli("context", "list", "--json").stdout)[0]["current"] is True
+    r = CliRunner().invoke(main, ["--socket", str(tmp_path / "none.sock"), "--context", "local",
+                                  "models"], env=local)  # fmt: skip
+    assert r.exit_code == 3
+    assert daemon.cli("--context", "nope", "models").exit_code == 1
+    r = CliRunner().invoke(main, ["context", "remove", "test"], env=local)
+    assert r.exit_code == 0
+    r = CliRunner().invoke(main, ["context", "list"], env=local)
+    assert "No contexts" in r.stdout
+    r = CliRunner().invoke(main, ["context", "add", "x", "http://cp:7700"], env=local)
+    assert r.exit_code == 2
