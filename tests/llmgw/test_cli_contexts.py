@@ -1,21 +1,28 @@
 """`llmgw context` and the CLI over HTTPS: the CA pinned by its fingerprint, the key from a
-file, $LLMGW_API_KEY or the `llmgw login` session, a role's refusal shown as over the socket."""
+file, $LLMGW_API_KEY or the `llmgw login` session (signed in at the context, its CA pinned),
+a role's refusal shown as over the socket."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
+import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
+from aiohttp import web
 from click.testing import CliRunner, Result
 
 from llmgw import pki
+from llmgw.api_types import DeviceAuthorization, LoginAnswer
+from llmgw.cli import login_device
 from llmgw.cli.main import main
 from llmgw.cli.session import SavedSession, save_session
 from llmgwd.catalog import KeyOwner
-from tests.llmgw.https_site import ADMIN_SECRET, add_context
+from tests.llmgw.https_site import ADMIN_SECRET, add_context, make_tls, start_tls_site
 from tests.llmgw.test_cli import Daemon, daemon  # noqa: F401 (daemon: a fixture)
 
 over_https = pytest.mark.parametrize("daemon", ["https"], indirect=True)
@@ -116,3 +123,50 @@ def test_contexts_are_chosen_kept_0600_and_removed(daemon: Daemon, tmp_path: Pat
     assert "No contexts" in r.stdout
     r = CliRunner().invoke(main, ["context", "add", "x", "http://cp:7700"], env=local)
     assert r.exit_code == 2
+
+
+def _device_login_app() -> web.Application:
+    """The client port's two device sign-in routes, answering a session at once."""
+    auth = DeviceAuthorization(device_code="d", user_code="ABCD-EFGH", expires_in=60,
+                               interval=1, verification_uri="https://idp/d")  # fmt: skip
+    signed_in = LoginAnswer(user="u1", name="ann", key="sk-llmgw-session", expires_at=4e9)
+
+    async def start(_r: web.Request) -> web.Response:
+        return web.json_response(msgspec.to_builtins(auth))
+
+    async def token(_r: web.Request) -> web.Response:
+        return web.json_response(msgspec.to_builtins(signed_in))
+
+    app = web.Application()
+    app.router.add_post("/api/v1/login/device", start)
+    app.router.add_post("/api/v1/login/device/token", token)
+    return app
+
+
+def test_login_signs_in_at_the_context_trusting_its_pinned_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(login_device, "pause", lambda _s: None)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    tls = make_tls(tmp_path)
+    start = start_tls_site(_device_login_app(), tls.server)
+    runner, url = asyncio.run_coroutine_threadsafe(start, loop).result(10)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    try:
+        r = CliRunner().invoke(main, ["login", "--device", "--server", url], env=env)
+        assert r.exit_code == 3 and "CERTIFICATE_VERIFY_FAILED" in r.stderr  # no CA pinned
+        add_context(tmp_path / "config", "gw", url, "--ca-fingerprint", tls.fingerprint)
+        r = CliRunner().invoke(main, ["--context", "gw", "login", "--device"], env=env)
+        assert r.exit_code == 0, r.output
+        assert "signed in as ann" in r.stdout
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    saved = json.loads((tmp_path / "config" / "llmgw" / "session.json").read_bytes())
+    assert (saved["server"], saved["key"]) == (url, "sk-llmgw-session")
+    r = CliRunner().invoke(main, ["login", "--device"], env=env)
+    assert r.exit_code == 2 and "give --server URL, or use a context" in r.stderr

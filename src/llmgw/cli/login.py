@@ -4,13 +4,15 @@ the session's key is kept in the user's config dir (0600) for the commands that 
 from __future__ import annotations
 
 import os
+import ssl
 import time
 import webbrowser
 
 import click
 
 from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
-from llmgw.cli.common import Refused, decoded
+from llmgw.cli import contexts, https
+from llmgw.cli.common import Refused, Settings, decoded, pass_settings
 from llmgw.cli.login_device import device_sign_in
 from llmgw.cli.login_flow import Catcher, Request
 from llmgw.cli.login_http import call
@@ -24,9 +26,9 @@ def open_browser(url: str) -> None:
     webbrowser.open(url)
 
 
-def _sign_in(server: str, browser: bool) -> LoginAnswer:
+def _sign_in(server: str, browser: bool, tls: ssl.SSLContext | None) -> LoginAnswer:
     login = server + "/api/v1/login/oidc"
-    info = decoded(call("GET", login), OidcInfo)
+    info = decoded(call("GET", login, tls=tls), OidcInfo)
     catcher = Catcher()
     req = Request(info=info, redirect_uri=catcher.redirect_uri)
     click.echo(f"Sign in with {info.issuer} by opening:\n\n  {req.url()}\n")
@@ -47,15 +49,36 @@ def _sign_in(server: str, browser: bool) -> LoginAnswer:
         code_verifier=req.verifier,
         redirect_uri=req.redirect_uri,
     )
-    return decoded(call("POST", login, body), LoginAnswer)
+    return decoded(call("POST", login, body, tls=tls), LoginAnswer)
+
+
+def _server(settings: Settings, server: str | None) -> tuple[str, ssl.SSLContext | None]:
+    """Where to sign in, --server else the context's URL, and whom to trust there: the
+    context's pinned CA if it is the context's URL, else the system's CAs."""
+    try:
+        chosen = contexts.chosen(settings.context)
+    except contexts.ContextError as e:
+        if server is None:
+            raise Refused(str(e)) from None
+        chosen = None
+    if server is None:
+        if chosen is None:
+            raise click.UsageError("no server: give --server URL, or use a context (llmgw context)")
+        server = chosen.url
+    server = server.rstrip("/")
+    if not server.startswith(("https://", "http://")):
+        raise click.BadParameter("must be an http(s):// URL", param_hint="--server")
+    if chosen is not None and chosen.url == server and chosen.ca_pem:
+        return server, https.tls_context(chosen.ca_pem.encode())
+    return server, None
 
 
 @click.command()
 @click.option(
     "--server",
     envvar="LLMGW_SERVER",
-    required=True,
-    help="The cluster's client port, https://HOST:7700 (or $LLMGW_SERVER).",
+    help="The cluster's client port, https://HOST:7700 (or $LLMGW_SERVER) [default: the "
+    "context's, its CA pinned].",
 )
 @click.option("--no-browser", is_flag=True, help="Print the sign-in URL only; open no browser.")
 @click.option(
@@ -63,7 +86,8 @@ def _sign_in(server: str, browser: bool) -> LoginAnswer:
     is_flag=True,
     help="Sign in with a user code confirmed on any device (no browser or redirect here).",
 )
-def login(server: str, no_browser: bool, device: bool) -> None:
+@pass_settings
+def login(settings: Settings, server: str | None, no_browser: bool, device: bool) -> None:
     """Sign in with the site's identity provider (OpenID Connect); the session's key is kept
     in ~/.config/llmgw/session.json (0600) until it ends (the server's oidc.session_ttl_s).
 
@@ -73,11 +97,10 @@ def login(server: str, no_browser: bool, device: bool) -> None:
     --device: llmgw prints a page and a user code, the person confirms the code there on any
     device, and llmgw waits, polling the server as often as it says (the device
     authorization grant); it is never chosen on its own. Either way the server, not llmgw,
-    holds the client secret and checks the ID token."""
-    server = server.rstrip("/")
-    if not server.startswith(("https://", "http://")):
-        raise click.BadParameter("must be an http(s):// URL", param_hint="--server")
-    answer = device_sign_in(server) if device else _sign_in(server, not no_browser)
+    holds the client secret and checks the ID token. Every command over a context with this
+    URL then sends the session's key (unless $LLMGW_API_KEY or the context's key file)."""
+    server, tls = _server(settings, server)
+    answer = device_sign_in(server, tls) if device else _sign_in(server, not no_browser, tls)
     saved = SavedSession(
         server=server,
         key=answer.key,

@@ -5,6 +5,7 @@ any device, and this waits as long as llmgwd says between polls."""
 from __future__ import annotations
 
 import secrets
+import ssl
 import time
 
 import click
@@ -38,18 +39,19 @@ def show_code(auth: DeviceAuthorization) -> None:
         click.echo(f"(or open {auth.verification_uri_complete})\n")
 
 
-def device_sign_in(server: str) -> LoginAnswer:
-    """Show the user code and where to confirm it; poll until signed in, refused or expired."""
+def device_sign_in(server: str, tls: ssl.SSLContext | None = None) -> LoginAnswer:
+    """Show the user code and where to confirm it; poll until signed in, refused or expired
+    (tls: whom to trust at server, None for the system's CAs)."""
     nonce = secrets.token_urlsafe(24)
     url = server + "/api/v1/login/device"
-    auth = decoded(call("POST", url, DeviceStart(nonce=nonce)), DeviceAuthorization)
+    auth = decoded(call("POST", url, DeviceStart(nonce=nonce), tls=tls), DeviceAuthorization)
     show_code(auth)
     interval = auth.interval
     deadline = time.monotonic() + auth.expires_in + GRACE_S
     while time.monotonic() < deadline:
         pause(interval)
         poll = DevicePoll(device_code=auth.device_code, nonce=nonce, interval=interval)
-        answer = call("POST", url + "/token", poll)
+        answer = call("POST", url + "/token", poll, tls=tls)
         if decoded(answer, _Polled).status is None:
             return decoded(answer, LoginAnswer)
         interval = decoded(answer, DevicePending).interval
