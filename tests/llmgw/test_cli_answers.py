@@ -68,9 +68,9 @@ COMMANDS = [
     ["org", "show", "acme"],
     ["org", "delete", "acme", "--yes"],
     ["org", "team", "acme", "ml"],
-    ["org", "team", "acme", "ml", "--delete"],
+    ["org", "team", "acme", "ml", "--delete", "--yes"],
     ["org", "project", "acme", "chat"],
-    ["org", "project", "acme", "chat", "--delete"],
+    ["org", "project", "acme", "chat", "--delete", "--yes"],
     ["org", "member", "acme", "ann", "member", "--team", "ml"],
     ["org", "unmember", "acme", "ann"],
 ]

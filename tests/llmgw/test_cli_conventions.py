@@ -138,6 +138,17 @@ DELETES = [
 ]
 
 
+def test_a_team_or_project_deleted_asks_first(cluster: Cluster) -> None:
+    cluster.ok("org", "team", "acme", "ml")
+    cluster.ok("org", "project", "acme", "chat")
+    for kind, name in (("project", "chat"), ("team", "ml")):
+        r = cluster.cli("org", kind, "acme", name, "--delete")
+        assert r.exit_code == 2 and "give --yes to do it" in r.stderr
+        assert name in cluster.ok("org", "show", "acme")
+        assert cluster.cli("org", kind, "acme", name, "--delete", "-y").exit_code == 0
+        assert name not in cluster.ok("org", "show", "acme")
+
+
 def _names(cluster: Cluster, listing: list[str]) -> list[str]:
     return [item["name"] for item in json.loads(cluster.ok(*listing, "--json"))]
 

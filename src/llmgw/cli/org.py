@@ -115,10 +115,13 @@ def delete(settings: Settings, name: str, yes: bool) -> None:
 @click.argument("org_name", metavar="ORG", shell_complete=complete.orgs)
 @click.argument("name")
 @click.option("--delete", "remove", is_flag=True, help="Delete the team instead.")
+@yes_option
 @pass_settings
-def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
-    """Make the team NAME in ORG (or, with --delete, delete it)."""
+def team(settings: Settings, org_name: str, name: str, remove: bool, yes: bool) -> None:
+    """Make the team NAME in ORG (or, with --delete, delete it with its memberships, limits
+    and models: it asks first, unless --yes)."""
     if remove:
+        confirm(yes, f"Deleting team {org_name}/{name} deletes its memberships and limits")
         answer = call(settings, "DELETE", api_path("orgs", org_name, "teams", name))
         click.echo(f"Team {org_name}/{decoded(answer, Deleted).name} deleted.")
         return
@@ -132,10 +135,15 @@ def team(settings: Settings, org_name: str, name: str, remove: bool) -> None:
 @click.argument("name")
 @click.option("--team", "team_name", default="", help="The team the project is in.")
 @click.option("--delete", "remove", is_flag=True, help="Delete the project instead.")
+@yes_option
 @pass_settings
-def project(settings: Settings, org_name: str, name: str, team_name: str, remove: bool) -> None:
-    """Make the project NAME in ORG (or, with --delete, delete it)."""
+def project(
+    settings: Settings, org_name: str, name: str, team_name: str, remove: bool, yes: bool
+) -> None:
+    """Make the project NAME in ORG (or, with --delete, delete it with its memberships,
+    limits and models: it asks first, unless --yes)."""
     if remove:
+        confirm(yes, f"Deleting project {org_name}/{name} deletes its memberships and limits")
         answer = call(settings, "DELETE", api_path("orgs", org_name, "projects", name))
         click.echo(f"Project {org_name}/{decoded(answer, Deleted).name} deleted.")
         return
