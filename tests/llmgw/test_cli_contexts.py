@@ -23,7 +23,7 @@ from llmgw.cli.main import main
 from llmgw.cli.session import SavedSession, save_session
 from llmgwd.catalog import KeyOwner
 from tests.llmgw.https_site import ADMIN_SECRET, add_context, make_tls, start_tls_site
-from tests.llmgw.test_cli import Daemon, daemon  # noqa: F401 (daemon: a fixture)
+from tests.llmgw.test_cli import Daemon, daemon, rows  # noqa: F401 (daemon: a fixture)
 
 over_https = pytest.mark.parametrize("daemon", ["https"], indirect=True)
 
@@ -35,7 +35,7 @@ def _as(daemon: Daemon, context: str, *args: str, **env: str) -> Result:  # noqa
 def _pin(daemon: Daemon) -> str:  # noqa: F811
     listed = json.loads(daemon.cli("context", "list", "--json").stdout)
     [test] = [c for c in listed if c["name"] == "test"]
-    assert (test["url"], test["current"]) == (daemon.url, False)
+    assert test["url"] == daemon.url
     return str(test["ca_fingerprint"])
 
 
@@ -113,6 +113,14 @@ def test_contexts_are_chosen_kept_0600_and_removed(daemon: Daemon, tmp_path: Pat
     r = CliRunner().invoke(main, ["--socket", str(tmp_path / "none.sock"), "models"], env=local)
     assert r.exit_code == 0 and "No models yet" in r.stdout
     assert json.loads(daemon.cli("context", "list", "--json").stdout)[0]["current"] is True
+    pin, key_file = _pin(daemon), str(tmp_path / "admin.key")
+    assert rows(daemon.cli("context", "list").stdout) == [
+        ["CURRENT", "NAME", "URL", "CA", "KEY"],
+        ["*", "test", daemon.url, pin[:16], key_file],
+    ]
+    assert rows(daemon.cli("context", "list", "-o", "wide", "--no-headers").stdout) == [
+        ["*", "test", daemon.url, pin[:16], key_file, pin]
+    ]
     r = CliRunner().invoke(main, ["--socket", str(tmp_path / "none.sock"), "--context", "local",
                                   "models"], env=local)  # fmt: skip
     assert r.exit_code == 3

@@ -12,7 +12,7 @@ import click
 from llmgw import ipc, pki
 from llmgw.cli import contexts, https
 from llmgw.cli.common import PinRefused, Refused, Unreachable
-from llmgw.cli.output import echo_json, echo_table, json_option
+from llmgw.cli.output import Listing, listing_options
 
 
 def _url(url: str) -> str:
@@ -124,39 +124,24 @@ def use(name: str) -> None:
 
 
 @context.command("list")
-@json_option
-def list_(as_json: bool) -> None:
-    """List the contexts; * marks the one in use."""
+@listing_options
+def list_(out: Listing) -> None:
+    """List the contexts; * marks the one in use (-o wide: the CA's whole fingerprint)."""
     kept = _loaded()
-    if as_json:
-        echo_json(
-            [
-                {
-                    "name": c.name,
-                    "url": c.url,
-                    "ca_fingerprint": c.ca_fingerprint,
-                    "key_file": c.key_file,
-                    "current": c.name == kept.current,
-                }
-                for c in kept.contexts
-            ]
-        )
+    listed = [
+        {"name": c.name, "url": c.url, "ca_fingerprint": c.ca_fingerprint,
+         "key_file": c.key_file, "current": c.name == kept.current}
+        for c in kept.contexts
+    ]  # fmt: skip
+    if out.raw(listed):
         return
     rows = [
-        [
-            "*" if c.name == kept.current else "",
-            c.name,
-            c.url,
-            c.ca_fingerprint[:16] or "system",
-            c.key_file or "login session",
-        ]
+        ["*" if c.name == kept.current else "", c.name, c.url, c.ca_fingerprint[:16] or "system",
+         c.key_file or "login session", c.ca_fingerprint or "-"]
         for c in kept.contexts
-    ]
-    echo_table(
-        ["CURRENT", "NAME", "URL", "CA", "KEY"],
-        rows,
-        "No contexts: commands use the local socket (llmgw context add NAME URL).",
-    )
+    ]  # fmt: skip
+    empty = "No contexts: commands use the local socket (llmgw context add NAME URL)."
+    out.table(["CURRENT", "NAME", "URL", "CA", "KEY", "CA SHA256"], rows, empty, shown=5)
 
 
 @context.command()
