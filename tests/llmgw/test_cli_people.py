@@ -17,14 +17,14 @@ from tests.llmgw.served_api import served_api
 from tests.llmgw.test_cli import JOIN_URL, FakeNodes
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
+@pytest.fixture(params=["socket", "https"])
+def cli(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Result]]:
     async def context(store: SqliteStore) -> ApiContext:
         return ApiContext(
             catalog=Catalog(store), nodes=FakeNodes(), mint_token=lambda: "t", join_url=JOIN_URL
         )
 
-    with served_api(str(tmp_path / "d.sock"), context) as run:
+    with served_api(str(tmp_path / "d.sock"), context, request.param) as run:
         yield run
 
 

@@ -28,8 +28,8 @@ STATUS = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
+@pytest.fixture(params=["socket", "https"])
+def cli(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Result]]:
     async def context(store: SqliteStore) -> ApiContext:
         for name in ("n1", "n2"):
             await Members(store).admit(name, "s-" + name)
@@ -42,7 +42,7 @@ def cli(tmp_path: Path) -> Iterator[Callable[..., Result]]:
             slurm_status=lambda: STATUS,
         )
 
-    with served_api(str(tmp_path / "d.sock"), context) as run:
+    with served_api(str(tmp_path / "d.sock"), context, request.param) as run:
         yield run
 
 
@@ -82,6 +82,7 @@ def test_lending_a_node_not_in_slurm_says_why(cli: Callable[..., Result]) -> Non
     assert "'n9' has not joined the cluster" in r.output
 
 
+@pytest.mark.parametrize("cli", ["socket"], indirect=True)  # this host's llmgwd, any context
 def test_plane_init_slurm_turns_slurm_on_with_this_host_as_controller(
     cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
