@@ -57,14 +57,16 @@ def make_tls(tmp_path: Path) -> Tls:
     return Tls(ca, server)
 
 
-async def start_tls_site(app: web.Application, tls: ssl.SSLContext) -> tuple[web.AppRunner, str]:
-    """Serve app on 127.0.0.1 (a free port) with TLS; the runner and https://127.0.0.1:PORT."""
+async def start_tls_site(
+    app: web.Application, tls: ssl.SSLContext, host: str = "127.0.0.1"
+) -> tuple[web.AppRunner, str]:
+    """Serve app on host (a free port) with TLS; the runner and https://HOST:PORT."""
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
+    site = web.TCPSite(runner, host, 0, ssl_context=tls)
     await site.start()
     port = runner.addresses[0][1]
-    return runner, f"https://127.0.0.1:{port}"
+    return runner, f"https://{host}:{port}"
 
 
 def add_context(config_home: Path, name: str, url: str, *options: str) -> None:

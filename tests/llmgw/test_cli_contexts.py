@@ -64,6 +64,13 @@ def test_a_server_of_another_ca_is_refused_at_each_command(
     assert r.exit_code == 3
     assert f"not signed by the pinned CA sha256 {pki.ca_fingerprint(other.cert_pem)}" in r.stderr
     assert f"it offers sha256 {_pin(daemon)}" in r.stderr
+    tls = make_tls(tmp_path)  # its certificate is for localhost and 127.0.0.1 only
+    runner, elsewhere = daemon.run(start_tls_site(web.Application(), tls.server, "127.0.0.2"))
+    add_context(tmp_path / "config", "name", elsewhere, "--ca-fingerprint", tls.fingerprint)
+    r = _as(daemon, "name", "models")
+    daemon.run(runner.cleanup())
+    assert r.exit_code == 3
+    assert "has a certificate not for 127.0.0.2" in r.stderr
     r = daemon.cli("context", "add", "x", daemon.url, "--ca-file", str(tmp_path / "other.pem"),
                    "--ca-fingerprint", "cd" * 32)  # fmt: skip
     assert r.exit_code == 3 and f"not the pinned sha256 {'cd' * 32}" in r.stderr

@@ -16,6 +16,7 @@ import msgspec
 from llmgw import ipc, pki
 
 _ENCODING_DER = 2  # _ssl.ENCODING_DER, for the private chain's certificates
+_NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
 
 
 class PinMismatch(Exception):
@@ -130,7 +131,7 @@ def request(
 ) -> tuple[int, Any]:  # fmt: skip
     """One request to remote; the HTTP status and the decoded JSON answer (None if empty).
     IpcError when it cannot be reached, PinMismatch when its certificate is not the CA's."""
-    conn = connection(remote, timeout)
+    conn, host = connection(remote, timeout), _address(remote.url)[0]
     headers = {"Accept": "application/json", **auth_headers(remote)}
     payload = None if body is None else msgspec.json.encode(body)
     if payload is not None:
@@ -139,7 +140,10 @@ def request(
         conn.request(method, path, body=payload, headers=headers)
         resp = conn.getresponse()
         status, raw = resp.status, resp.read()
-    except ssl.SSLCertVerificationError:
+    except ssl.SSLCertVerificationError as e:
+        if e.verify_code in _NAME_MISMATCH:  # the CA's certificate, for another name
+            named = f"the server at {remote.url} has a certificate not for {host}"
+            raise PinMismatch(f"{named} ({e.verify_message})") from None
         raise _mismatch(remote) from None
     except (OSError, http.client.HTTPException) as e:
         why = getattr(e, "strerror", None) or e or type(e).__name__
