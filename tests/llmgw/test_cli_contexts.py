@@ -40,7 +40,7 @@ def _pin(daemon: Daemon) -> str:  # noqa: F811
 
 
 @over_https
-def test_a_wrong_fingerprint_is_refused_naming_both(daemon: Daemon) -> None:  # noqa: F811
+def test_a_wrong_fingerprint_is_refused_naming_both(daemon: Daemon, tmp_path: Path) -> None:  # noqa: F811
     pin = _pin(daemon)
     wrong = "ab" * 32
     r = daemon.cli("context", "add", "evil", daemon.url, "--ca-fingerprint", wrong)
@@ -50,6 +50,10 @@ def test_a_wrong_fingerprint_is_refused_naming_both(daemon: Daemon) -> None:  # 
     assert [c["name"] for c in json.loads(daemon.cli("context", "list", "--json").stdout)] == [
         "test"
     ]
+    add_context(tmp_path / "config", "unpinned", daemon.url)  # the system's CAs: not this one
+    r = _as(daemon, "unpinned", "models")
+    assert r.exit_code == 3
+    assert "not signed by a CA this system trusts" in r.stderr and pin in r.stderr
 
 
 @over_https
