@@ -100,11 +100,11 @@ def test_an_admin_signs_in_and_sees_the_cluster(
 def test_the_model_stops_and_starts_from_its_forms(node: Node, admin_key: str, page: Page) -> None:
     sign_in(page, admin_key)
     page.goto(url("/console/models"))
-    page.get_by_role("button", name="Stop").click()
+    page.get_by_role("button", name="Stop", exact=True).click()
     assert page.get_by_role("status").inner_text().startswith("Done: POST")
     node.wait(lambda: node.model()["replicas"] == 0 and not node.engine_units(), "stopped")
     page.get_by_label("Replicas").fill("1")
-    page.get_by_role("button", name="Start").click()
+    page.get_by_role("button", name="Start", exact=True).click()
     assert "serve" in page.get_by_role("status").inner_text()
     node.wait_ready(1)
     page.reload()
@@ -165,7 +165,7 @@ def _serve_from_the_form(node: Node, admin_key: str, page: Page, shots: Path) ->
     assert shown == str(longest) and longest > 0  # the card's figure is the plan's
     shoot(page, "model-card", shots)
     page.locator("form.serve").get_by_label("Replicas").fill("1")
-    page.locator("form.serve").get_by_role("button", name="Start").click()
+    page.locator("form.serve").get_by_role("button", name="Start", exact=True).click()
     assert "serve" in page.get_by_role("status").inner_text()
     node.wait(lambda: node.model("smol2")["ready"] == 1, "smol2 ready", 180)
     page.reload()
@@ -177,10 +177,10 @@ def _serve_from_the_form(node: Node, admin_key: str, page: Page, shots: Path) ->
     assert "2048" in page.locator("dl").inner_text()  # the card shows it
     # a running replica keeps the context it was placed with: stopped and started again
     # from the card, it is placed at the new one
-    page.get_by_role("button", name="Stop").click()
+    page.get_by_role("button", name="Stop", exact=True).click()
     node.wait(lambda: not node.model("smol2")["replica_status"], "smol2 stopped")
     page.locator("form.serve").get_by_label("Replicas").fill("1")
-    page.locator("form.serve").get_by_role("button", name="Start").click()
+    page.locator("form.serve").get_by_role("button", name="Start", exact=True).click()
 
     def placed_at_2048() -> bool:
         placed = node.llmgw("model", "plan", "smol2", "--json")["profiles"][0]["placed"]
