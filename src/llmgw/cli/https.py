@@ -68,7 +68,8 @@ def _chain(tls: ssl.SSLSocket) -> list[bytes]:
     if public is not None:
         return list(public())
     # Python 3.10-3.12 have it on the private object only.
-    certs: list[Any] = tls._sslobj.get_unverified_chain() or []  # type: ignore[attr-defined]
+    sslobj: Any = tls._sslobj  # type: ignore[attr-defined]  # private before Python 3.13
+    certs: list[Any] = sslobj.get_unverified_chain() or []
     return [c.public_bytes(_ENCODING_DER) for c in certs]
 
 

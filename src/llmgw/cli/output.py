@@ -78,7 +78,7 @@ def listing_options(f: F) -> F:
         ),
     ):
         run = option(run)
-    return run  # type: ignore[return-value]
+    return run  # type: ignore[return-value]  # run takes options f lacks: no F says that
 
 
 class NotConfirmed(click.ClickException):
