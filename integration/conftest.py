@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 # The tests import integration.harness, whichever directory pytest was started from.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -169,3 +170,17 @@ def make_lan() -> Iterator[MakeLan]:
     finally:
         for lan in made:
             lan.destroy()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium driven by Playwright (executable_path: no browser download), one a
+    module, for the console's tests."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        _skip_or_fail("no chromium here: apt-get install chromium")
+        return
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield b
+        b.close()

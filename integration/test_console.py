@@ -5,14 +5,12 @@ naming no route refused."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from integration.conftest import _skip_or_fail
 from integration.harness import PrivateSystemd
 from integration.llmgw_node import MODEL, Node, gguf, llama_server, serving
 
@@ -29,18 +27,6 @@ def node(systemd: PrivateSystemd) -> Iterator[Node]:
 @pytest.fixture(scope="module")
 def admin_key(node: Node) -> str:
     return str(node.llmgw("key", "create", "console", "--admin", "--json")["key"])
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        _skip_or_fail("no chromium here: apt-get install chromium")
-        return
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from integration import axe
 from integration.conftest import _skip_or_fail
@@ -107,18 +107,6 @@ def served() -> Iterator[Served]:
     loop.call_soon_threadsafe(down.set)
     thread.join(30)
     loop.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        _skip_or_fail("no chromium here: apt-get install chromium")
-        return
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,12 @@ navigation; an answer of no sign-in begun here is the 400 page; deactivated, the
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from integration.conftest import _skip_or_fail
 from integration.harness import PrivateSystemd
 from integration.llmgw_node import Node, llama_server
 from tests.llmgwd.people import npm_oidc
@@ -59,18 +57,6 @@ def node(systemd: PrivateSystemd, issuer: str, secret_file: Path) -> Node:
     )
     n.llmgw("org", "create", "acme")
     return n
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        _skip_or_fail("no chromium here: apt-get install chromium")
-        return
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

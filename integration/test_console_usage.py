@@ -7,14 +7,12 @@ at 1280 and 390 pixels wide."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import threading
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from integration.conftest import _skip_or_fail
 from tests.llmgwd.console.console_site import Site
 from tests.llmgwd.console.test_usage_page import SINCE, serving
 
@@ -42,18 +40,6 @@ def site() -> Iterator[Site]:
     loop.call_soon_threadsafe(down.set)
     thread.join(30)
     loop.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        _skip_or_fail("no chromium here: apt-get install chromium")
-        return
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture
