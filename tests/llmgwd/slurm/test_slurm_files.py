@@ -48,6 +48,9 @@ def test_slurm_conf_lists_every_node_drained_and_is_the_same_whoever_is_lent() -
     assert "SlurmctldHost=cp1(10.0.0.9)" in lines
     assert "SlurmctldParameters=enable_configless" in lines
     assert "GresTypes=gpu" in lines and "ClusterName=llmgw" in lines
+    # Backfill looks every 10 s (a job its main pass left pending waits no longer).
+    assert "SchedulerType=sched/backfill" in lines
+    assert "SchedulerParameters=bf_interval=10" in lines
     n1 = next(x for x in lines if x.startswith("NodeName=n1 "))
     n2 = next(x for x in lines if x.startswith("NodeName=n2 "))
     assert "NodeAddr=10.0.0.1" in n1 and "State=DRAIN" in n1

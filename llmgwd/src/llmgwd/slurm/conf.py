@@ -13,6 +13,7 @@ from llmgwd.slurm.settings import SlurmSettings
 HARDWARE = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
 NOT_LENT = SLURM_NOT_LENT
 SRUN_PORTS = "60001-63000"
+BF_INTERVAL_S = 10  # backfill's pass, seconds (Slurm's default: 30)
 
 
 class SlurmNode(msgspec.Struct, frozen=True):
@@ -78,6 +79,9 @@ def _header(settings: SlurmSettings, controller_address: str, nodes: list[SlurmN
         "SelectTypeParameters=CR_Core_Memory",
         *([f"DefMemPerCPU={mem}"] if mem else []),
         "SchedulerType=sched/backfill",
+        # Without accounting storage, 23.11's main scheduler can leave a batch job pending
+        # InvalidAccount; backfill starts it on its next pass: every 10 s, not 30.
+        f"SchedulerParameters=bf_interval={BF_INTERVAL_S}",
         "MpiDefault=none",
         "MailProg=/bin/true",  # Debian ships no mail program: slurmctld says so otherwise
         "ReturnToService=2",
