@@ -12,7 +12,7 @@ from typing import Any
 
 import uvloop  # a dependency of both daemons, this module's only users
 
-from llmgw import log
+from llmgw import log, package_version
 from llmgw.config import C, ConfigError, load
 
 EX_CONFIG = 78  # sysexits.h: systemd and people see "bad config", not a crash
@@ -48,6 +48,9 @@ def run_daemon(
         "--config", type=Path, help=f"config file to read (default {default_config})"
     )
     parser.add_argument("--check", action="store_true", help="check the config and exit")
+    parser.add_argument(
+        "--version", action="version", version=f"{prog}, version {package_version()}"
+    )
     args = parser.parse_args(argv)
     path: Path = args.config or default_config
     try:

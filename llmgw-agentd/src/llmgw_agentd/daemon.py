@@ -7,14 +7,13 @@ import contextlib
 import logging
 import signal
 import socket
-from importlib.metadata import version
 from pathlib import Path
 
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from llmgw import entry, localsock, sdnotify, wire
+from llmgw import entry, localsock, package_version, sdnotify, wire
 from llmgw.config import AgentConfig
 from llmgw.errors import ErrorAnswer, ErrorBody
 from llmgw_agentd import dcgm, fwkeep, inventory, link, membw
@@ -168,7 +167,7 @@ class Agent:
             server,
             self.pki_dir,
             self.node,
-            version=version("llmgw-agentd"),
+            version=package_version(),
             inventory=self.inventory,
             replicas=self.replicas.statuses,
             on_desired=self._desired,

@@ -7,7 +7,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
@@ -15,7 +14,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
-from llmgw import wire
+from llmgw import package_version, wire
 from llmgw.api_types import NodeView, SlurmNodeView
 from llmgw.errors import API_V1, ApiError
 from llmgwd import auth
@@ -39,13 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
-
-
-def _own_version() -> str:
-    try:
-        return version("llmgwd")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 # The API's node (api_types.NodeView), under the name the handlers and tests know it by;
@@ -156,7 +148,7 @@ class ApiContext:
     join_url: str  # the cluster port's advertised URL, https://HOST:7710
     token_ttl_s: float = 3600.0
     name: str = "llmgw"
-    version: str = field(default_factory=_own_version)
+    version: str = field(default_factory=package_version)
     started_at: float = field(default_factory=time.time)
     usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts
     scheduling: Scheduling | None = None  # the reconciler; None: nothing is placed here
