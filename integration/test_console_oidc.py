@@ -2,13 +2,17 @@
 a real llmgwd under systemd and npm's oidc-provider (which requires PKCE and checks the redirect
 URI): an organization's admin signs in at the provider and lands on their organization's page,
 the session's cookie sent after the provider's cross-site redirect, with no staff page in the
-navigation; an answer of no sign-in begun here is the 400 page; deactivated, they are out."""
+navigation; there they make a project and a key of theirs through the forms, the key's secret
+shown once and working on /v1 and /api/v1; making an organization is a staff admin's form
+(POST /orgs: STAFF_ADMIN), drawn for one and not for an organization's admin; an answer of no
+sign-in begun here is the 400 page; deactivated, they are out."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page
 
@@ -38,6 +42,7 @@ def issuer(secret_file: Path) -> Iterator[str]:
     with npm_oidc.running(secret_file, redirect_uris=(CALLBACK,)) as url:
         claims = {"preferred_username": "ada", "email": "ada@acme.example"}
         npm_oidc.put_account(url, "ada-sub", claims | {"groups": ["acme-admins"]})
+        npm_oidc.put_account(url, "grace-sub", {"preferred_username": "grace", "groups": []})
         yield url
 
 
@@ -56,6 +61,8 @@ def node(systemd: PrivateSystemd, issuer: str, secret_file: Path) -> Node:
         ),
     )
     n.llmgw("org", "create", "acme")
+    n.llmgw("user", "create", "grace", "--external-id", "grace-sub")
+    n.llmgw("user", "staff", "grace", "admin")
     return n
 
 
@@ -118,3 +125,66 @@ def test_a_deactivated_user_is_out_of_the_console_at_once(
         assert page.url == CONSOLE + "/login"
     finally:
         node.llmgw("user", "set", "ada", "--active")
+
+
+def api(node: Node, path: str, key: str) -> httpx.Response:
+    """GET path on the client port with key as the bearer."""
+    url = f"http://127.0.0.1:{node.client_port}{path}"
+    return httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def test_an_org_admin_makes_a_project_and_a_key_shown_once_that_works(
+    node: Node, issuer: str, page: Page
+) -> None:
+    sign_in_at_provider(page, issuer, "ada-sub")
+    page.wait_for_url(CONSOLE + "/org/acme")
+    adding = page.locator("form", has=page.get_by_role("button", name="Add project"))
+    adding.get_by_label("Name").fill("lab")
+    adding.get_by_label("Title").fill("The lab")
+    adding.get_by_role("button", name="Add project").click()
+    page.wait_for_url(CONSOLE + "/org/acme")
+    lab = page.locator(".card", has=page.get_by_role("heading", name="The lab"))
+    assert "No keys." in lab.get_by_role("table", name="Keys of lab").inner_text()
+    making = lab.locator("form", has=page.get_by_role("button", name="Make my key"))
+    making.get_by_label("Key name").fill("ada-lab")
+    making.get_by_role("button", name="Make my key").click()
+    page.wait_for_url(CONSOLE + "/made")
+    assert page.get_by_role("heading", name="Key ada-lab made").is_visible()
+    secret = page.locator("#secret").inner_text().strip()
+    assert secret.startswith("sk-llmgw-") and len(secret) > 40
+    assert "acme/lab" in page.locator("main").inner_text()
+    r = page.reload()  # the form sent again: a 409, never a second secret or the first
+    assert r is not None and r.status == 409
+    assert secret not in page.content()
+    page.goto(CONSOLE + "/org/acme")
+    assert secret not in page.content()
+    keys = lab.get_by_role("table", name="Keys of lab").inner_text()
+    assert "ada-lab" in keys and "live" in keys
+    mine = api(node, "/api/v1/me/keys", secret)
+    assert mine.status_code == 200, mine.text
+    [made] = [k for k in mine.json() if k["name"] == "ada-lab"]
+    assert (made["org"], made["project"], made["revoked"]) == ("acme", "lab", False)
+    assert api(node, "/v1/models", secret).status_code == 200
+    assert api(node, "/v1/models", "sk-llmgw-" + "x" * 43).status_code == 401
+
+
+def test_an_organization_is_made_by_a_staff_admin_not_an_org_admin(
+    node: Node, issuer: str, page: Page
+) -> None:
+    sign_in_at_provider(page, issuer, "ada-sub")
+    page.wait_for_url(CONSOLE + "/org/acme")
+    page.goto(CONSOLE + "/people")
+    assert page.get_by_role("button", name="Add organization").count() == 0
+    page.context.clear_cookies()
+    sign_in_at_provider(page, issuer, "grace-sub")
+    page.wait_for_url(CONSOLE + "/")
+    page.goto(CONSOLE + "/people")
+    adding = page.locator("form", has=page.get_by_role("button", name="Add organization"))
+    adding.get_by_label("Name").fill("globex")
+    adding.get_by_label("Title").fill("Globex")
+    adding.get_by_role("button", name="Add organization").click()
+    page.wait_for_url(CONSOLE + "/people")
+    orgs = page.get_by_role("region", name="Organizations")
+    assert orgs.get_by_role("link", name="Globex").is_visible()
+    made = [o for o in node.llmgw("org", "list", "--json") if o["name"] == "globex"]
+    assert [o["title"] for o in made] == ["Globex"]
