@@ -44,6 +44,17 @@ async def test_an_agent_hears_no_part_before_the_leader_has_loaded_slurm(
     state.slurm_loaded()
     await eventually(lambda: told == [PART])
 
+    # No controller known (slurm/task.py): the node is told nothing, not "no part" (which
+    # would stop its slurmd); told again once there is something to tell.
+    state.slurm_untold("n1")
+    state.set_desired("n1", [])  # a Desired after it, to wait on
+    while await asyncio.wait_for(desired.get(), 5) != []:
+        pass
+    assert told == [PART]  # that Desired said pending: no "no part"
+    other = wire.SlurmPart(slurmd=True, conf_server="10.0.0.8:6817", conf_hash="h2")
+    state.set_slurm("n1", other)
+    await eventually(lambda: told[-1] == other)
+
     # Standing by ends the term: the next one is pending again until its task loads.
     state.stand_by("")
     assert state._slurm_loaded is False

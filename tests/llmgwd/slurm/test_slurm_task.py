@@ -46,6 +46,7 @@ class Cluster:
     def __init__(self, *nodes: Node) -> None:
         self.list = list(nodes)
         self.parts: dict[str, SlurmPart | None] = {}
+        self.untold: set[str] = set()  # told nothing of Slurm: they keep what they run
         self.loaded = False  # the task said its parts are set (Desired no longer pending)
 
     def nodes(self) -> list[Node]:
@@ -53,6 +54,11 @@ class Cluster:
 
     def set_slurm(self, node: str, part: SlurmPart | None) -> None:
         self.parts[node] = part
+        self.untold.discard(node)
+
+    def slurm_untold(self, node: str) -> None:
+        self.parts.pop(node, None)
+        self.untold.add(node)
 
     def slurm_loaded(self) -> None:
         self.loaded = True
@@ -215,3 +221,23 @@ async def test_a_node_dropped_from_slurm_with_a_job_stays_listed(store: SqliteSt
     cp, n2 = cluster.parts["cp"], cluster.parts["n2"]
     assert cp is not None and "NodeName=n2" in cp.slurm_conf
     assert n2 is not None and n2.slurmd  # its slurmd keeps running while the job does
+
+
+async def test_with_no_controller_known_the_nodes_are_told_nothing(store: SqliteStore) -> None:
+    # Slurm on, its controller never heard from and nothing kept: "no part" would stop
+    # slurmd on n1 and n2 (and their jobs); they are told nothing and keep what they run.
+    cluster = Cluster(node("n1", "10.0.0.2", state="allocated", jobs=["7"]), node("n2", "10.0.0.3"))
+    await _set(store, ON)
+    clock = Clock()
+    task, _ = await _task(store, cluster, clock=clock)
+    clock.now += 30  # past the hold
+    await task.step()
+
+    assert cluster.parts == {} and cluster.untold == {"n1", "n2"} and cluster.loaded
+
+    # The controller registers: every node gets its part.
+    cluster.list.append(node("cp", "10.0.0.1"))
+    await task.step()
+    n1 = cluster.parts["n1"]
+    assert n1 is not None and n1.slurmd and n1.conf_server == "10.0.0.1:6817"
+    assert cluster.untold == set()

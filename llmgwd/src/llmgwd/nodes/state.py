@@ -86,6 +86,9 @@ class ClusterState:
         # Until the Slurm task has loaded its view in this term, a Desired says so and
         # carries no part (the agent keeps its Slurm as it is).
         self._slurm_loaded = False
+        # Nodes told nothing of Slurm in this term (no controller known): their Desired
+        # says pending, and each keeps its Slurm as it is.
+        self._slurm_untold: set[str] = set()
         self._tasks: set[asyncio.Task[object]] = set()  # strong refs to background work
         self._removed: set[str] = set()  # removed since start: no connection is attached
         self.holdings = Holdings()  # what each node's model cache holds
@@ -109,8 +112,9 @@ class ClusterState:
 
     def set_slurm(self, node: str, part: wire.SlurmPart | None) -> None:
         """Store node's part in Slurm (None: none); sent with its Desired when it changed."""
-        if self._slurm.get(node) == part:
+        if self._slurm.get(node) == part and node not in self._slurm_untold:
             return
+        self._slurm_untold.discard(node)
         if part is None:
             self._slurm.pop(node, None)
         else:
@@ -118,6 +122,17 @@ class ClusterState:
         entry = self._nodes.get(node)
         if entry is not None and entry.conn is not None and self._slurm_loaded:
             self._spawn(self._send_desired(entry.conn))  # before: slurm_loaded() sends it
+
+    def slurm_untold(self, node: str) -> None:
+        """Tell node nothing of Slurm (its Desired says pending: it keeps what it runs), as
+        before the Slurm task loaded, until set_slurm."""
+        if node in self._slurm_untold:
+            return
+        self._slurm_untold.add(node)
+        self._slurm.pop(node, None)
+        entry = self._nodes.get(node)
+        if entry is not None and entry.conn is not None and self._slurm_loaded:
+            self._spawn(self._send_desired(entry.conn))
 
     def slurm_loaded(self) -> None:
         """The Slurm task has loaded its view and set each node's part: every node told
@@ -137,6 +152,7 @@ class ClusterState:
         self._ready.clear()
         self._desired.pop(node, None)
         self._slurm.pop(node, None)
+        self._slurm_untold.discard(node)
         self.holdings.drop(node)
         entry = self._nodes.pop(node, None)
         if entry is None:
@@ -175,6 +191,7 @@ class ClusterState:
         self._nodes.clear()
         self._desired.clear()
         self._slurm.clear()
+        self._slurm_untold.clear()
         self._slurm_loaded = False
         self.holdings = Holdings()
 
@@ -349,7 +366,7 @@ class ClusterState:
             replicas = list(self._desired.get(conn.node, ()))
             try:
                 planes = list(self._control_planes)
-                pending = not self._slurm_loaded
+                pending = not self._slurm_loaded or conn.node in self._slurm_untold
                 slurm = None if pending else self._slurm.get(conn.node)
                 msg = wire.Desired(
                     replicas, renews=True, mirror=True, control_planes=planes, slurm=slurm,

@@ -81,10 +81,13 @@ def parts(
     secret: bytes,
 ) -> dict[str, SlurmPart | None]:
     """Each node's part, for every node seen (None: no part, its agent stops its Slurm).
-    Nothing runs before the controller's address is known (seen or kept)."""
+    With Slurm on and no controller's address known (seen or kept), no node is told
+    anything (none in the answer): "no part" would stop slurmd, and its jobs with it."""
     out: dict[str, SlurmPart | None] = dict.fromkeys(seen)
-    if not settings.enabled or not kept.controller_address:
+    if not settings.enabled:
         return out
+    if not kept.controller_address:
+        return {}
     conf = slurm_conf(settings, kept.controller_address, kept.nodes)
     listed = {n.name for n in kept.nodes}
     peers = sorted({kept.controller_address, *(n.address for n in kept.nodes)})

@@ -50,6 +50,10 @@ class Nodes(Protocol):
         """Tell a node its part in Slurm (None: none)."""
         ...
 
+    def slurm_untold(self, node: str) -> None:
+        """Tell a node nothing of Slurm: it keeps its Slurm as it is (no controller known)."""
+        ...
+
     def slurm_loaded(self) -> None:
         """The parts are set: Desired carries them from now on (before: none, pending)."""
         ...
@@ -151,8 +155,12 @@ class SlurmTask:
             await self._keep(settings, seen)
         listed = {n.name for n in self._kept.nodes}
         lent = [n for n in lending.lent_now(by_node) if n in listed]
-        for name, part in parts(settings, self._kept, seen, lent, self._secret).items():
-            self._nodes.set_slurm(name, part)
+        told = parts(settings, self._kept, seen, lent, self._secret)
+        for name in seen:
+            if name in told:
+                self._nodes.set_slurm(name, told[name])
+            else:
+                self._nodes.slurm_untold(name)  # no controller known: slurmd left as it is
         self._nodes.slurm_loaded()
 
     def _heard(self, settings: SlurmSettings, seen: Mapping[str, Seen]) -> bool:
