@@ -37,6 +37,7 @@ from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.metrics.engines import EngineRelay
 from llmgwd.metrics.gpus import GpuCollector
+from llmgwd.metrics.health import build as health_series
 from llmgwd.metrics.scrape import Scraper
 from llmgwd.mirror import setup as mirror_setup
 from llmgwd.nodes import port as cluster_port
@@ -309,14 +310,20 @@ class Daemon:
         self._runners.append(self.client_runner)
 
     def _register_metrics(self, pool: RolePool) -> None:
-        """The cluster's and the GPUs' series, read from the state at each scrape."""
+        """The cluster's, the GPUs', the budgets', the store's and the certificates' series."""
         models = lambda: [m.name for m in self.catalog.all()]  # noqa: E731
         queued, grace = self.router.balancer.queued, self.config.node_grace_s
         passes = lambda: (r.passes, r.pass_s) if (r := self.roles.reconciler) else None  # noqa: E731
         nodes = self.cluster.nodes
         cluster_state = ClusterCollector(models, pool, nodes, queued, grace, passes)
+        health = health_series(self.config, self.catalog, self.levels, self.usage,
+                               self.planes.planes.etcd)  # fmt: skip
+        for work in health.tasks():  # budgets and the store's quorum, refreshed in the background
+            self._spawn(work)
+        self.health = health
         # Read on the loop at each scrape, built and formatted in a thread with the router's.
-        self.scraper = Scraper(self.registry, [cluster_state, GpuCollector(nodes)])
+        self.scraper = Scraper(self.registry, [cluster_state, GpuCollector(nodes),
+                                               *health.collectors()])  # fmt: skip
         self.engine_metrics = EngineRelay(models, pool)  # /metrics/engines
 
     async def _serve_local(self, ctx: ApiContext) -> None:

@@ -122,6 +122,11 @@ class Levels:
         """The ids of the keys a level holds (for the usage its budgets start from)."""
         return {i for i, k in self._keys.items() if level in (x for x, _ in self.chain(k).levels)}
 
+    def budgeted(self) -> list[tuple[str, KeyLimits]]:
+        """Every level with a token or spend budget, and its limits."""
+        return [(i, r.limits) for i, r in sorted(self._records.items())
+                if r.limits.budget_tokens or r.limits.budget_spend]  # fmt: skip
+
     def record(self, level: str) -> LevelLimits:
         """A level's record (no limits and every model when none is stored)."""
         return self._records.get(level, NONE)
