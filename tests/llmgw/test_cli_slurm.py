@@ -50,6 +50,11 @@ def test_setup_lend_reclaim_and_off(cli: Callable[..., Result]) -> None:
     r = cli("slurm", "setup", "--controller", "n1", "--nodes", "n1, n2", "--partition", "gpu")
     assert r.exit_code == 0, r.output
     assert "Slurm is on: cluster llmgw, controller n1, partition gpu" in r.stdout
+    assert "a new leader with no kept node list waits 120 s for the nodes" in r.stdout
+
+    r = cli("slurm", "setup", "--controller", "n1", "--nodes", "n1,n2", "--hold-for", "300")
+    assert r.exit_code == 0, r.output
+    assert "waits 300 s for the nodes" in r.stdout and "partition gpu" in r.stdout
     assert "nodes: n1, n2" in r.stdout
 
     r = cli("slurm", "lend", "n2")

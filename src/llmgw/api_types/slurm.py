@@ -29,6 +29,9 @@ class SlurmView(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[str] = []  # the nodes in Slurm (slurmd runs there)
     lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
     partition: str = "llmgw"
+    # A new leader that finds no kept node list holds its Slurm decisions this many seconds
+    # while the nodes report (or until all have), so slurm.conf drops no node with a job.
+    hold_for_s: int = 120
     status: list[SlurmNodeView] | None = None
 
 
@@ -41,3 +44,4 @@ class SlurmSettingsIn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     nodes: list[str] | msgspec.UnsetType = msgspec.UNSET
     lent: list[str] | msgspec.UnsetType = msgspec.UNSET
     partition: str | msgspec.UnsetType = msgspec.UNSET
+    hold_for_s: int | msgspec.UnsetType = msgspec.UNSET

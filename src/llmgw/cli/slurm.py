@@ -24,6 +24,7 @@ def echo_slurm(answer: object) -> None:
             f"Slurm is on: cluster {view.cluster_name}, controller {view.controller},"
             f" partition {view.partition}"
         )
+        click.echo(f"a new leader with no kept node list waits {view.hold_for_s} s for the nodes")
     click.echo(f"nodes: {', '.join(view.nodes) or 'none'}")
     click.echo(f"lent:  {', '.join(view.lent) or 'none'}")
     if view.status is None:
@@ -69,6 +70,14 @@ def status(settings: Settings, as_json: bool) -> None:
 )
 @click.option("--cluster-name", metavar="NAME", help="Slurm's ClusterName [default: llmgw].")
 @click.option("--partition", metavar="NAME", help="The partition of the nodes [default: llmgw].")
+@click.option(
+    "--hold-for",
+    "hold_for_s",
+    type=click.IntRange(0, 3600),
+    metavar="SECONDS",
+    help="How long a new leader that finds no kept node list waits for the nodes to report"
+    " before it writes slurm.conf without the silent ones [default: 120].",
+)
 @json_option
 @pass_settings
 def setup(
@@ -77,6 +86,7 @@ def setup(
     node_names: str,
     cluster_name: str | None,
     partition: str | None,
+    hold_for_s: int | None,
     as_json: bool,
 ) -> None:
     """Turn Slurm on: slurmctld on the controller, slurmd on the nodes.
@@ -92,6 +102,7 @@ def setup(
         nodes=_names(node_names),
         cluster_name=unset if cluster_name is None else cluster_name,
         partition=unset if partition is None else partition,
+        hold_for_s=unset if hold_for_s is None else hold_for_s,
     )
     _show(call(settings, "PUT", f"{API}/slurm", body), as_json)
 

@@ -57,6 +57,7 @@ async def test_slurm_is_off_until_set(client: aiohttp.ClientSession) -> None:
         "nodes": [],
         "lent": [],
         "partition": "llmgw",
+        "hold_for_s": 120,
         "status": [],
     }
 
@@ -87,6 +88,8 @@ async def test_a_change_keeps_the_fields_it_does_not_give(
         ({"nodes": ["n1", "n1"]}, "nodes"),
         ({"nodes": ["-bad"]}, "nodes"),
         ({"nodes": ["n1"], "lent": ["n2"]}, "lent"),
+        ({"hold_for_s": -1}, "hold_for_s"),
+        ({"hold_for_s": 3601}, "hold_for_s"),
         ({"enabled": True}, "controller"),
         ({"enabled": "yes"}, "enabled"),
         ({"nodes": "n1"}, "nodes"),

@@ -230,7 +230,7 @@ async def test_with_no_controller_known_the_nodes_are_told_nothing(store: Sqlite
     await _set(store, ON)
     clock = Clock()
     task, _ = await _task(store, cluster, clock=clock)
-    clock.now += 30  # past the hold
+    clock.now += 120  # past the hold (slurm.hold_for: nothing is kept)
     await task.step()
 
     assert cluster.parts == {} and cluster.untold == {"n1", "n2"} and cluster.loaded
@@ -241,3 +241,44 @@ async def test_with_no_controller_known_the_nodes_are_told_nothing(store: Sqlite
     n1 = cluster.parts["n1"]
     assert n1 is not None and n1.slurmd and n1.conf_server == "10.0.0.1:6817"
     assert cluster.untold == set()
+
+
+async def test_a_new_leader_with_nothing_kept_waits_hold_for_for_the_nodes(
+    store: SqliteStore,
+) -> None:
+    # No kept list (a cluster upgraded to it, or the store lost it): a slurm.conf written
+    # before n2 reports would leave n2 out, and slurmctld would fail the job running there.
+    await _set(store, SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"],
+                                    hold_for_s=120))  # fmt: skip
+    clock = Clock()
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"))  # n2 not heard yet
+    task, _ = await _task(store, cluster, clock=clock)
+    await task.start()
+    clock.now += 119  # past the kept list's hold (30 s), within slurm.hold_for
+    await task.step()
+    assert cluster.parts == {} and not cluster.loaded
+    assert (await kept.load(store)).nodes == []
+
+    cluster.list.append(node("n2", "10.0.0.3", state="allocated", jobs=["3"]))
+    await task.step()
+    cp = cluster.parts["cp"]
+    assert cp is not None and "NodeName=n2 " in cp.slurm_conf and cluster.loaded
+
+
+async def test_slurm_hold_for_passed_the_parts_are_set_without_the_silent(
+    store: SqliteStore,
+) -> None:
+    await _set(store, SlurmSettings(enabled=True, controller="cp", nodes=["n1", "n2"],
+                                    hold_for_s=60))  # fmt: skip
+    clock = Clock()
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"))
+    task, _ = await _task(store, cluster, clock=clock)
+    await task.step()
+    clock.now += 59
+    await task.step()
+    assert cluster.parts == {}
+    clock.now += 1
+    await task.step()
+    cp = cluster.parts["cp"]
+    assert cp is not None and "NodeName=n1 " in cp.slurm_conf
+    assert "NodeName=n2" not in cp.slurm_conf  # its hardware is not known: not listed yet

@@ -1,5 +1,6 @@
 """Slurm's settings in the cluster (`slurm.enabled`, its name, controller, nodes, lent ones,
-partition), kept in the store at /slurm/settings and checked like every setting."""
+partition, a new leader's hold), kept in the store at /slurm/settings and checked like
+every setting."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ SETTINGS = "/slurm/settings"
 # Slurm lower-cases ClusterName and slurmdbd keeps it in table names: short and plain.
 CLUSTER_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+HOLD_FOR_S = 120  # slurm.hold_for's default: 2 minutes
+HOLD_FOR_MAX_S = 3600
 
 
 class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +32,7 @@ class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[str] = []  # the nodes in Slurm (slurmd runs there)
     lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
     partition: str = "llmgw"
+    hold_for_s: int = HOLD_FOR_S  # a new leader with nothing kept waits this for the nodes
 
 
 def merged(old: SlurmSettings, change: SlurmSettingsIn) -> SlurmSettings:
@@ -52,6 +56,8 @@ def check(s: SlurmSettings) -> SlurmSettings:
         raise Invalid("cluster_name", "1-40 lower-case letters, digits or '_', from a letter")
     if not PARTITION_RE.fullmatch(s.partition):
         raise Invalid("partition", "1-64 letters, digits, '_', '.' or '-', from a letter or digit")
+    if not 0 <= s.hold_for_s <= HOLD_FOR_MAX_S:
+        raise Invalid("hold_for_s", f"0 to {HOLD_FOR_MAX_S} seconds")
     if s.controller:
         _check_node("controller", s.controller)
     for name in s.nodes:

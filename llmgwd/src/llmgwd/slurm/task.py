@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 SLOW_S = 10.0  # looked at again this often without a poke (a report missed, a timer)
 HOLD_S = 30.0  # a new leader changes no part before every node of Slurm's is heard, or this
+# (with no kept list: slurm.hold_for_s, as the settings say)
 
 
 class NodeView(Protocol):
@@ -165,15 +166,17 @@ class SlurmTask:
 
     def _heard(self, settings: SlurmSettings, seen: Mapping[str, Seen]) -> bool:
         """Whether the parts may be set: every node of Slurm's (the controller, those kept
-        or set) has registered in this term, or hold_s has
-        passed since it began (one still silent keeps what it runs: it gets no part)."""
+        or set) has registered in this term, or hold_s has passed since it began (one still
+        silent keeps what it runs: it gets no part). With no kept list, settings.hold_for_s:
+        a node not heard by then is left out of slurm.conf, and its jobs with it."""
         if self._ready:
             return True
         wanted = {settings.controller, *settings.nodes} if settings.enabled else set()
         wanted |= {n.name for n in self._kept.nodes}
         missing = sorted(n for n in wanted - set(seen) if n)
         waited = self._clock() - self._since
-        if missing and waited < self._hold_s:
+        hold = self._hold_s if self._kept.nodes else settings.hold_for_s
+        if missing and waited < hold:
             return False
         if missing:
             log.warning("Slurm: %s not heard from in %.0fs; setting the parts without them",
