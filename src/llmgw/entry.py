@@ -20,6 +20,8 @@ EX_CONFIG = 78  # sysexits.h: systemd and people see "bad config", not a crash
 # make next to no cyclic garbage, but at 700 objects in flight a young collection runs, so a
 # backlog of requests set off hundreds a second and full ones over every object (bench/README).
 GC_THRESHOLD = (10_000, 10, 10)
+# The config file run_daemon read and whether it may be missing, for reread() at a reload.
+_SOURCE: dict[str, tuple[Path, bool]] = {}
 
 
 def settle_heap() -> None:
@@ -28,6 +30,15 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
+
+
+def reread(schema: type[C]) -> C:
+    """The config file the daemon started from, read again (`systemctl reload`); a
+    ConfigError when it cannot be used now."""
+    if "config" not in _SOURCE:
+        raise ConfigError("no config file was read at start")
+    path, missing_ok = _SOURCE["config"]
+    return load(path, schema, missing_ok=missing_ok)
 
 
 def run_daemon(
@@ -53,8 +64,9 @@ def run_daemon(
     )
     args = parser.parse_args(argv)
     path: Path = args.config or default_config
+    _SOURCE["config"] = (path, missing_ok and args.config is None)
     try:
-        config = load(path, schema, missing_ok=missing_ok and args.config is None)
+        config = load(path, schema, missing_ok=_SOURCE["config"][1])
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         sys.exit(EX_CONFIG)

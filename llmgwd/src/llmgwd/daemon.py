@@ -31,7 +31,7 @@ from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
-from llmgwd.clientport import listener
+from llmgwd.clientport import listener, reload
 from llmgwd.console import app as console
 from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
@@ -340,6 +340,12 @@ class Daemon:
         localsock.secure_socket(str(path), self.config.socket_group)
         self._runners.append(runner)
 
+    def reload(self) -> None:
+        """Read server.yaml and the client port's certificate again (clientport.reload)."""
+        server = self.client_runner.server
+        assert isinstance(server, listener.ClientServer)
+        reload.reload(server, self.config, lambda: entry.reread(ServerConfig))
+
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         task.add_done_callback(_log_end)
@@ -378,6 +384,7 @@ async def run(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await daemon.start()
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload)  # `systemctl reload llmgwd`
     entry.settle_heap()  # what start-up built leaves the collector's generations
     await stop.wait()
     await daemon.stop()

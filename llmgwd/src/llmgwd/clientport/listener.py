@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import ssl
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -28,6 +27,7 @@ from llmgwd.clientport.gate import (
     peer_address,
     too_many_connections,
 )
+from llmgwd.clientport.tls import tls_context
 from llmgwd.mirror import hub_server
 from llmgwd.router import errors
 from llmgwd.scim.users import PREFIX as SCIM_PREFIX
@@ -378,15 +378,6 @@ async def errors_outside(request: web.Request, handler: Handler) -> web.StreamRe
         if e.status < 400:
             raise
         return answer(request.path, errors.from_http_exception(request, e))
-
-
-def tls_context(settings: ClientPort) -> ssl.SSLContext | None:
-    """The client port's TLS context, when a certificate is configured."""
-    if not settings.tls_cert:
-        return None
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(settings.tls_cert, settings.tls_key or None)
-    return tls
 
 
 async def serve(app: web.Application, settings: ClientPort, host: str, port: int) -> ClientRunner:
