@@ -6,7 +6,12 @@ from typing import Literal
 
 import msgspec
 
+# The cluster port's protocol: raised by a release that changes these messages so that an
+# older side could not read them. A control plane takes agents that speak PROTOCOL down to
+# OLDEST_AGENT_PROTOCOL, which a release sets to the PROTOCOL of the release before it: an
+# agent one release behind its control planes keeps working (llmgw.compat says the rule).
 PROTOCOL = 1
+OLDEST_AGENT_PROTOCOL = 1
 
 # "stopping": told to stop, its unit not gone yet (it takes no new request; a lent node
 # waits for it). An agent reports it only to a control plane whose Desired says `stopping`.
@@ -365,6 +370,8 @@ class PlaneInfo(msgspec.Struct, frozen=True):
     role: PlaneRole = "standby"
     term: int = 0  # while leader: its term (the leader key's create revision); else 0
     since: float = 0.0  # unix time it took this role
+    version: str = ""  # its llmgwd's release; "": a control plane older than this field
+    schema: int = 0  # the store schema it writes (llmgwd.store.schema); 0: older
 
 
 # Joining (HTTPS on the cluster port, before the node has a certificate)

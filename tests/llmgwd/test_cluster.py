@@ -427,3 +427,37 @@ async def test_the_pool_is_built_once_until_something_changes(
             assert first == again and first[0] is again[0]  # the same, not built again
             state.set_desired("a", [])
             assert state.ready("smol") == []
+
+
+# Versions: an agent one release behind is taken, one older or newer is refused, naming both
+
+
+async def speak(cluster: Cluster, tmp_path: Path, protocol: int, *, taken: bool) -> str:
+    """Register as node "v" speaking protocol: "" once taken, else the refusal's reason."""
+    msg = wire.Register("v", "127.0.0.1", "0.0.9", INVENTORY, [], protocol=protocol)
+    async with aiohttp.ClientSession() as s:
+        ctx = link_ssl_context(node_dir(tmp_path, cluster.ca, "v"))
+        async with s.ws_connect(f"{cluster.url}/agent", ssl=ctx) as ws:
+            await ws.send_bytes(wire.encode(msg))
+            if not taken:
+                return await expect_refused(ws)
+            await eventually(lambda: cluster.state.connected() == ["v"])
+    await eventually(lambda: cluster.state.connected() == [])
+    return ""
+
+
+async def test_an_agent_one_release_behind_is_taken_older_and_newer_are_refused(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This release speaks 3 and takes the release before's 2.
+    monkeypatch.setattr(wire, "PROTOCOL", 3)
+    monkeypatch.setattr(wire, "OLDEST_AGENT_PROTOCOL", 2)
+    assert await speak(cluster, tmp_path, 3, taken=True) == ""
+    assert await speak(cluster, tmp_path, 2, taken=True) == ""
+    old = await speak(cluster, tmp_path, 1, taken=False)
+    assert "llmgw-agentd 0.0.9 (wire protocol 1) is too old for llmgwd" in old
+    assert "takes agents of protocol 2 to 3" in old
+    assert "upgrade this node's llmgw-agentd" in old
+    new = await speak(cluster, tmp_path, 4, taken=False)
+    assert "llmgw-agentd 0.0.9 (wire protocol 4) is newer than this control plane" in new
+    assert "(wire protocol 3)" in new and "upgrade the control planes first" in new

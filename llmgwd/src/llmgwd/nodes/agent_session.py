@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from llmgw import pki, wire
+from llmgw import compat, package_version, pki, wire
 from llmgw.errors import cluster_error
 from llmgwd.nodes.agent_conn import AgentConn, not_leader_reason, refuse
 from llmgwd.nodes.members import Members, refusal, removed_reason
@@ -151,8 +151,9 @@ def _check_register(node: str, msg: wire.AgentMessage) -> wire.Register:
         raise _Refuse("the first message must be register")
     if msg.node != node:
         raise _Refuse(f"this certificate is for node {node!r}, not {msg.node!r}")
-    if msg.protocol != wire.PROTOCOL:
-        raise _Refuse(f"protocol {msg.protocol} is not spoken here (this is {wire.PROTOCOL})")
+    why = compat.agent_refusal(msg.protocol, msg.version, package_version())
+    if why:
+        raise _Refuse(why)
     return msg
 
 
