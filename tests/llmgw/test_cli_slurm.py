@@ -66,6 +66,22 @@ def test_setup_lend_reclaim_and_off(cli: Callable[..., Result]) -> None:
     assert r.exit_code == 0 and r.stdout.startswith("Slurm is off."), r.output
 
 
+def test_setup_all_nodes_puts_every_node_in_slurm(cli: Callable[..., Result]) -> None:
+    r = cli("slurm", "setup", "--controller", "n1")
+    assert r.exit_code == 2 and "--nodes A,B or --all-nodes" in r.output
+
+    r = cli("slurm", "setup", "--controller", "n1", "--all-nodes")
+    assert r.exit_code == 0, r.output
+    assert "nodes: every node of the cluster, those joining later too" in r.stdout
+    shown = json.loads(cli("slurm", "status", "--json").stdout)
+    assert (shown["all_nodes"], shown["nodes"]) == (True, [])
+    assert cli("slurm", "lend", "n2").exit_code == 0  # a member, though not named
+
+    r = cli("slurm", "setup", "--controller", "n1", "--nodes", "n1,n2")  # named ones alone
+    assert "nodes: n1, n2\n" in r.stdout
+    assert json.loads(cli("slurm", "status", "--json").stdout)["all_nodes"] is False
+
+
 def test_status_shows_each_nodes_standing(cli: Callable[..., Result]) -> None:
     r = cli("slurm", "status")
 

@@ -32,6 +32,8 @@ class SlurmView(msgspec.Struct, frozen=True, kw_only=True):
     # A new leader that finds no kept node list holds its Slurm decisions this many seconds
     # while the nodes report (or until all have), so slurm.conf drops no node with a job.
     hold_for_s: int = 120
+    # Every node of the cluster runs slurmd, those that join later too (nodes: as well).
+    all_nodes: bool = False
     status: list[SlurmNodeView] | None = None
 
 
@@ -45,3 +47,4 @@ class SlurmSettingsIn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     lent: list[str] | msgspec.UnsetType = msgspec.UNSET
     partition: str | msgspec.UnsetType = msgspec.UNSET
     hold_for_s: int | msgspec.UnsetType = msgspec.UNSET
+    all_nodes: bool | msgspec.UnsetType = msgspec.UNSET

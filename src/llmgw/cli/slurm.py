@@ -25,7 +25,10 @@ def echo_slurm(answer: object) -> None:
             f" partition {view.partition}"
         )
         click.echo(f"a new leader with no kept node list waits {view.hold_for_s} s for the nodes")
-    click.echo(f"nodes: {', '.join(view.nodes) or 'none'}")
+    named = ", ".join(view.nodes)
+    if view.all_nodes:
+        named = "every node of the cluster, those joining later too" + (f" ({named})" * bool(named))
+    click.echo(f"nodes: {named or 'none'}")
     click.echo(f"lent:  {', '.join(view.lent) or 'none'}")
     if view.status is None:
         click.echo("(this control plane stands by: ask the leader for each node's standing)")
@@ -65,8 +68,11 @@ def status(settings: Settings, as_json: bool) -> None:
 
 @slurm.command()
 @click.option("--controller", required=True, metavar="NODE", help="The node slurmctld runs on.")
+@click.option("--nodes", "node_names", metavar="A,B", help="The nodes slurmd runs on.")
 @click.option(
-    "--nodes", "node_names", required=True, metavar="A,B", help="The nodes slurmd runs on."
+    "--all-nodes",
+    is_flag=True,
+    help="slurmd on every node of the cluster, those that join later too (and --nodes).",
 )
 @click.option("--cluster-name", metavar="NAME", help="Slurm's ClusterName [default: llmgw].")
 @click.option("--partition", metavar="NAME", help="The partition of the nodes [default: llmgw].")
@@ -83,7 +89,8 @@ def status(settings: Settings, as_json: bool) -> None:
 def setup(
     settings: Settings,
     controller: str,
-    node_names: str,
+    node_names: str | None,
+    all_nodes: bool,
     cluster_name: str | None,
     partition: str | None,
     hold_for_s: int | None,
@@ -93,13 +100,16 @@ def setup(
 
     Each node must have joined the cluster. The agents install munge and Slurm from the
     distribution and run them on the files the leader makes. Every node enters Slurm
-    drained: `llmgw slurm lend NODE` gives it to Slurm.
+    drained: `llmgw slurm lend NODE` gives it to Slurm. Give --nodes, --all-nodes or both.
     """
+    if node_names is None and not all_nodes:
+        raise click.UsageError("give the nodes slurmd runs on: --nodes A,B or --all-nodes")
     unset = msgspec.UNSET  # a field not given keeps its setting
     body = SlurmSettingsIn(
         enabled=True,
         controller=controller,
-        nodes=_names(node_names),
+        nodes=_names(node_names or ""),
+        all_nodes=all_nodes,
         cluster_name=unset if cluster_name is None else cluster_name,
         partition=unset if partition is None else partition,
         hold_for_s=unset if hold_for_s is None else hold_for_s,

@@ -58,6 +58,7 @@ async def test_slurm_is_off_until_set(client: aiohttp.ClientSession) -> None:
         "lent": [],
         "partition": "llmgw",
         "hold_for_s": 120,
+        "all_nodes": False,
         "status": [],
     }
 
@@ -176,3 +177,14 @@ async def test_a_change_raced_for_ever_gives_up() -> None:
             await SettingsStore(store).change(SlurmSettingsIn(partition="gpu"))
     finally:
         await store.close()
+
+
+async def test_with_all_nodes_any_member_may_be_lent(client: aiohttp.ClientSession) -> None:
+    on = {"enabled": True, "controller": "n1", "all_nodes": True}
+    status, body = await call(client, "PUT", "/slurm", on)
+    assert status == 200 and (body["all_nodes"], body["nodes"]) == (True, [])
+
+    status, body = await call(client, "POST", "/slurm/nodes/n2/lend")
+    assert status == 200 and body["lent"] == ["n2"]
+    status, body = await call(client, "POST", "/slurm/nodes/n9/lend")  # never joined
+    assert status == 409 and "'n9' has not joined the cluster" in body["error"]["message"]

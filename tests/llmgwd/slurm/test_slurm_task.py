@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from llmgw.wire import Inventory, ReplicaStatus, SlurmPart, SlurmReport
+from llmgwd.nodes.members import Members
 from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.placement.scheduler import Placement
 from llmgwd.planes.fence import FencedStore
@@ -282,3 +283,26 @@ async def test_slurm_hold_for_passed_the_parts_are_set_without_the_silent(
     cp = cluster.parts["cp"]
     assert cp is not None and "NodeName=n1 " in cp.slurm_conf
     assert "NodeName=n2" not in cp.slurm_conf  # its hardware is not known: not listed yet
+
+
+async def test_all_nodes_gives_every_node_a_slurmd_those_joining_later_too(
+    store: SqliteStore,
+) -> None:
+    for name in ("cp", "n1"):
+        await Members(store).admit(name, "s-" + name)
+    await _set(store, SlurmSettings(enabled=True, controller="cp", all_nodes=True))
+    cluster = Cluster(node("cp", "10.0.0.1"), node("n1", "10.0.0.2"))
+    task, _ = await _task(store, cluster)
+    await task.step()
+    cp, n1 = cluster.parts["cp"], cluster.parts["n1"]
+    assert cp is not None and n1 is not None and cp.slurmd and cp.slurmctld and n1.slurmd
+    assert "NodeName=n1 " in cp.slurm_conf and "NodeName=cp " in cp.slurm_conf
+
+    # n3 joins the cluster after Slurm was set up: it is given a slurmd and listed.
+    await Members(store).admit("n3", "s-n3")
+    cluster.list.append(node("n3", "10.0.0.4"))
+    await task.step()
+    cp, n3 = cluster.parts["cp"], cluster.parts["n3"]
+    assert n3 is not None and n3.slurmd and n3.conf_server == "10.0.0.1:6817"
+    assert cp is not None and "NodeName=n3 NodeAddr=10.0.0.4" in cp.slurm_conf
+    assert [n.name for n in (await kept.load(store)).nodes] == ["cp", "n1", "n3"]

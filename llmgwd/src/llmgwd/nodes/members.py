@@ -45,6 +45,11 @@ class Members:
         kv = await self._store.get(NODES + name)
         return _dec.decode(kv.value) if kv is not None else None
 
+    async def active(self) -> list[str]:
+        """The names of the members now (joined and not removed), in order."""
+        kvs, _ = await self._store.range(NODES, prefix_end(NODES))
+        return sorted(m.name for kv in kvs if (m := _dec.decode(kv.value)).active)
+
     async def admit(self, name: str, serial: str) -> bool:
         """A token join: a new member, or a removed one back. False if name is a member now."""
         kv = await self._store.get(NODES + name)

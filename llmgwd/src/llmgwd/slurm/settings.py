@@ -5,7 +5,7 @@ every setting."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -33,6 +33,14 @@ class SlurmSettings(msgspec.Struct, frozen=True, kw_only=True):
     lent: list[str] = []  # the nodes of those lent to Slurm; the others are drained there
     partition: str = "llmgw"
     hold_for_s: int = HOLD_FOR_S  # a new leader with nothing kept waits this for the nodes
+    all_nodes: bool = False  # every member runs slurmd, those joining later too (see in_slurm)
+
+
+def in_slurm(settings: SlurmSettings, members: Iterable[str]) -> SlurmSettings:
+    """settings with the nodes Slurm has now: with all_nodes, every member as well."""
+    if not settings.all_nodes:
+        return settings
+    return msgspec.structs.replace(settings, nodes=sorted({*settings.nodes, *members}))
 
 
 def merged(old: SlurmSettings, change: SlurmSettingsIn) -> SlurmSettings:
@@ -64,7 +72,7 @@ def check(s: SlurmSettings) -> SlurmSettings:
         _check_node("nodes", name)
     if len(set(s.nodes)) != len(s.nodes):
         raise Invalid("nodes", "a node is named twice")
-    if stray := sorted(set(s.lent) - set(s.nodes)):
+    if not s.all_nodes and (stray := sorted(set(s.lent) - set(s.nodes))):
         raise Invalid("lent", f"not in Slurm's nodes: {', '.join(stray)}")
     if len(set(s.lent)) != len(s.lent):
         raise Invalid("lent", "a node is named twice")
@@ -111,7 +119,8 @@ class SettingsStore:
             kv = await self._store.get(SETTINGS)
             old = _dec.decode(kv.value) if kv is not None else SlurmSettings()
             new = check(change(old))
-            await self._check_joined(sorted(set(new.nodes) - set(old.nodes)))
+            added = {*new.nodes, *new.lent} - {*old.nodes, *old.lent}
+            await self._check_joined(sorted(added))
             rev = kv.mod_revision if kv is not None else 0
             res = await self._store.txn(
                 [Compare(SETTINGS, "mod", "=", rev)], [Put(SETTINGS, _enc.encode(new))]
@@ -133,7 +142,7 @@ def lending_change(old: SlurmSettings, node: str, lent: bool) -> SlurmSettings:
     """old with node lent or taken back; Invalid if Slurm is off or node is not in it."""
     if not old.enabled:
         raise Invalid("enabled", "Slurm is off: `llmgw slurm setup` first")
-    if node not in old.nodes:
+    if node not in old.nodes and not old.all_nodes:
         raise Invalid("nodes", f"{node!r} is not one of Slurm's nodes ({', '.join(old.nodes)})")
     others = [n for n in old.lent if n != node]
     return msgspec.structs.replace(old, lent=[*others, node] if lent else others)

@@ -12,12 +12,13 @@ from typing import Protocol
 
 from llmgw.api_types import SlurmNodeView
 from llmgw.wire import Inventory, ReplicaStatus, SlurmPart
+from llmgwd.nodes.members import Members
 from llmgwd.placement.reconciler import NodeFlags
 from llmgwd.placement.scheduler import Placement
 from llmgwd.planes.fence import Fenced
 from llmgwd.slurm import kept, lending
 from llmgwd.slurm.parts import Seen, busy, parts, reported
-from llmgwd.slurm.settings import SETTINGS, SettingsStore, SlurmSettings
+from llmgwd.slurm.settings import SETTINGS, SettingsStore, SlurmSettings, in_slurm
 from llmgwd.store import Store, prefix_end
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,8 @@ class SlurmTask:
         if not self._loaded:
             await self.load()
         settings = await self._settings.get()
+        if settings.all_nodes:
+            settings = in_slurm(settings, await Members(self._store).active())
         infos = list(self._nodes.nodes())
         seen = {n.name: Seen(n.address, n.inventory) for n in infos}
         reports = {n.name: n.inventory.slurm for n in infos}
