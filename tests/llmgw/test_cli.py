@@ -30,6 +30,7 @@ from tests.llmgw.https_site import ADMIN_SECRET, WithAdmin, add_context, make_tl
 
 T = TypeVar("T")
 JOIN_URL = "https://cp.example:7710"
+CA_PIN = "c0" * 32  # the cluster CA's sha256, as /status gives it
 
 
 class FakeNodes:
@@ -103,8 +104,9 @@ def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
     sockets = str(tmp_path / "d.sock"), str(tmp_path / "a.sock")
     d = Daemon(*sockets, catalog, nodes, loop, usage=usage)
     ctx = ApiContext(
-        catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL, usage=usage
-    )
+        catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL, usage=usage,
+        ca_fingerprint=CA_PIN,
+    )  # fmt: skip
     d.env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     runners = [d.run(_start_site(agent_app(d.joins), d.agent_socket))]
     if request.param == "socket":
@@ -375,6 +377,7 @@ def test_status(daemon: Daemon) -> None:
     r = daemon.cli("status")
     assert r.exit_code == 0
     assert f"join URL: {JOIN_URL}" in r.stdout
+    assert f"CA sha256: {CA_PIN}" in r.stdout  # what a context elsewhere pins
     assert json.loads(daemon.cli("status", "--json").stdout)["nodes"]["total"] == 0
 
 
@@ -412,6 +415,7 @@ def test_plane_init_starts_llmgwd_and_prints_the_join_command(
     assert started == [True]
     assert "Waiting for llmgwd" in r.stderr
     assert f"llmgw node join {JOIN_URL} --token tok-1" in r.stdout
+    assert f":7700 --ca-fingerprint {CA_PIN}" in r.stdout  # llmgw context add, elsewhere
     assert config.load(cfg_path, config.ServerConfig).socket == daemon.socket
 
 

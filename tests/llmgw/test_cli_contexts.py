@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from llmgw import pki
 from llmgw.api_types import DeviceAuthorization, LoginAnswer
-from llmgw.cli import login_device
+from llmgw.cli import contexts, login_device
 from llmgw.cli.main import main
 from llmgw.cli.session import SavedSession, save_session
 from llmgwd.catalog import KeyOwner
@@ -39,6 +39,15 @@ def _pin(daemon: Daemon) -> str:  # noqa: F811
     return str(test["ca_fingerprint"])
 
 
+def _unpinned(daemon: Daemon, name: str) -> None:  # noqa: F811
+    """A context trusting the system's CAs (as `context add` keeps for a server they trust)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CONFIG_HOME", daemon.env["XDG_CONFIG_HOME"])
+        kept = contexts.load()
+        kept.contexts.append(contexts.Context(name=name, url=daemon.url))
+        contexts.save(kept)
+
+
 @over_https
 def test_a_wrong_fingerprint_is_refused_naming_both(daemon: Daemon, tmp_path: Path) -> None:  # noqa: F811
     pin = _pin(daemon)
@@ -50,7 +59,7 @@ def test_a_wrong_fingerprint_is_refused_naming_both(daemon: Daemon, tmp_path: Pa
     assert [c["name"] for c in json.loads(daemon.cli("context", "list", "--json").stdout)] == [
         "test"
     ]
-    add_context(tmp_path / "config", "unpinned", daemon.url)  # the system's CAs: not this one
+    _unpinned(daemon, "unpinned")  # the system's CAs: not this one
     r = _as(daemon, "unpinned", "models")
     assert r.exit_code == 3
     assert "not signed by a CA this system trusts" in r.stderr and pin in r.stderr

@@ -11,6 +11,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, ClusterNodes
 from llmgwd.api.routes import api_app, api_subapp
 from llmgwd.catalog import Catalog
-from llmgwd.clientport import listener, reload
+from llmgwd.clientport import listener, own_cert, reload
 from llmgwd.console import app as console
 from llmgwd.metrics import endpoint as metrics
 from llmgwd.metrics.cluster import ClusterCollector
@@ -176,7 +177,7 @@ class Daemon:
         self._spawn(sdnotify.watchdog())
         ctx = self._api_context(keys, url)
         await self._serve_cluster(keys)
-        await self._serve_client(ctx, secret)
+        await self._serve_client(ctx, secret, keys)
         await self._serve_local(ctx)
         sdnotify.ready(f"serving /v1 on {cfg.client.listen}, agents on {cfg.cluster.listen}")
         log.info(
@@ -195,6 +196,7 @@ class Daemon:
             nodes=ClusterNodes(self.cluster.nodes),
             mint_token=lambda: pki.new_join_token(keys.ca.cert_pem),
             join_url=url,
+            ca_fingerprint=pki.ca_fingerprint(keys.ca.cert_pem),
             token_ttl_s=cfg.join_token_ttl_s,
             name=cfg.name,
             usage=self.usage,
@@ -263,7 +265,7 @@ class Daemon:
         placed = [p.node for p in self.roles.placements()]
         return await remove_node(self.cluster, self.members, name, placed)
 
-    async def _serve_client(self, ctx: ApiContext, secret: bytes) -> None:
+    async def _serve_client(self, ctx: ApiContext, secret: bytes, keys: Pki) -> None:
         cfg = self.config.client
         memory_bound.check(cfg)  # its unit's MemoryMax against what these settings call for
         pool = RolePool(self.cluster, self.published)
@@ -306,8 +308,20 @@ class Daemon:
                              (metrics.ENGINES_PATH, self.engine_metrics.render)):  # fmt: skip
             app.router.add_get(path, metrics.client_handler(render, self.catalog, store, open_))
         host, port = split_listen(cfg.listen)
-        self.client_runner = await listener.serve(app, cfg, host, port)
+        own_tls = self._own_tls(keys)  # None: the site's certificate, or none
+        self.client_runner = await listener.serve(app, cfg, host, port, own_tls)
         self._runners.append(self.client_runner)
+
+    def _own_tls(self, keys: Pki) -> ssl.SSLContext | None:
+        """The client port's certificate from the cluster CA, renewed while llmgwd runs, when
+        the site configures none (client.tls_cert)."""
+        if self.config.client.tls_cert:
+            return None
+        sans = lambda: own_cert.host_sans(self.config)  # noqa: E731
+        own = own_cert.OwnCert(keys.ca, keys.server_cert.parent, sans)
+        tls = own.load()
+        self._spawn(own.run())
+        return tls
 
     def _register_metrics(self, pool: RolePool) -> None:
         """The cluster's, the GPUs', the budgets', the store's and the certificates' series."""

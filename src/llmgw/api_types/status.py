@@ -52,3 +52,4 @@ class StatusView(msgspec.Struct, kw_only=True):
     replicas: ReplicaCounts
     # None: this llmgwd does not count /v1's requests (client.request_metrics = false)
     traffic: TrafficView | None = None
+    ca_fingerprint: str = ""  # the cluster CA's sha256: `llmgw context add --ca-fingerprint`

@@ -44,14 +44,41 @@ def _ca(url: str, pin: str, ca_file: Path | None) -> str:
             got = pki.ca_fingerprint(pem)
             raise PinRefused(f"{ca_file} is the CA sha256 {got}, not the pinned sha256 {pin}")
         return pem.decode()
-    if not pin:
-        return ""
     try:
+        if not pin:
+            return _first_use(url)
         return https.pinned_ca(url, pin).decode()
     except https.PinMismatch as e:
         raise PinRefused(f"{e}; nothing saved") from None
     except ipc.IpcError as e:
         raise Unreachable(str(e)) from None
+
+
+def _first_use(url: str) -> str:
+    """With no fingerprint given: "" when the system's CAs trust the server, else the CA its
+    chain ends with, once the person has checked its fingerprint and said yes."""
+    if https.system_trusts(url):
+        return ""
+    ca = https.offered_ca(url)
+    if ca is None:
+        raise PinRefused(
+            f"the server at {url} is not signed by a CA this system trusts and sends no CA "
+            "certificate: give it with --ca-file; nothing saved"
+        )
+    click.echo(
+        f"The server at {url} is signed by a CA this system does not trust:\n"
+        f"  {pki.common_name(ca)}, sha256 {pki.ca_fingerprint(ca)}\n"
+        "Check that fingerprint with the cluster's operator (`llmgw status` on a control "
+        "plane prints it).",
+        err=True,
+    )
+    try:
+        trusted = click.confirm("Pin this CA for the context?", default=False, err=True)
+    except click.Abort:
+        trusted = False
+    if not trusted:
+        raise Refused("nothing saved (--ca-fingerprint SHA256 pins a CA without asking)")
+    return ca.decode()
 
 
 @click.group()
@@ -71,8 +98,9 @@ def context() -> None:
 @click.option(
     "--ca-fingerprint",
     metavar="SHA256",
-    help="Pin the CA whose certificate has this sha256 (openssl x509 -in CA.pem "
-    "-outform der | sha256sum); without it, the system's CAs are trusted.",
+    help="Pin the CA whose certificate has this sha256 (`llmgw status` on a control plane "
+    "prints it); without it, the system's CAs, else the CA the server sends once you "
+    "confirm its fingerprint.",
 )
 @click.option(
     "--ca-file",
@@ -92,7 +120,10 @@ def add(
 
     With --ca-fingerprint, the server's CA is fetched from its TLS handshake (or read from
     --ca-file) and kept only if its sha256 is the one given; every later command trusts it
-    alone. A mismatch names both fingerprints and saves nothing (exit status 3)."""
+    alone. A mismatch names both fingerprints and saves nothing (exit status 3). Without
+    it, a server the system's CAs trust is trusted through them; any other is asked about:
+    the CA its handshake sends is shown with its sha256 (llmgwd's own is the cluster CA,
+    which `llmgw status` prints on a control plane) and pinned once you say yes."""
     if name == contexts.LOCAL:
         raise click.BadParameter(f"{contexts.LOCAL!r} is the local socket's name")
     url, pin = _url(url), _pin(ca_fingerprint)

@@ -97,6 +97,35 @@ def pinned_ca(url: str, pin: str) -> bytes:
     )
 
 
+def system_trusts(url: str, timeout: float = ipc.DEFAULT_TIMEOUT_S) -> bool:
+    """Whether the server at url has a certificate for its name from a CA this system trusts."""
+    host, port = _address(url)
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            ssl.create_default_context().wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except ssl.SSLCertVerificationError:
+        return False
+    except (OSError, ssl.SSLError) as e:
+        raise ipc.IpcError(f"cannot reach {url}: {e.strerror or e}") from None
+
+
+def offered_ca(url: str) -> bytes | None:
+    """The CA certificate (PEM) that ends the server's chain, unverified (for the person to
+    check its fingerprint), or None when the chain ends with no CA."""
+    chain = offered_chain(url)
+    if not chain:
+        return None
+    pem = ssl.DER_cert_to_PEM_cert(chain[-1]).encode()
+    try:
+        pki.check_ca(pem)
+    except pki.PKIError:
+        return None
+    return pem
+
+
 def _mismatch(remote: Remote) -> PinMismatch:
     if remote.ca_pem:
         trusted = f"the pinned CA sha256 {pki.ca_fingerprint(remote.ca_pem)}"

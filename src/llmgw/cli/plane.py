@@ -199,6 +199,17 @@ def init(
         )
     elif token is not None:
         echo_join_command(token)
+        _echo_pin(settings, cfg.client.listen)
+
+
+def _echo_pin(settings: Settings, client_listen: str) -> None:
+    """The command an operator elsewhere reaches this cluster with, its CA pinned."""
+    s = decoded(call(settings, "GET", f"{API}/status"), StatusView)
+    if s.ca_fingerprint:
+        port = client_listen.rpartition(":")[2]
+        url = f"https://{main_ip() or socket.gethostname()}:{port}"
+        click.echo("Run llmgw from another machine with this context (the cluster CA pinned):")
+        click.echo(f"  llmgw context add NAME {url} --ca-fingerprint {s.ca_fingerprint}")
 
 
 def _slurm_on(settings: Settings, started: bool, quiet: bool) -> None:
@@ -228,3 +239,5 @@ def status(settings: Settings, as_json: bool) -> None:
     click.echo(f"models:   {s.models.served}/{s.models.total} served")
     click.echo(f"replicas: {s.replicas.ready}/{s.replicas.wanted} ready")
     click.echo(f"join URL: {s.join_url}")
+    if s.ca_fingerprint:
+        click.echo(f"CA sha256: {s.ca_fingerprint}")

@@ -146,6 +146,7 @@ class ApiContext:
     nodes: NodesView
     mint_token: Callable[[], str]  # a new join token (carries the CA's fingerprint)
     join_url: str  # the cluster port's advertised URL, https://HOST:7710
+    ca_fingerprint: str = ""  # sha256 of the cluster CA's DER (what a context pins)
     token_ttl_s: float = 3600.0
     name: str = "llmgw"
     version: str = field(default_factory=package_version)

@@ -24,6 +24,7 @@ async def get_status(request: web.Request) -> web.Response:
         version=ctx.version,
         uptime_s=round(time.time() - ctx.started_at, 1),
         join_url=ctx.join_url,
+        ca_fingerprint=ctx.ca_fingerprint,
         nodes=NodeCounts(total=len(nodes), connected=sum(n.connected for n in nodes)),
         models=ModelCounts(total=len(models), served=sum(m.replicas > 0 for m in models)),
         replicas=ReplicaCounts(wanted=sum(m.replicas for m in models), ready=ready),

@@ -9,7 +9,7 @@ import logging
 import ssl
 from asyncio.sslproto import SSLProtocol
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from llmgwd.router import errors
@@ -124,3 +124,77 @@ class CountedTLS(SSLProtocol):
             self._gate.release(self._client)
             self._client = None
         super().connection_lost(exc)
+
+
+_TLS_HANDSHAKE = 0x16  # the first byte of a TLS record carrying a handshake (a ClientHello)
+_OVER_CAP_WAIT_S = 1.0
+
+
+class FirstByte(asyncio.Protocol):
+    """A connection to a port that serves TLS and plain HTTP both, until its first byte says
+    which: a TLS handshake record (0x16), else an HTTP request line. Counted by the gate and
+    closed after timeout seconds of silence meanwhile, as the protocol it hands over to is.
+    One over its client's cap waits a second at most, uncounted, for the byte that says
+    whether it can be told so (plain HTTP's 429) or is just closed (TLS)."""
+
+    def __init__(
+        self,
+        tls: Callable[[], asyncio.BaseProtocol],
+        plain: Callable[[], asyncio.BaseProtocol],
+        gate: ConnectionGate,
+        timeout: float,
+    ) -> None:
+        self._tls, self._plain, self._gate, self._timeout = tls, plain, gate, timeout
+        self._transport: asyncio.Transport | None = None
+        self._client: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._client = self._gate.admit(peer_address(transport))
+        wait = self._timeout if self._client is not None else _OVER_CAP_WAIT_S
+        self._timer = asyncio.get_running_loop().call_later(wait, self._transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or not data or self._timer is None:
+            return
+        over_cap = self._client is None
+        self._release()  # the protocol taking over counts the connection itself
+        if data[0] == _TLS_HANDSHAKE and over_cap:
+            transport.abort()  # as CountedTLS does: no answer without a handshake
+            return
+        proto = (self._tls if data[0] == _TLS_HANDSHAKE else self._plain)()
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
+        if transport.is_closing():
+            return  # refused (over the cap)
+        if isinstance(proto, asyncio.BufferedProtocol):
+            _feed(proto, data)
+        elif isinstance(proto, asyncio.Protocol):
+            proto.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._client is not None:
+            self._gate.release(self._client)
+            self._client = None
+
+
+def _feed(proto: asyncio.BufferedProtocol, data: bytes) -> None:
+    """Hand data to a buffered protocol (asyncio's TLS layer) as its transport would."""
+    view = memoryview(data)
+    while view:
+        buf = memoryview(proto.get_buffer(len(view)))
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        proto.buffer_updated(n)
+        view = view[n:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -24,6 +25,7 @@ from llmgwd.clientport.gate import (
     SERVER,
     ConnectionGate,
     CountedTLS,
+    FirstByte,
     peer_address,
     too_many_connections,
 )
@@ -121,9 +123,9 @@ class ClientProtocol(RequestHandler):
     its client under the cap, and aiohttp's own errors said safely. The time the server does
     not read (a handler not reading yet) is not the client's, and is not counted."""
 
-    def __init__(self, manager: ClientServer, **kwargs: Any) -> None:
+    def __init__(self, manager: ClientServer, *, counted: bool = True, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self._gate = manager.gate if manager.tls is None else None  # with TLS, CountedTLS counts
+        self._gate = manager.gate if counted else None  # with TLS, CountedTLS counts
         self._settings = manager.settings
         self._head_s = manager.settings.head_timeout_s
         self._client: str | None = None  # set once counted by the gate (without TLS)
@@ -285,7 +287,9 @@ class ClientProtocol(RequestHandler):
 class ClientServer(web.Server):
     """aiohttp's Server, making ClientProtocol connections that share one gate."""
 
-    def __init__(self, base: web.Server, settings: ClientPort) -> None:
+    def __init__(
+        self, base: web.Server, settings: ClientPort, own_tls: ssl.SSLContext | None = None
+    ) -> None:
         # The same handler, request factory and protocol arguments as the app's own Server.
         super().__init__(
             base.request_handler,
@@ -294,7 +298,10 @@ class ClientServer(web.Server):
             **base._kwargs,
         )
         self.settings = settings
-        self.tls = tls_context(settings)
+        self.tls = tls_context(settings) or own_tls
+        # With llmgwd's own certificate, plain HTTP is still served on the port (its first
+        # byte tells); a site's own certificate is TLS only.
+        self.plain_too = own_tls is not None and not settings.tls_cert
         self.gate = ConnectionGate(
             settings.max_connections_per_address, settings.uncapped_addresses
         )
@@ -303,21 +310,37 @@ class ClientServer(web.Server):
     # which counts the connection from then on and hands the HTTP protocol its decrypted side.
     # aiohttp types Server() as making its RequestHandler; asyncio takes any protocol.
     def __call__(self) -> asyncio.BaseProtocol:  # type: ignore[override]  # not a RequestHandler
-        http = ClientProtocol(self, loop=self._loop, **self._kwargs)
         if self.tls is None:
-            return http
+            return self._plain()
+        if self.plain_too:
+            return FirstByte(self._tls, self._plain, self.gate, self.settings.head_timeout_s)
+        return self._tls()
+
+    def _plain(self) -> ClientProtocol:
+        return ClientProtocol(self, loop=self._loop, **self._kwargs)
+
+    def _tls(self) -> CountedTLS:
+        assert self.tls is not None
+        http = ClientProtocol(self, counted=False, loop=self._loop, **self._kwargs)
         return CountedTLS(http, self.tls, self.gate, self.settings.head_timeout_s)
 
 
 class ClientRunner(web.AppRunner):
     """An AppRunner whose server is a ClientServer."""
 
-    def __init__(self, app: web.Application, settings: ClientPort, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        settings: ClientPort,
+        own_tls: ssl.SSLContext | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self.settings = settings
+        self.own_tls = own_tls
 
     async def _make_server(self) -> web.Server:
-        return ClientServer(await super()._make_server(), self.settings)
+        return ClientServer(await super()._make_server(), self.settings, self.own_tls)
 
 
 # The application's side: CORS, the Server header, and errors outside /v1 and /api/v1.
@@ -380,13 +403,20 @@ async def errors_outside(request: web.Request, handler: Handler) -> web.StreamRe
         return answer(request.path, errors.from_http_exception(request, e))
 
 
-async def serve(app: web.Application, settings: ClientPort, host: str, port: int) -> ClientRunner:
-    """Serve app (its sub-apps added) on the client port; the caller cleans the runner up."""
+async def serve(
+    app: web.Application,
+    settings: ClientPort,
+    host: str,
+    port: int,
+    own_tls: ssl.SSLContext | None = None,
+) -> ClientRunner:
+    """Serve app (its sub-apps added) on the client port; the caller cleans the runner up.
+    With own_tls (llmgwd's own certificate) and no site certificate, TLS and plain HTTP both."""
     preflight, on_prepare = cors(settings.cors_origins)
     # With no origin listed there is no preflight to answer: one middleware less a request.
     app.middlewares[:0] = [errors_outside, preflight] if settings.cors_origins else [errors_outside]
     app.on_response_prepare.append(on_prepare)
-    runner = ClientRunner(app, settings, access_log=None, shutdown_timeout=10.0)
+    runner = ClientRunner(app, settings, own_tls, access_log=None, shutdown_timeout=10.0)
     await runner.setup()
     # TLS, when configured, is the ClientServer's own (CountedTLS), not the site's.
     site = web.TCPSite(runner, host, port, backlog=BACKLOG)
