@@ -13,7 +13,7 @@ import yaml
 from llmgw import config
 from llmgw.config import ServerConfig
 from llmgwd.planes import etcd_member, migrate
-from llmgwd.store.open import SQLITE_FILE, open_store
+from llmgwd.store.open import SQLITE_FILE, open_backend
 from llmgwd.store.sqlite import SqliteStore
 
 BACKUP_SUFFIX = ".before-etcd"  # state.db.before-etcd: the SQLite store as it was copied
@@ -69,7 +69,7 @@ async def copy(cfg: ServerConfig, state_dir: Path) -> migrate.Copied:
     owner = db.stat()
     source = await SqliteStore.open(db)
     try:
-        target = await open_store(etcd_config(cfg), state_dir)
+        target = await open_backend(etcd_config(cfg), state_dir)
         try:
             return await migrate.copy(source, target)
         finally:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from llmgw import wire
-from llmgwd.store import Store, prefix_end
+from llmgw import package_version, wire
+from llmgwd.store import Store, prefix_end, schema
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +26,18 @@ class Announcer:
 
     def __init__(self, store: Store, name: str, url: str, lease: Callable[[], int]) -> None:
         self._store = store
-        self._info = wire.PlaneInfo(name, url, since=time.time())
+        self._info = wire.PlaneInfo(
+            name, url, since=time.time(), version=package_version(), schema=schema.SCHEMA
+        )
         self._lease = lease
         self._due = asyncio.Event()
 
     def set_role(self, role: wire.PlaneRole, term: int) -> None:
         """This control plane's role changed."""
         if (role, term) != (self._info.role, self._info.term):
-            self._info = wire.PlaneInfo(self._info.name, self._info.url, role, term, time.time())
+            self._info = msgspec.structs.replace(
+                self._info, role=role, term=term, since=time.time()
+            )
             self._due.set()
 
     def renew(self) -> None:
@@ -51,10 +55,18 @@ class Announcer:
             try:
                 value = msgspec.json.encode(self._info)
                 await self._store.put(SERVERS + self._info.name, value, lease=lease)
+                await self._raise_schema()
             except Exception as e:
                 log.warning("cannot record this control plane in the store (%s)", e)
                 await asyncio.sleep(1.0)
                 self._due.set()
+
+    async def _raise_schema(self) -> None:
+        """Once every live control plane writes this release's schema, the store's is raised
+        to it (the last one upgraded in a roll does it as it announces itself)."""
+        planes, _ = await read(self._store)
+        if await schema.raise_to_ours(self._store, [p.schema for p in planes]):
+            log.info("the store's schema is now %d: every control plane writes it", schema.SCHEMA)
 
 
 async def read(store: Store) -> tuple[list[wire.PlaneInfo], int]:

@@ -1,0 +1,80 @@
+"""The store's schema version at /schema: recorded by the first llmgwd, checked by every llmgwd
+as it opens the store, raised only once every live control plane writes the newer one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from llmgw import compat, package_version
+from llmgwd.store.base import Compare, Put, Store
+
+# What this llmgwd writes, and the oldest it reads: a release that changes what it writes
+# raises SCHEMA and sets OLDEST_SCHEMA to the SCHEMA of the release before (llmgw.compat).
+SCHEMA = 1
+OLDEST_SCHEMA = 1
+KEY = "/schema"
+
+
+class Record(msgspec.Struct, frozen=True):
+    """/schema's value: the schema the store's data is in, and the llmgwd that set it."""
+
+    schema: int
+    llmgwd: str = ""
+
+
+class SchemaRefused(Exception):
+    """This llmgwd cannot run on this store; the message names both versions."""
+
+
+_dec = msgspec.json.Decoder(Record)
+
+
+async def stored(store: Store) -> tuple[Record, int] | None:
+    """/schema's record and its mod revision; None when no llmgwd recorded one yet."""
+    kv = await store.get(KEY)
+    if kv is None:
+        return None
+    try:
+        return _dec.decode(kv.value), kv.mod_revision
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise SchemaRefused(f"the store's {KEY} record cannot be read by this llmgwd") from None
+
+
+async def check(
+    store: Store, *, schema: int = SCHEMA, oldest: int = OLDEST_SCHEMA, version: str = ""
+) -> Record:
+    """The store's schema, recorded as ours if none is; SchemaRefused when this llmgwd (of
+    this schema, reading down to oldest) cannot run on it."""
+    version = version or package_version()
+    found = await stored(store)
+    if found is None:
+        mine = Record(schema, version)
+        done = await store.txn(
+            [Compare(KEY, "version", "=", 0)], [Put(KEY, msgspec.json.encode(mine))]
+        )
+        if done.succeeded:
+            return mine
+        found = await stored(store)  # another control plane recorded it meanwhile
+        assert found is not None
+    record = found[0]
+    why = compat.schema_refusal(record.schema, record.llmgwd, schema, oldest, version)
+    if why:
+        raise SchemaRefused(why)
+    return record
+
+
+async def raise_to_ours(
+    store: Store, planes: Iterable[int], *, schema: int = SCHEMA, version: str = ""
+) -> bool:
+    """Raise /schema to schema once every live control plane (planes: the schema each one's
+    record says it writes) writes it; whether it was raised now."""
+    found = await stored(store)
+    if found is None or found[0].schema >= schema or any(p < schema for p in planes):
+        return False
+    record = Record(schema, version or package_version())
+    done = await store.txn(
+        [Compare(KEY, "mod", "=", found[1])], [Put(KEY, msgspec.json.encode(record))]
+    )
+    return done.succeeded

@@ -1,0 +1,75 @@
+"""The store's schema: recorded by the first llmgwd, a newer (or too old) one refused by an
+llmgwd as it opens the store, naming both versions, and raised only once every control plane
+writes the newer one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw import package_version
+from llmgw.config import ServerConfig
+from llmgwd.store import schema
+from llmgwd.store.open import open_store
+from llmgwd.store.sqlite import SqliteStore
+
+
+async def put_schema(path: Path, record: schema.Record) -> None:
+    store = await SqliteStore.open(path)
+    try:
+        await store.put(schema.KEY, msgspec.json.encode(record))
+    finally:
+        await store.close()
+
+
+async def test_a_new_store_records_this_llmgwds_schema(tmp_path: Path) -> None:
+    store = await open_store(ServerConfig(), tmp_path)
+    try:
+        kv = await store.get(schema.KEY)
+        assert kv is not None
+        assert msgspec.json.decode(kv.value, type=schema.Record) == schema.Record(
+            schema.SCHEMA, package_version()
+        )
+    finally:
+        await store.close()
+    store = await open_store(ServerConfig(), tmp_path)  # opened again: the same record
+    await store.close()
+
+
+async def test_a_store_written_by_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    await put_schema(tmp_path / "state.db", schema.Record(schema.SCHEMA + 1, "9.9.0"))
+    with pytest.raises(schema.SchemaRefused) as e:
+        await open_store(ServerConfig(), tmp_path)
+    said = str(e.value)
+    assert f"the store's schema is {schema.SCHEMA + 1} (written by llmgwd 9.9.0)" in said
+    assert f"this llmgwd {package_version()} reads (schema {schema.SCHEMA})" in said
+    assert "install llmgwd 9.9.0 or newer" in said
+
+
+async def test_a_store_older_than_the_release_before_is_refused(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "state.db")
+    try:
+        await store.put(schema.KEY, msgspec.json.encode(schema.Record(1, "0.1.0")))
+        with pytest.raises(schema.SchemaRefused, match=r"older than this llmgwd 0\.3\.0 reads"):
+            await schema.check(store, schema=3, oldest=2, version="0.3.0")
+        # The release after takes it: one release behind.
+        assert (await schema.check(store, schema=2, oldest=1, version="0.2.0")).schema == 1
+    finally:
+        await store.close()
+
+
+async def test_the_schema_is_raised_only_once_every_control_plane_writes_it() -> None:
+    store = await SqliteStore.open(":memory:")
+    try:
+        await schema.check(store, schema=1, oldest=1, version="0.1.0")
+        # A roll from schema 1 to 2: the old control plane still runs.
+        assert not await schema.raise_to_ours(store, [2, 1], schema=2, version="0.2.0")
+        assert (await schema.check(store, schema=1, oldest=1, version="0.1.0")).schema == 1
+        assert await schema.raise_to_ours(store, [2, 2], schema=2, version="0.2.0")
+        with pytest.raises(schema.SchemaRefused, match=r"written by llmgwd 0\.2\.0"):
+            await schema.check(store, schema=1, oldest=1, version="0.1.0")
+        assert not await schema.raise_to_ours(store, [2, 2], schema=2)  # raised already
+    finally:
+        await store.close()
