@@ -37,6 +37,7 @@ class PlaneView(msgspec.Struct, frozen=True, kw_only=True):
     role: str = ""  # "leader", "standby", or "" when it runs no llmgwd now
     learner: bool = False  # its member is a learner: joined, not yet promoted to a voter
     self: bool = False  # the control plane that answered
+    version: str = ""  # its llmgwd's release ("": not running, or older than this field)
 
 
 class PlaneRemoved(msgspec.Struct, kw_only=True):

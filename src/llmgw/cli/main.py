@@ -25,6 +25,7 @@ from llmgw.cli import (
     slurm,
     usage,
     user,
+    version,
 )
 from llmgw.cli.common import Settings
 
@@ -98,6 +99,7 @@ main.add_command(mirror.mirror)
 main.add_command(slurm.slurm)
 main.add_command(scim.scim)
 main.add_command(metrics.metrics)
+main.add_command(version.version)
 # One listing word a resource (`llmgw keys` as `llmgw models`); the `list` subcommands that
 # came before still work, listed nowhere.
 for _group, _listing in ((key.key, key.keys), (user.user, user.users), (org.org, org.orgs),

@@ -108,8 +108,8 @@ def planes(settings: Settings, out: Listing) -> None:
 
     HEALTH is the member as this control plane's member sees it (healthy, unreachable, not
     started), "(learner)" while a joined member has not caught up and been promoted to a
-    voter; ROLE is leader or standby, empty where no llmgwd runs now. -o wide adds the
-    address its etcd member's peers reach it at.
+    voter; ROLE is leader or standby, empty where no llmgwd runs now; VERSION is its
+    llmgwd's release. -o wide adds the address its etcd member's peers reach it at.
     """
     answer = call(settings, "GET", f"{API}/planes")
     if out.raw(answer):
@@ -121,9 +121,10 @@ def planes(settings: Settings, out: Listing) -> None:
             s.member or "-",
             s.health + (" (learner)" if s.learner else ""),
             s.role or "-",
+            s.version or "-",
             s.peer_url or "-",
         ]
         for s in decoded(answer, list[PlaneView])
     ]
-    headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE", "PEER ADDRESS"]
-    out.table(headers, rows, "One control plane on SQLite: no etcd members.", shown=5)
+    headers = ["NAME", "ADDRESS", "MEMBER", "HEALTH", "ROLE", "VERSION", "PEER ADDRESS"]
+    out.table(headers, rows, "One control plane on SQLite: no etcd members.", shown=6)

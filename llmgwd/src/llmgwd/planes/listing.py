@@ -124,10 +124,12 @@ async def view(store: Store, etcd: EtcdCluster | None, me: str) -> list[PlaneVie
             name=m.name or f"(joining at {', '.join(m.peer_urls)})", url=rec.url if rec else "",
             member=format(m.id, "x"), peer_url=",".join(m.peer_urls),
             health=_health(m, healthy), role=role, learner=m.learner, self=m.name == me,
+            version=rec.version if rec else "",
         ))  # fmt: skip
     for name, rec in sorted(recs.items()):
         role = "leader" if name == lead else rec.role
-        out.append(PlaneView(name=name, url=rec.url, role=role, self=name == me))
+        out.append(PlaneView(name=name, url=rec.url, role=role, self=name == me,
+                             version=rec.version))  # fmt: skip
     return sorted(out, key=lambda s: s.name)
 
 
