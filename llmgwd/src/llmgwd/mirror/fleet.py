@@ -59,6 +59,12 @@ class Fleet:
             await self.holders.mark(source)
             self._marked.add(source)
 
+    async def lost(self, source: str) -> None:
+        """A file of source went from this control plane's disk: it no longer says it holds
+        the set whole (marked again once it has it again)."""
+        await self.holders.unmark(source)
+        self._marked.discard(source)
+
     async def swept(self, kept: set[str]) -> None:
         """After a sweep here: this control plane no longer says it holds a set not in kept
         (the sets the catalog's models use)."""

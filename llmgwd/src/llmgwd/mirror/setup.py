@@ -16,6 +16,7 @@ from llmgw.wire import HeldFile, ModelFile, Sweep
 from llmgwd import auth
 from llmgwd.catalog import ApiKey, Catalog, CatalogError
 from llmgwd.mirror import fleet, hub_auth, hub_server, peers
+from llmgwd.mirror.disk_check import DiskCheck
 from llmgwd.mirror.holders import Holders
 from llmgwd.mirror.records import Records
 from llmgwd.mirror.service import Mirror, Settings
@@ -63,6 +64,7 @@ async def start(
     fetch_models(mirror, catalog)
     task = asyncio.get_running_loop().create_task(peers.run(mirror))
     _pending.add(task)
+    _pending.add(asyncio.get_running_loop().create_task(DiskCheck(mirror, catalog).run()))
     return mirror
 
 
