@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw import pki
+from llmgwd.accounting.levels import Levels
+from llmgwd.accounting.usage import Usage
+from llmgwd.metrics import budgets
+from llmgwd.metrics.certificates import Certificates
 from llmgwd.metrics.cluster import NODE_STATES, REPLICA_STATES
+from llmgwd.metrics.scrape import Scraper, Snapshotting
+from llmgwd.metrics.store_health import StoreHealth
 from llmgwd.router import metrics as router_metrics
 from tests.llmgwd.test_grafana import served_names
 
@@ -49,6 +58,18 @@ def metric_names(expr: str) -> set[str]:
     return {n for n in _NAME.findall(bare) if n.lower() not in _KEYWORDS}
 
 
+async def health_names(tmp_path: Path) -> set[str]:
+    """The sample names of the budgets', the store's and the certificates' series, with a
+    budget and a certificate to show."""
+    cert = tmp_path / "ca.pem"
+    cert.write_bytes(pki.make_ca().cert_pem)
+    series = budgets.BudgetSeries(list, Levels(), Usage(None))
+    series.budgets = (budgets.Budget("key", "k1", "tokens", "day", 1000.0, 10.0),)
+    collectors: list[Snapshotting] = [series, StoreHealth(None), Certificates({"ca": cert})]
+    text = await Scraper(CollectorRegistry(), collectors).render()
+    return {s.name for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+
 def _promtool(*args: str) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (apt-get install prometheus)")
@@ -63,13 +84,17 @@ def test_metric_names_reads_selectors_not_functions_or_labels() -> None:
     assert metric_names(expr) == {"a_total", "up"}
 
 
-async def test_every_series_the_rules_read_is_one_llmgwd_serves() -> None:
+async def test_every_series_the_rules_read_is_one_llmgwd_serves(tmp_path: Path) -> None:
     wanted = {name for expr in expressions() for name in metric_names(expr)}
     # The alerts the packages promise, each on its series.
     assert {"up", "llmgw_nodes", "llmgw_replicas", "llmgw_engine_restarts_total",
             "llmgw_replicas_wanted", "llmgw_replicas_ready",
             "llmgw_refusals_total"} <= wanted  # fmt: skip
-    assert wanted - PROMETHEUS_OWN - await served_names() == set()
+    assert {"llmgw_budget_used", "llmgw_budget_limit", "llmgw_store_quorum",
+            "llmgw_store_voters", "llmgw_store_voters_healthy",
+            "llmgw_certificate_expiry_timestamp_seconds"} <= wanted  # fmt: skip
+    served = await served_names() | await health_names(tmp_path)
+    assert wanted - PROMETHEUS_OWN - served == set()
 
 
 def test_every_label_value_the_rules_match_is_one_llmgwd_gives() -> None:
