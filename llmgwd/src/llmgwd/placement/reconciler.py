@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
@@ -14,10 +15,11 @@ import msgspec
 from llmgw import engine_memory
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaStatus
 from llmgwd.catalog import Catalog, Model, engine_key, profiles_of
-from llmgwd.placement import scheduler
+from llmgwd.placement import rolling, scheduler
 from llmgwd.placement.estimate import ModelShape, ram_bytes
 from llmgwd.placement.profiles import DEFAULT, Profile
-from llmgwd.placement.scheduler import Demand, Placement, Removal, Verdict
+from llmgwd.placement.rolling import Rollout
+from llmgwd.placement.scheduler import Demand, Placement, Removal, Started, Verdict
 from llmgwd.store import Store, prefix_end
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ FAILURES = "/failures/"  # /failures/NODE/MODEL: where a model failed to start
 NODE_FLAGS = "/nodeflags/"  # /nodeflags/NODE: cordoned, draining
 LAST_USED = "/lastused/"  # /lastused/MODEL: an on-demand model's last request, so a restart
 # of llmgwd neither parks a model in use nor wakes a parked one
+ROLLOUTS = "/rollouts/"  # /rollouts/MODEL: its replicas' roll to new settings (rolling.py)
 OOM_KILLS = "/oomkills/"  # /oomkills/MODEL: its engines' OOM kills, so a new leader places it
 # with the same larger estimate (and counts no kill twice)
 
@@ -120,7 +123,19 @@ _flags_dec = msgspec.json.Decoder(NodeFlags)
 _failure_dec = msgspec.json.Decoder(Failure)
 _used_dec = msgspec.json.Decoder(LastUsed)
 _oom_dec = msgspec.json.Decoder(OomKills)
+_roll_dec = msgspec.json.Decoder(Rollout)
 _enc = msgspec.json.Encoder()
+
+
+@dataclass
+class Roll:
+    """One pass's view for the rolls: replica states, the nodes to place on, live failures,
+    and the stale replicas standing beside their replacements (the scheduler counts none)."""
+
+    status: dict[str, ReplicaStatus]
+    nodes: list[scheduler.Node]
+    live: set[tuple[str, str]]
+    outgoing: set[str] = field(default_factory=set)
 
 
 def demands(model: Model, awake: bool = True, ooms: OomKills | None = None) -> list[Demand]:
@@ -151,7 +166,8 @@ class Reconciler:
 
     Removals wait for their replacements: a replica is stopped once the model has as many
     other replicas ready as it wants, or after REPLACE_TIMEOUT_S; one whose node is gone,
-    whose model is gone, or that failed where it runs is removed at once.
+    whose model is gone, or that failed where it runs is removed at once. Replicas started
+    with older settings than their model's are replaced one at a time (rolling.py).
     """
 
     def __init__(
@@ -184,6 +200,8 @@ class Reconciler:
         self._last_used: dict[str, float] = {}  # on-demand model -> its last request
         self._used_saved: dict[str, float] = {}  # what the store holds of _last_used
         self._ooms: dict[str, OomKills] = {}  # model -> its engines' OOM kills
+        self._rolls: dict[str, Rollout] = {}  # model -> its roll to new settings
+        self._room: dict[str, bool] = {}  # model -> whether its last roll step fit beside
         self.outcomes: list[scheduler.Outcome] = []  # the last pass's, for people
 
     def poke(self) -> None:
@@ -218,6 +236,8 @@ class Reconciler:
             self._failures[(f.node, f.model)] = f
         kvs, _ = await self._store.range(OOM_KILLS, prefix_end(OOM_KILLS))
         self._ooms = {kv.key[len(OOM_KILLS) :]: _oom_dec.decode(kv.value) for kv in kvs}
+        kvs, _ = await self._store.range(ROLLOUTS, prefix_end(ROLLOUTS))
+        self._rolls = {kv.key[len(ROLLOUTS) :]: _roll_dec.decode(kv.value) for kv in kvs}
         kvs, _ = await self._store.range(LAST_USED, prefix_end(LAST_USED))
         for kv in kvs:
             ago = max(0.0, time.time() - _used_dec.decode(kv.value).at)
@@ -292,22 +312,23 @@ class Reconciler:
         await self._note_ooms(status, models)
         wanted = {m.name: demands(m, self.awake(m), self._ooms.get(m.name)) for m in models}
         live = set(self._live_failures())
+        nodes = self._scheduler_nodes(infos)
+        await self._stamp_old(models)
+        roll = Roll(status, nodes, live)
+        await self._roll(models, wanted, roll)
         failed_here = {
             p.id
             for p in self._placements.values()
             if (p.node, p.model) in live and getattr(status.get(p.id), "state", "") == "failed"
         }
-        kept = [p for p in self._placements.values() if p.id not in failed_here]
-        plan = scheduler.schedule(
-            [d for ds in wanted.values() for d in ds],
-            self._scheduler_nodes(infos),
-            kept,
-            live,
-        )
+        left = failed_here | roll.outgoing
+        kept = [p for p in self._placements.values() if p.id not in left]
+        plan = scheduler.schedule([d for ds in wanted.values() for d in ds], nodes, kept, live)
         self.outcomes = plan.outcomes
         add, moved = self._moves(plan.add, failed_here)
+        by_name = {m.name: m for m in models}
         for p in add:
-            await self._put(p)
+            await self._put(self._stamped(p, by_name[p.model]))
         for p, reason in moved:
             await self._delete(p, reason)
         for r in self._due(plan.remove, status, wanted):
@@ -446,9 +467,12 @@ class Reconciler:
                 out.append(r)
         return out
 
-    async def _put(self, p: Placement) -> None:
+    async def _keep(self, p: Placement) -> None:
         await self._store.put(PLACEMENTS + p.id, _enc.encode(p))
         self._placements[p.id] = p
+
+    async def _put(self, p: Placement) -> None:
+        await self._keep(p)
         log.info(
             "replica %s of %s (profile %s) placed on %s",
             p.id,
@@ -495,12 +519,13 @@ class Reconciler:
         the node's default limit; larger after OOM kills), its cards and the share of each
         it may fill (vLLM's; sizes: the node's cards' memory by UUID), its cores and the
         profile's KV cache type."""
-        context = (p.context if m.shape is not None else 0) or profile.context or m.context
+        st = p.started or rolling.settings(m, profile)  # what its engine runs (rolling.py)
+        context = (p.context if m.shape is not None else 0) or st.context
         memory_max = 0
         if m.shape is not None:
             tokens = context or m.shape.context_length
             gpu = profile.kind == "gpu"
-            ram = ram_bytes(m.shape, tokens, profile.cache_type, gpu=gpu, engine=m.engine)
+            ram = ram_bytes(m.shape, tokens, st.cache_type, gpu=gpu, engine=m.engine)
             grown = engine_memory.oom_factor(self.oom_kills(m.name).get(profile.name, 0))
             memory_max = engine_memory.limit(int(ram * grown))
         fraction = 0.0
@@ -511,7 +536,7 @@ class Reconciler:
             model=m.name,
             engine=m.engine,
             source=m.source,
-            args=list(profile.args),
+            args=list(st.args),
             context=context,
             api_key=engine_key(self._secret, p.id),
             devices=list(p.devices),
@@ -521,10 +546,175 @@ class Reconciler:
             files=list(m.files),
             cores=p.cores,
             gpu_memory_fraction=fraction,
-            cache_type=profile.cache_type or "",
+            cache_type=st.cache_type or "",
             isolated_cache=self._isolated_cache and m.engine == "llama.cpp",
-            generation=m.generation,
+            generation=st.generation,
         )
+
+    # Rolling replacement (rolling.py)
+
+    async def _stamp_old(self, models: list[Model]) -> None:
+        """Give a placement stored before Placement.started its model's settings now: its
+        spec carried them, so its engine runs them."""
+        by_name = {m.name: m for m in models}
+        for p in [p for p in self._placements.values() if p.started is None]:
+            m = by_name.get(p.model)
+            if m is not None and profile_named(m, p.profile) is not None:
+                await self._keep(self._stamped(p, m))
+
+    def _stamped(self, p: Placement, m: Model) -> Placement:
+        """p with the settings a new replica of its profile starts with: the model's now,
+        or, while its roll is halted, what its old replicas run."""
+        profile = profile_named(m, p.profile)
+        if profile is None:
+            return p
+        now = rolling.settings(m, profile)
+        rec = self._rolls.get(m.name)
+        if rec is not None and rec.halted and rec.target == rolling.targets(m):
+            now = rec.old.get(profile.name, now)
+        return msgspec.structs.replace(p, started=now)
+
+    async def _save_roll(self, name: str, rec: Rollout | None) -> None:
+        if rec is None:
+            await self._store.delete(ROLLOUTS + name)
+            self._rolls.pop(name, None)
+            self._room.pop(name, None)
+        else:
+            await self._store.put(ROLLOUTS + name, _enc.encode(rec))
+            self._rolls[name] = rec
+
+    async def _roll(self, models: list[Model], wanted: dict[str, list[Demand]], roll: Roll) -> None:
+        """One step of each awake model's roll to its new settings, per profile (a halted
+        roll waits for new settings)."""
+        names = {m.name for m in models}
+        for name in [n for n in self._rolls if n not in names]:
+            await self._save_roll(name, None)
+        for m in models:
+            target, rec = rolling.targets(m), self._rolls.get(m.name)
+            if not self.awake(m) or (rec is not None and rec.target == target and rec.halted):
+                continue
+            steps = [(d, self._step(m, d, roll)) for d in wanted[m.name]]
+            if all(s.action == "done" for _, s in steps):
+                if rec is not None:
+                    await self._save_roll(m.name, None)
+                    log.info("model %s: every replica runs its new settings", m.name)
+                continue
+            if rec is None or rec.target != target:
+                await self._save_roll(m.name, Rollout(target, self._old_settings(m, target)))
+                log.info("model %s: replacing its replicas for new settings", m.name)
+            for d, s in steps:
+                await self._take(m, d, s, roll)
+
+    def _old_settings(self, m: Model, target: dict[str, Started]) -> dict[str, Started]:
+        """By profile: the settings of a replica of m that runs older ones than target."""
+        out: dict[str, Started] = {}
+        for p in sorted(self._placements.values(), key=lambda p: p.id):
+            if p.model != m.name or p.started is None or p.profile not in target:
+                continue
+            if p.started != target[p.profile]:
+                out.setdefault(p.profile, p.started)
+        return out
+
+    def _step(self, m: Model, d: Demand, roll: Roll) -> rolling.Step:
+        key = (m.name, d.profile.name)
+        mine = [p for p in self._placements.values() if (p.model, p.profile) == key]
+        return rolling.step(
+            max(d.profile.replicas, 0),
+            mine,
+            rolling.settings(m, d.profile),
+            lambda rid: getattr(roll.status.get(rid), "state", ""),
+            lambda rid: self._failing(roll.status.get(rid)),
+        )
+
+    def _failing(self, st: ReplicaStatus | None) -> bool:
+        """Whether a replica failed to start, as _note_failures counts it."""
+        if st is None or st.state != "failed":
+            return False
+        since = self._failing_since.get(st.id, self._clock())
+        return st.restarts >= FAILED_RESTARTS or self._clock() - since >= FAILED_FOR_S
+
+    async def _take(self, m: Model, d: Demand, s: rolling.Step, roll: Roll) -> None:
+        """Make one step of a profile's roll (rolling.step's)."""
+        now = rolling.settings(m, d.profile)
+        if s.action == "wait" and s.outgoing is not None:
+            roll.outgoing.add(s.outgoing.id)
+        elif s.action == "restart":
+            for p in s.replicas:
+                await self._restart(p, now)
+        elif s.action == "retire":
+            await self._delete(s.replicas[0], "replaced by one with the model's new settings")
+        elif s.action == "halt":
+            await self._halt(m, s.replicas[0], roll)
+        elif s.action == "surge":
+            new = self._surge(d, roll)
+            self._room[m.name] = new is not None
+            if new is not None:
+                await self._put(msgspec.structs.replace(new, started=now))
+                roll.outgoing.add(s.replicas[0].id)
+            else:
+                why = "stopped for its replacement with the new settings (no room beside it)"
+                await self._delete(s.replicas[0], why)
+
+    async def _restart(self, p: Placement, now: Started) -> None:
+        """A stale replica that serves nothing: started again with now, in place (placed
+        again where its memory changes with them)."""
+        if p.started is not None and rolling.needs_place(p.started, now):
+            await self._delete(p, "placed again for the model's new settings (it was not ready)")
+            return
+        await self._keep(msgspec.structs.replace(p, started=now))
+        log.info(
+            "replica %s of %s started again on %s with the model's new settings",
+            p.id, p.model, p.node,
+            extra={"model": p.model, "replica": p.id, "node": p.node},
+        )  # fmt: skip
+
+    def _surge(self, d: Demand, roll: Roll) -> Placement | None:
+        """One more replica of d's profile beside those placed, where placement has room."""
+        key = (d.model, d.profile.name)
+        have = sum(1 for p in self._placements.values() if (p.model, p.profile) == key)
+        more = msgspec.structs.replace(d.profile, replicas=have + 1)
+        placed = list(self._placements.values())
+        plan = scheduler.schedule(
+            [msgspec.structs.replace(d, profile=more)], roll.nodes, placed, roll.live
+        )
+        return plan.add[0] if plan.add else None
+
+    async def _halt(self, m: Model, p: Placement, roll: Roll) -> None:
+        """A replica of the new settings failed to start: it goes, the old ones stay, and
+        the roll waits for new settings."""
+        st = roll.status.get(p.id)
+        why = st.message if st is not None and st.message else "no reason given"
+        text = (
+            f"halted: replica {p.id} failed to start with the new settings on {p.node} ({why});"
+            " the other replicas keep the old ones until the model is restarted or its"
+            " context changed again"
+        )
+        await self._delete(p, "it failed to start with the model's new settings: the roll stops")
+        rec = self._rolls.get(m.name)
+        if rec is not None:
+            await self._save_roll(m.name, msgspec.structs.replace(rec, halted=text))
+        log.warning("model %s: roll %s", m.name, text, extra={"model": m.name, "replica": p.id})
+
+    def rollout(self, model: Model) -> str:
+        """Model's replicas' roll to its new settings as people read it: how many are left
+        and how, or why it halted ("" when none runs)."""
+        target = rolling.targets(model)
+        rec = self._rolls.get(model.name)
+        if rec is not None and rec.halted and rec.target == target:
+            return rec.halted
+        stale = [
+            p
+            for p in self._placements.values()
+            if p.model == model.name and p.started is not None and p.profile in target
+            and p.started != target[p.profile]
+        ]  # fmt: skip
+        if not stale:
+            return ""
+        want = sum(max(p.replicas, 0) for p in profiles_of(model))
+        room = self._room.get(model.name)
+        if room is None:
+            room = any(v.fits for _, verdicts in self.explain(model) for v in verdicts)
+        return rolling.note(len(stale), want, room)
 
     # Views
 

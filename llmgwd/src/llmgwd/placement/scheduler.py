@@ -42,6 +42,7 @@ from llmgw import engine_cards, engine_memory
 from llmgw.api_types import Verdict as Verdict  # GET /models/{name}/plan shows them
 from llmgw.wire import Inventory
 from llmgwd.placement.estimate import (
+    CacheType,
     ModelShape,
     context_that_fits,
     cpu_bandwidth,
@@ -77,6 +78,16 @@ class Demand(msgspec.Struct, frozen=True):
     oom_kills: int = 0  # its engines' OOM kills seen: a larger estimate (engine_memory.oom_factor)
 
 
+class Started(msgspec.Struct, frozen=True):
+    """What of its model's settings a replica was started with (the reconciler's: a replica
+    whose settings differ from the model's now is replaced, one at a time)."""
+
+    generation: int = 0  # the model's restart generation
+    context: int = 0  # the context wanted (the profile's, else the model's), not the fitted one
+    args: list[str] = []  # the profile's engine flags
+    cache_type: CacheType | None = None  # the profile's KV cache type
+
+
 class Placement(msgspec.Struct, frozen=True):
     """Where one replica runs and what it holds there (kept in the store: the first three
     fields are the reconciler's Placement, the others default so old records decode)."""
@@ -89,6 +100,7 @@ class Placement(msgspec.Struct, frozen=True):
     context: int = 0  # the context it was given (what fits there)
     memory_bytes: int = 0  # on each device, or in RAM
     cores: int = 0  # CPU cores it was given
+    started: Started | None = None  # None: a record from before (the model's settings now)
 
 
 class Removal(msgspec.Struct, frozen=True):

@@ -1,0 +1,162 @@
+"""A restart or a context change replaces a model's replicas one at a time: never fewer
+ready than wanted (a new one beside an old one where it fits) or wanted less one (where
+none fits), to the end, and a new replica that fails halts the roll with the old ones kept."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
+from llmgwd.catalog import Model
+from llmgwd.placement.reconciler import Reconciler
+from llmgwd.store.sqlite import SqliteStore
+from tests.llmgwd.test_reconciler import GIB, Clock, FakeNodes, smol, start
+
+ONE_CORE = Inventory(cores=1, memory_bytes=16 * GIB, memory_free_bytes=12 * GIB)
+
+
+class Agents:
+    """Every node's agent: a replica new or with a changed spec is starting for one round,
+    then ready (or failed, where fails says so of its spec); one no longer wanted is gone."""
+
+    def __init__(self, nodes: FakeNodes, fails: Callable[[ReplicaSpec], bool]) -> None:
+        self.nodes = nodes
+        self.fails = fails
+        self.running: dict[str, tuple[str, ReplicaState]] = {}  # id -> (fingerprint, state)
+
+    def round(self) -> None:
+        seen: dict[str, tuple[str, ReplicaState]] = {}
+        for name, specs in self.nodes.desired.items():
+            statuses = []
+            for s in specs:
+                fp, state = self.running.get(s.id, ("", "starting"))
+                if fp != s.fingerprint():
+                    state = "starting"
+                elif state == "starting":
+                    state = "failed" if self.fails(s) else "ready"
+                seen[s.id] = (s.fingerprint(), state)
+                restarts = 3 if state == "failed" else 0
+                statuses.append(ReplicaStatus(s.id, s.model, state, 20000, restarts=restarts))
+            self.nodes.by_name[name].replicas = statuses
+        self.running = seen
+
+    def ready(self) -> int:
+        return sum(state == "ready" for _, state in self.running.values())
+
+    def generations(self) -> list[int]:
+        return sorted(s.generation for specs in self.nodes.desired.values() for s in specs)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SqliteStore]:
+    s = await SqliteStore.open(":memory:")
+    yield s
+    await s.close()
+
+
+async def settled(
+    store: SqliteStore,
+    nodes: FakeNodes,
+    model: Model,
+    fails: Callable[[ReplicaSpec], bool] = lambda s: False,
+) -> tuple[Reconciler, Agents]:
+    """A reconciler and agents with model's replicas all ready."""
+    rec = await start(store, nodes, model, clock=Clock())
+    agents = Agents(nodes, fails)
+    for _ in range(3):
+        agents.round()
+        await rec.reconcile()
+    assert agents.ready() == model.replicas
+    return rec, agents
+
+
+async def roll(rec: Reconciler, agents: Agents, rounds: int = 20) -> list[int]:
+    """Passes and agent rounds until nothing changes: the ready count after each round."""
+    out: list[int] = []
+    for _ in range(rounds):
+        await rec.reconcile()
+        agents.round()
+        out.append(agents.ready())
+    return out
+
+
+async def test_a_restart_with_room_keeps_every_replica_ready(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b", "c")
+    rec, agents = await settled(store, nodes, smol(replicas=2))
+    before = {p.id for p in rec.placements()}
+    model = await rec._catalog.update_model("m", generation=1)  # POST /models/m/restart
+    assert "one at a time" in rec.rollout(model) and "beside" in rec.rollout(model)
+    readies = await roll(rec, agents)
+    assert min(readies) == 2  # never one fewer
+    assert agents.generations() == [1, 1] and agents.ready() == 2
+    assert not before & {p.id for p in rec.placements()}  # each one replaced
+    assert rec.rollout(model) == "" and await store.get("/rollouts/m") is None
+
+
+async def test_a_restart_without_room_has_at_most_one_replica_down(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b")
+    for n in nodes.by_name.values():
+        n.inventory = ONE_CORE  # a replica takes its node's one core: none fits beside
+    rec, agents = await settled(store, nodes, smol(replicas=2))
+    model = await rec._catalog.update_model("m", generation=1)
+    assert "no room for one more" in rec.rollout(model)
+    readies = await roll(rec, agents)
+    assert min(readies) == 1 and readies[-1] == 2
+    assert agents.generations() == [1, 1]
+
+
+async def test_one_replica_and_no_room_restarts_in_place(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    nodes.by_name["a"].inventory = ONE_CORE
+    rec, agents = await settled(store, nodes, smol(replicas=1))
+    model = await rec._catalog.update_model("m", generation=1)
+    assert "restarts in place" in rec.rollout(model)
+    readies = await roll(rec, agents)
+    assert 0 in readies and readies[-1] == 1
+    assert agents.generations() == [1] and nodes.where() == ["a"]
+
+
+async def test_a_context_change_rolls_the_replicas_to_it(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b", "c")
+    rec, agents = await settled(store, nodes, smol(replicas=2))
+    assert {s.context for s in nodes.desired["a"] + nodes.desired["b"]} == {8192}
+    await rec._catalog.update_model("m", context=2048)  # PUT /models/m/context
+    readies = await roll(rec, agents)
+    assert min(readies) == 2
+    contexts = [s.context for specs in nodes.desired.values() for s in specs]
+    assert contexts == [2048, 2048]
+
+
+async def test_a_new_replica_that_fails_halts_the_roll_and_keeps_the_old(
+    store: SqliteStore,
+) -> None:
+    nodes = FakeNodes("a", "b", "c")
+    rec, agents = await settled(store, nodes, smol(replicas=2), fails=lambda s: s.generation == 1)
+    old = sorted(p.id for p in rec.placements())
+    model = await rec._catalog.update_model("m", generation=1)
+    readies = await roll(rec, agents)
+    assert min(readies) == 2
+    assert sorted(p.id for p in rec.placements()) == old and agents.generations() == [0, 0]
+    assert rec.rollout(model).startswith("halted: replica m-")
+    assert "failed to start" in rec.rollout(model)
+    # Settings changed again (a restart after the cause is mended): it rolls on.
+    agents.fails = lambda s: False
+    await rec._catalog.update_model("m", generation=2)
+    readies = await roll(rec, agents)
+    assert min(readies) == 2 and agents.generations() == [2, 2]
+
+
+async def test_a_failed_replacement_without_room_comes_back_on_the_old_settings(
+    store: SqliteStore,
+) -> None:
+    nodes = FakeNodes("a", "b")
+    for n in nodes.by_name.values():
+        n.inventory = ONE_CORE
+    rec, agents = await settled(store, nodes, smol(replicas=2), fails=lambda s: s.generation == 1)
+    model = await rec._catalog.update_model("m", generation=1)
+    readies = await roll(rec, agents)
+    assert min(readies) == 1 and readies[-1] == 2  # the stopped one's room runs the old again
+    assert agents.generations() == [0, 0]
+    assert rec.rollout(model).startswith("halted:")
