@@ -194,7 +194,44 @@ def test_login_signs_in_at_the_context_trusting_its_pinned_ca(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
-    saved = json.loads((tmp_path / "config" / "llmgw" / "session.json").read_bytes())
+    kept = tmp_path / "config" / "llmgw" / "sessions" / "gw.json"  # the context's own
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    saved = json.loads(kept.read_bytes())
     assert (saved["server"], saved["key"]) == (url, "sk-llmgw-session")
+    assert not (tmp_path / "config" / "llmgw" / "session.json").exists()
     r = CliRunner().invoke(main, ["login", "--device"], env=env)
     assert r.exit_code == 2 and "give --server URL, or use a context" in r.stderr
+
+
+@over_https
+def test_each_context_has_its_own_session_until_logout(daemon: Daemon, tmp_path: Path) -> None:  # noqa: F811
+    made = json.loads(daemon.cli("user", "create", "ann", "--json").stdout)
+    assert daemon.cli("user", "staff", "ann", "viewer").exit_code == 0
+    daemon.run(daemon.catalog.load())
+    _, secret = daemon.run(
+        daemon.catalog.create_key("ann-session", owner=KeyOwner(user=made["id"]))
+    )
+    for name in ("a", "b"):  # two contexts at one server: two people, say
+        add_context(tmp_path / "config", name, daemon.url, "--ca-fingerprint", _pin(daemon))
+    session = SavedSession(server=daemon.url, key=secret, user=made["id"], name="ann",
+                           expires_at=time.time() + 600)  # fmt: skip
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CONFIG_HOME", daemon.env["XDG_CONFIG_HOME"])
+        path = save_session(session, "a")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    r = _as(daemon, "a", "key", "list")
+    assert r.exit_code == 0 and "ann-session" in r.stdout, r.output
+    r = _as(daemon, "b", "key", "list")
+    assert r.exit_code == 1 and "an API key is needed" in r.stderr  # a's session is a's
+    r = _as(daemon, "a", "logout")
+    assert r.exit_code == 0 and "Signed out ann" in r.stdout, r.output
+    assert not path.exists()
+    r = _as(daemon, "a", "key", "list")
+    assert r.exit_code == 1 and "an API key is needed" in r.stderr
+    assert "No session was kept for context a" in _as(daemon, "a", "logout").stdout
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CONFIG_HOME", daemon.env["XDG_CONFIG_HOME"])
+        save_session(session, "b")
+    assert daemon.cli("context", "remove", "b").exit_code == 0
+    assert not path.with_name("b.json").exists()  # a context removed takes its session along

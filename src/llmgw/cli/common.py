@@ -63,7 +63,7 @@ class Settings:
             chosen = contexts.chosen(self.context)
             if chosen is None:
                 return None
-            return contexts.remote(chosen, session_key(chosen.url))
+            return contexts.remote(chosen, session_key(chosen.url, chosen.name))
         except contexts.ContextError as e:
             raise Refused(str(e)) from None
 

@@ -13,6 +13,7 @@ from llmgw import ipc, pki
 from llmgw.cli import contexts, https
 from llmgw.cli.common import PinRefused, Refused, Unreachable
 from llmgw.cli.output import Listing, listing_options
+from llmgw.cli.session import drop_session
 
 
 def _url(url: str) -> str:
@@ -88,7 +89,7 @@ def context() -> None:
     A command uses --context NAME, else $LLMGW_CONTEXT, else the context `llmgw context use`
     chose; with none (or the name "local") it talks to the local llmgwd's Unix socket. Over
     HTTPS a command sends the key in $LLMGW_API_KEY, else the context's key file, else the
-    session `llmgw login` kept for its URL. Kept in ~/.config/llmgw/contexts.yaml (0600).
+    session `llmgw login` kept for it. Kept in ~/.config/llmgw/contexts.yaml (0600).
     """
 
 
@@ -178,9 +179,10 @@ def list_(out: Listing) -> None:
 @context.command()
 @click.argument("name")
 def remove(name: str) -> None:
-    """Forget the context NAME (its key file and the login session are left as they are)."""
+    """Forget the context NAME and its `llmgw login` session (its key file is left)."""
     kept = _loaded()
     _get(kept, name)
+    drop_session(name)
     kept.contexts = [c for c in kept.contexts if c.name != name]
     if kept.current == name:
         kept.current = ""

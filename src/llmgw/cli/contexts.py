@@ -101,7 +101,7 @@ def read_key(path: str) -> str:
 
 def remote(context: Context, session_key: str | None) -> Remote:
     """How a command reaches context: its pinned CA, and a key from $LLMGW_API_KEY, else its
-    key file, else session_key (the `llmgw login` session for its URL), else none."""
+    key file, else session_key (its `llmgw login` session), else none."""
     ca = context.ca_pem.encode() if context.ca_pem else None
     if ca is not None and pki.ca_fingerprint(ca) != context.ca_fingerprint:
         raise ContextError(f"context {context.name}: its kept CA is not the pinned one")

@@ -1,5 +1,6 @@
-"""`llmgw login`: sign in with the site's OpenID Connect provider through llmgwd's client port;
-the session's key is kept in the user's config dir (0600) for the commands that follow."""
+"""`llmgw login` and `logout`: sign in with the site's OpenID Connect provider through llmgwd's
+client port; the session's key is kept in the user's config dir (0600), one per context, for
+the commands that follow, until it ends or `llmgw logout` forgets it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from llmgw.cli.common import Refused, Settings, decoded, pass_settings
 from llmgw.cli.login_device import device_sign_in
 from llmgw.cli.login_flow import Catcher, Request
 from llmgw.cli.login_http import call
-from llmgw.cli.session import SavedSession, save_session
+from llmgw.cli.session import SavedSession, drop_session, save_session
 
 WAIT_S = 300.0  # how long the person has to sign in
 
@@ -52,15 +53,21 @@ def _sign_in(server: str, browser: bool, tls: ssl.SSLContext | None) -> LoginAns
     return decoded(call("POST", login, body, tls=tls), LoginAnswer)
 
 
-def _server(settings: Settings, server: str | None) -> tuple[str, ssl.SSLContext | None]:
-    """Where to sign in, --server else the context's URL, and whom to trust there: the
-    context's pinned CA if it is the context's URL, else the system's CAs."""
+def _chosen(settings: Settings, needed: bool) -> contexts.Context | None:
+    """The context in use (None: none), its error a refusal when needed."""
     try:
-        chosen = contexts.chosen(settings.context)
+        return contexts.chosen(settings.context)
     except contexts.ContextError as e:
-        if server is None:
+        if needed:
             raise Refused(str(e)) from None
-        chosen = None
+        return None
+
+
+def _server(settings: Settings, server: str | None) -> tuple[str, ssl.SSLContext | None, str]:
+    """Where to sign in, --server else the context's URL, whom to trust there (the context's
+    pinned CA if it is the context's URL, else the system's CAs), and the context whose
+    session it is ("": signed in outside the contexts)."""
+    chosen = _chosen(settings, needed=server is None)
     if server is None:
         if chosen is None:
             raise click.UsageError("no server: give --server URL, or use a context (llmgw context)")
@@ -68,9 +75,9 @@ def _server(settings: Settings, server: str | None) -> tuple[str, ssl.SSLContext
     server = server.rstrip("/")
     if not server.startswith(("https://", "http://")):
         raise click.BadParameter("must be an http(s):// URL", param_hint="--server")
-    if chosen is not None and chosen.url == server and chosen.ca_pem:
-        return server, https.tls_context(chosen.ca_pem.encode())
-    return server, None
+    if chosen is None or chosen.url != server:
+        return server, None, ""
+    return server, https.tls_context(chosen.ca_pem.encode()) if chosen.ca_pem else None, chosen.name
 
 
 @click.command()
@@ -89,7 +96,9 @@ def _server(settings: Settings, server: str | None) -> tuple[str, ssl.SSLContext
 @pass_settings
 def login(settings: Settings, server: str | None, no_browser: bool, device: bool) -> None:
     """Sign in with the site's identity provider (OpenID Connect); the session's key is kept
-    in ~/.config/llmgw/session.json (0600) until it ends (the server's oidc.session_ttl_s).
+    for the context in ~/.config/llmgw/sessions/CONTEXT.json (0600) until it ends (the
+    server's oidc.session_ttl_s) or `llmgw logout`; signed in with --server at no context's
+    URL, in ~/.config/llmgw/session.json.
 
     By default a browser signs in (the authorization code grant with PKCE) and the provider
     sends it back to a one-shot listener on 127.0.0.1, so the browser must run on this
@@ -97,9 +106,10 @@ def login(settings: Settings, server: str | None, no_browser: bool, device: bool
     --device: llmgw prints a page and a user code, the person confirms the code there on any
     device, and llmgw waits, polling the server as often as it says (the device
     authorization grant); it is never chosen on its own. Either way the server, not llmgw,
-    holds the client secret and checks the ID token. Every command over a context with this
-    URL then sends the session's key (unless $LLMGW_API_KEY or the context's key file)."""
-    server, tls = _server(settings, server)
+    holds the client secret and checks the ID token. Every command over the context then
+    sends the session's key (unless $LLMGW_API_KEY or the context's key file); a context
+    with no session of its own sends session.json's if it was signed in at its URL."""
+    server, tls, context = _server(settings, server)
     answer = device_sign_in(server, tls) if device else _sign_in(server, not no_browser, tls)
     saved = SavedSession(
         server=server,
@@ -108,6 +118,22 @@ def login(settings: Settings, server: str | None, no_browser: bool, device: bool
         name=answer.name,
         expires_at=answer.expires_at,
     )
-    path = save_session(saved)
+    path = save_session(saved, context)
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(answer.expires_at))
     click.echo(f"signed in as {answer.name} until {until} (session kept in {path})")
+
+
+@click.command()
+@pass_settings
+def logout(settings: Settings) -> None:
+    """Forget the session `llmgw login` kept for the context in use (with no context, the one
+    kept in ~/.config/llmgw/session.json). Its key is not sent again from this machine; the
+    server lets it be until it ends, as it does any key not revoked."""
+    chosen = _chosen(settings, needed=True)
+    name = chosen.name if chosen is not None else ""
+    saved = drop_session(name)
+    where = f"context {name}" if name else "no context"
+    if saved is None:
+        click.echo(f"No session was kept for {where}.")
+        return
+    click.echo(f"Signed out {saved.name} at {saved.server} ({where}): the session is forgotten.")

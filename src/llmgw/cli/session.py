@@ -1,11 +1,13 @@
-"""The session `llmgw login` keeps (the server, a key of the person's, until when) in the
-user's config dir (0600), read by every command over a context with that server's URL."""
+"""The sessions `llmgw login` keeps (the server, a key of the person's, until when) in the
+user's config dir (0600): one per context, and the one kept before contexts (session.json),
+still read for a context of its server and written by a sign-in outside any context."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import msgspec
 
@@ -20,16 +22,24 @@ class SavedSession(msgspec.Struct, kw_only=True):
     expires_at: float
 
 
-def session_path() -> Path:
-    """$XDG_CONFIG_HOME/llmgw/session.json (~/.config by default)."""
+def _config_dir() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "llmgw" / "session.json"
+    return Path(base) / "llmgw"
 
 
-def save_session(session: SavedSession) -> Path:
-    """Write the session readable by its owner only (0600, in a 0700 dir)."""
-    path = session_path()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+def session_path(context: str = "") -> Path:
+    """Where a context's session is kept, $XDG_CONFIG_HOME/llmgw/sessions/CONTEXT.json
+    (~/.config by default); context "": the one session outside contexts, session.json."""
+    if not context:
+        return _config_dir() / "session.json"
+    return _config_dir() / "sessions" / f"{quote(context, safe='')}.json"
+
+
+def save_session(session: SavedSession, context: str = "") -> Path:
+    """Write the session readable by its owner only (0600, in 0700 dirs)."""
+    path = session_path(context)
+    path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), 0o600)
@@ -37,16 +47,30 @@ def save_session(session: SavedSession) -> Path:
     return path
 
 
-def load_session() -> SavedSession | None:
+def load_session(context: str = "") -> SavedSession | None:
     """The kept session, if any and not expired."""
     try:
-        saved = msgspec.json.decode(session_path().read_bytes(), type=SavedSession)
+        saved = msgspec.json.decode(session_path(context).read_bytes(), type=SavedSession)
     except (OSError, msgspec.DecodeError):
         return None
     return saved if saved.expires_at > time.time() else None
 
 
-def session_key(url: str) -> str | None:
-    """The kept session's key if it was made by signing in at url, else None."""
-    saved = load_session()
-    return saved.key if saved is not None and saved.server.rstrip("/") == url else None
+def drop_session(context: str = "") -> SavedSession | None:
+    """Forget the kept session (expired or not); the one that was kept, if readable."""
+    path = session_path(context)
+    try:
+        saved = msgspec.json.decode(path.read_bytes(), type=SavedSession)
+    except (OSError, msgspec.DecodeError):
+        saved = None
+    path.unlink(missing_ok=True)
+    return saved
+
+
+def session_key(url: str, context: str = "") -> str | None:
+    """The key of context's session if it was signed in at url, else that of the session
+    kept outside contexts if it was (as before contexts had their own), else None."""
+    for saved in (load_session(context), load_session()) if context else (load_session(),):
+        if saved is not None and saved.server.rstrip("/") == url:
+            return saved.key
+    return None
