@@ -173,6 +173,31 @@ SETTINGS = {
         "token`) or a staff key; a reverse proxy on the host would otherwise open them to "
         "whoever reaches the proxy. See llmgwd(8) for Prometheus' scrape_config."
     ),
+    "server.network.proxy": (
+        "The HTTP proxy for what llmgwd asks outside the cluster: the mirror's upstream (the "
+        "hub, and the CDN it redirects to), mirror peers, and the OIDC provider. "
+        "http://[USER:PASSWORD@]HOST:PORT, used for https:// (a CONNECT tunnel) and http:// "
+        "alike; its password is never logged nor shown; empty: HTTPS_PROXY and HTTP_PROXY "
+        "(either case) from llmgwd's environment (a drop-in's Environment=), if set; none: no "
+        "proxy whatever the environment says. Traffic inside the cluster (engines, the "
+        "cluster port, other control planes, etcd) never goes through a proxy."
+    ),
+    "server.network.no_proxy": (
+        "Hosts the calls above reach straight, as NO_PROXY names them: a name (and every name "
+        "under it), an address, a network (10.0.0.0/8), each with an optional :PORT, or *; "
+        "empty: NO_PROXY (either case) from the environment."
+    ),
+    "agent.network.proxy": (
+        "The HTTP proxy for what the agent fetches outside the cluster: engine installs (uv, "
+        "from engines.vllm's indexes) and the packages of a node's part in Slurm (apt-get or "
+        "dnf), given to them as https_proxy and http_proxy; the link to the control planes "
+        "and the engines never use it. As in server.yaml: http://[USER:PASSWORD@]HOST:PORT; "
+        "empty: the agent's own HTTPS_PROXY/HTTP_PROXY; none: no proxy."
+    ),
+    "agent.network.no_proxy": (
+        "Hosts engine and package installs reach straight (the children's NO_PROXY); empty: "
+        "the agent's own NO_PROXY."
+    ),
     "server.cluster.listen": (
         "HOST:PORT of the cluster port, which agents dial: mutual TLS with the cluster's own CA."
     ),

@@ -5,12 +5,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
 import yaml
+
+from llmgw import proxy as proxies
 
 SERVER_CONFIG = Path("/etc/llmgw/server.yaml")
 AGENT_CONFIG = Path("/etc/llmgw/agent.yaml")
@@ -176,6 +179,29 @@ class Oidc(Strict):
             raise ValueError("scopes: must include openid")
 
 
+class Network(Strict):
+    """How calls that leave the cluster (the hub, mirror peers, OIDC, engine and package
+    installs) go out: through this proxy, else HTTPS_PROXY/HTTP_PROXY from the environment.
+    Traffic inside the cluster (engines, the cluster port, etcd) never goes through one."""
+
+    # http://[USER:PASSWORD@]HOST:PORT for https:// and http:// alike; "": the environment's
+    # HTTPS_PROXY/HTTP_PROXY; "none": no proxy whatever the environment says
+    proxy: str = ""
+    no_proxy: tuple[str, ...] = ()  # hosts reached straight (as NO_PROXY); (): NO_PROXY's
+
+    def __post_init__(self) -> None:
+        if self.proxy and self.proxy.lower() not in proxies.DIRECT_WORDS:
+            proxies.check_url(self.proxy)  # its message names the URL without its password
+
+    def route(self, environ: Mapping[str, str]) -> proxies.Route:
+        """The proxy route these settings give, the environment filling what they leave;
+        ConfigError for an environment's proxy that is no http:// URL."""
+        try:
+            return proxies.resolve(self.proxy, self.no_proxy, environ)
+        except ValueError as e:
+            raise ConfigError(f"HTTPS_PROXY/HTTP_PROXY in the environment: {e}") from None
+
+
 class Metrics(Strict):
     """Who scrapes /metrics and /metrics/engines on the client port besides the scrape token's
     and staff keys' bearers."""
@@ -196,6 +222,7 @@ class ServerConfig(Strict):
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     oidc: Oidc = msgspec.field(default_factory=Oidc)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
+    network: Network = msgspec.field(default_factory=Network)
     join_token_ttl_s: int = 3600
     node_grace_s: int = 60  # how long a silent node's replicas stay in the pool
     # The lease of a control plane's record and leadership: a leader killed is replaced
@@ -264,6 +291,7 @@ class AgentConfig(Strict):
     address: str = ""  # where the control plane reaches this node's engines; empty: auto
     port_range: tuple[int, int] = (20000, 20999)
     engines: Engines = msgspec.field(default_factory=Engines)
+    network: Network = msgspec.field(default_factory=Network)
     heartbeat_s: float = 5.0
     log_level: str = "info"
     # Read for the cards' profiling counters where NVML's GPM gives none (cards before Hopper).

@@ -17,6 +17,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from llmgw import proxy
 from llmgw.blobstore import BlobStore, ChecksumMismatch, Writer, mismatch
 from llmgw.wire import ModelFile
 
@@ -92,9 +93,11 @@ class _Job:
         progress: Progress | None,
         ssl: ssl_module.SSLContext | bool | None,
         stall_s: float,
+        route: proxy.Route,
     ) -> None:
         self.session = session
-        self.url = URL(url)
+        self.url = self.last_url = URL(url)
+        self.route = route
         self.w = writer
         self.want = want
         self.headers: CIMultiDict[str] = CIMultiDict(headers or {})
@@ -114,6 +117,7 @@ class _Job:
         if self.w.done:
             headers["Range"] = f"bytes={self.w.done}-"
         for _ in range(MAX_REDIRECTS + 1):
+            self.last_url = url
             resp = await self.session.get(
                 url,
                 headers=headers,
@@ -122,6 +126,7 @@ class _Job:
                 read_bufsize=READ_BUFSIZE,
                 auto_decompress=False,
                 **self.extra,
+                **self.route.request_kw(url),
             )
             if resp.status not in _REDIRECTS:
                 return resp
@@ -143,8 +148,9 @@ class _Job:
         if status in (408, 429) or status >= 500:
             raise _Retry(f"{status} {resp.reason} from {where}")
         if status not in (200, 206):
+            via = proxy.answered_by_proxy(self.route, resp.url, status)
             raise DownloadError(
-                f"{self.want.path}: {status} {resp.reason} from {where}", status=status
+                f"{self.want.path}: {status} {resp.reason} from {where}{via}", status=status
             )
         if status == 200 and self.w.done:
             log.info("%s: %s answers the whole file to a range: from byte 0", self.want.path, where)
@@ -199,6 +205,10 @@ class _Job:
             raise cut
         if self.w.done < self.want.size:
             raise _Retry(f"the answer ended at byte {self.w.done} of {self.want.size}")
+
+    def why(self, e: BaseException) -> str:
+        """A failed attempt in words: the proxy's part said where it was the proxy's."""
+        return proxy.explain(e, self.route, self.last_url) or _why(e)
 
     async def once(self) -> None:
         resp = await self.open()
@@ -293,9 +303,9 @@ async def _attempts(job: _Job, attempts: int, backoff_s: float) -> None:
             job.tell()
             continue
         except _PERMANENT as e:
-            raise DownloadError(f"{job.want.path}: {_why(e)}") from None
+            raise DownloadError(f"{job.want.path}: {job.why(e)}") from None
         except _RETRIED as e:
-            why = _why(e)
+            why = job.why(e)
         failures = 1 if job.w.done > before else failures + 1
         if failures >= attempts:
             raise DownloadError(f"{job.want.path}: gave up after {failures} tries: {why}")
@@ -336,6 +346,7 @@ async def fetch(
     attempts: int = 6,
     stall_s: float = 60.0,
     backoff_s: float = 0.5,
+    route: proxy.Route = proxy.DIRECT,
 ) -> str:
     """Fetch `want` from `url` into the store, checked; the sha256 it is published under.
 
@@ -343,15 +354,16 @@ async def fetch(
     verifying(True) before and verifying(False) after) and carried on with a Range.
     progress(done) is called with the bytes of the file held so far (resumed bytes included;
     0 again on a restart), after each chunk.
-    Raises DownloadError (a 4xx, tries spent), ChecksumMismatch (refused, kept aside) or
-    DiskFull.
+    route: the proxy each request (each redirect's too) goes through; DIRECT inside the
+    cluster. Raises DownloadError (a 4xx, tries spent), ChecksumMismatch (refused, kept aside)
+    or DiskFull.
     """
     if want.sha256 and store.has(want.sha256):
         return want.sha256
     started = time.monotonic()
     with store.writer(partial_key(want), want.size, git_oid=bool(want.git_oid)) as w:
         resumed = await _verify(w, verifying)
-        job = _Job(session, url, w, want, headers, progress, ssl, stall_s)
+        job = _Job(session, url, w, want, headers, progress, ssl, stall_s, route)
         job.tell()
         store.check_space(want.size - w.done)
         if w.done < want.size:
