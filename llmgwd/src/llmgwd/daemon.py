@@ -293,7 +293,8 @@ class Daemon:
         self.cluster.on_lost = self.router.node_lost
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
-        signin = login.login_app(self.catalog, self.config.oidc)  # the console's OIDC too
+        route = self.config.network.route(os.environ)  # the OIDC provider is outside
+        signin = login.login_app(self.catalog, self.config.oidc, route)  # the console's too
         app.add_subapp(login.PREFIX, signin)  # no key
         api = api_subapp(ctx, key_auth(self.catalog))
         app.add_subapp(API_PREFIX, api)

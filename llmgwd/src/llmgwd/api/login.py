@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from llmgw import proxy
 from llmgw.api_types import OidcInfo, OidcLogin
 from llmgw.config import Oidc
 from llmgw.errors import ApiError
@@ -62,12 +63,15 @@ async def post_oidc(request: web.Request) -> web.StreamResponse:
     return json_response(await session_for(request, claims))
 
 
-def login_app(catalog: Catalog, settings: Oidc) -> web.Application:
-    """The sign-in routes, to mount with parent.add_subapp(PREFIX, ...) before /api/v1."""
+def login_app(
+    catalog: Catalog, settings: Oidc, route: proxy.Route = proxy.DIRECT
+) -> web.Application:
+    """The sign-in routes, to mount with parent.add_subapp(PREFIX, ...) before /api/v1;
+    the provider is asked through route's proxy (network.proxy)."""
     app = web.Application(middlewares=[errors_middleware], client_max_size=64 * 1024)
     app[KEYS] = catalog
     if settings.issuer:
-        app[OIDC] = Provider(settings)
+        app[OIDC] = Provider(settings, route)
         app[SIGNIN] = SignIn(catalog.store, settings)
     app.add_routes(
         [

@@ -30,6 +30,7 @@ import msgspec
 from multidict import CIMultiDictProxy
 from yarl import URL
 
+from llmgw import proxy
 from llmgw.sources import COMMIT_RE, REPO_RE, REV_RE, SHA256_RE
 from llmgw.wire import ModelFile
 from llmgwd.mirror.snapshot import Snapshot
@@ -96,14 +97,17 @@ async def resolve(
     token: str | None = None,
     tries: int = TRIES,
     backoff_s: float = BACKOFF_S,
+    route: proxy.Route = proxy.DIRECT,
 ) -> Snapshot:
     """The commit a revision (branch, tag or commit) names, with every file of the repository at
-    that commit (all directories); HubError when the upstream cannot say or says it wrongly."""
+    that commit (all directories), asked through route's proxy; HubError when the upstream
+    cannot say or says it wrongly."""
     if not REPO_RE.fullmatch(repo) or ".." in repo or "--" in repo:
         raise HubError(400, f"{repo[:200]!r} is not a repository name (ORG/REPO)")
     if not REV_RE.fullmatch(revision):
         raise HubError(400, f"hf:{repo}: {revision[:200]!r} is not a branch, tag or commit")
     client = _Client(session, _base(endpoint), repo, token, max(tries, 1), backoff_s)
+    client.route = route
     answer = await client.get(client.api(f"revision/{quote(revision, safe='')}"))
     info = client.decode(answer.body, _Info, "model info")
     if not COMMIT_RE.fullmatch(info.sha):
@@ -165,6 +169,7 @@ class _Client:
         self.session, self.base, self.repo, self.token = session, base, repo, token
         self.tries, self.backoff_s = tries, backoff_s
         self.name = f"hf:{repo}"
+        self.route = proxy.DIRECT
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def api(self, route: str) -> URL:
@@ -197,12 +202,11 @@ class _Client:
             try:
                 status, headers, answer = await self._follow(url)
             except (aiohttp.ClientError, TimeoutError) as e:
-                why = self._scrub(str(e) or type(e).__name__)
-                error = HubError(0, f"{self.name}: cannot reach the upstream ({why})")
+                error = self._unreachable(e, url)
                 continue
             if answer is not None:
                 return answer
-            error = self._error(status, headers)
+            error = self._error(status, headers, url)
             if status not in _RETRY:
                 raise error
         raise error
@@ -210,8 +214,9 @@ class _Client:
     async def _follow(self, url: URL) -> tuple[int, CIMultiDictProxy[str], _Answer | None]:
         """One GET, following redirects on the same origin (a renamed repository)."""
         for _ in range(MAX_REDIRECTS + 1):
+            kw = self.route.request_kw(url)
             async with self.session.get(
-                url, headers=self.headers, allow_redirects=False, timeout=_TIMEOUT
+                url, headers=self.headers, allow_redirects=False, timeout=_TIMEOUT, **kw
             ) as r:
                 if r.status in _REDIRECTS and "Location" in r.headers:
                     url = url.join(URL(r.headers["Location"], encoded=True))
@@ -236,13 +241,22 @@ class _Client:
                 raise self.malformed(f"its answer is over {MAX_BODY >> 20} MiB")
         return bytes(body)
 
-    def _error(self, status: int, headers: CIMultiDictProxy[str]) -> HubError:
+    def _unreachable(self, e: BaseException, url: URL) -> HubError:
+        """A request that got no answer: the proxy's refusal said as the proxy's."""
+        by_proxy = proxy.explain(e, self.route, url)
+        if by_proxy:
+            return HubError(0, f"{self.name}: {self._scrub(by_proxy)}")
+        why = proxy.redact(self._scrub(str(e) or type(e).__name__))
+        return HubError(0, f"{self.name}: cannot reach the upstream ({why})")
+
+    def _error(self, status: int, headers: CIMultiDictProxy[str], url: URL) -> HubError:
         code = headers.get("X-Error-Code", "")
         said = self._scrub(headers.get("X-Error-Message", ""))
         said = "".join(c for c in said if c.isprintable())[:300]
         why = _why(status, code, self.token is not None)
         if said:
             why += f' (it says: "{said}")'
+        why += proxy.answered_by_proxy(self.route, url, status)
         return HubError(status, f"{self.name}: the upstream answered {status}: {why}")
 
     def _scrub(self, text: str) -> str:

@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from llmgw import download, sources
+from llmgw import download, proxy, sources
 from llmgw.blobstore import BlobStoreError
 from llmgw.wire import ModelFile
 from llmgwd.mirror import hub_client, hub_server
@@ -116,7 +116,8 @@ async def sync(mirror: Mirror, peer: Peer) -> None:
             await _copy(mirror, peer, item)
         await _drop_gone(mirror, peer, {(i.repo, i.commit) for i in listed})
     except (aiohttp.ClientError, TimeoutError, msgspec.ValidationError, msgspec.DecodeError) as e:
-        error = f"could not list its sets: {type(e).__name__}"
+        by_proxy = proxy.explain(e, mirror.settings.route, peer.url + LISTING)
+        error = f"could not list its sets: {by_proxy or type(e).__name__}"
     except (download.DownloadError, BlobStoreError, PeerError) as e:
         error = str(e)
     if error:
@@ -132,8 +133,9 @@ def _headers(peer: Peer) -> dict[str, str]:
 
 
 async def _list(mirror: Mirror, peer: Peer) -> list[Listed]:
-    session = mirror.http()
-    async with session.get(peer.url + LISTING, headers=_headers(peer), allow_redirects=False) as r:
+    session, url = mirror.http(), peer.url + LISTING
+    kw = mirror.settings.route.request_kw(url)
+    async with session.get(url, headers=_headers(peer), allow_redirects=False, **kw) as r:
         if r.status != 200:
             raise PeerError(f"it answered {r.status} to the listing of its sets")
         items = msgspec.json.decode(await r.read(), type=list[Listed])
@@ -149,7 +151,7 @@ async def _copy(mirror: Mirror, peer: Peer, item: Listed) -> None:
     session, headers = mirror.http(), _headers(peer)
     for f in item.files:
         url = hub_client.resolve_url(peer.url, item.repo, item.commit, f.path)
-        await mirror.downloads.get(session, url, f, headers=headers)
+        await mirror.downloads.get(session, url, f, headers=headers, route=mirror.settings.route)
     if mirror.records.snapshot(item.repo, item.commit) is None:
         snap = Snapshot(
             repo=item.repo,

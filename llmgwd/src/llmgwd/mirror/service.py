@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from llmgw import download, sources
+from llmgw import download, proxy, sources
 from llmgw.api_types import MirrorStatus, PeerView, SetStatus
 from llmgw.blobstore import BlobStore, BlobStoreError, ChecksumMismatch
 from llmgw.sources import HfSource
@@ -51,6 +51,7 @@ class Settings:
     upstream: str
     token_file: str = ""
     parallel: int = 4
+    route: proxy.Route = proxy.DIRECT  # the hub's and peers' proxy; never another plane's
 
 
 class Mirror:
@@ -119,7 +120,12 @@ class Mirror:
             return known
         try:
             snap = await hub_client.resolve(
-                self.http(), self.settings.upstream, src.repo, src.revision, token=self._token()
+                self.http(),
+                self.settings.upstream,
+                src.repo,
+                src.revision,
+                token=self._token(),
+                route=self.settings.route,
             )
         except HubError as e:
             if known is not None and e.status == 0:
@@ -225,7 +231,10 @@ class Mirror:
         cluster port is at plane (mutual TLS)."""
         token = None if plane else self._token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        extra: dict[str, Any] = {"ssl": self.plane_tls, "attempts": 3} if plane else {}
+        # Another control plane's cluster port is inside the cluster: never through a proxy.
+        extra: dict[str, Any] = (
+            {"ssl": self.plane_tls, "attempts": 3} if plane else {"route": self.settings.route}
+        )
         session = self.http()
 
         async def one(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ def settings(cfg: ServerConfig, state_dir: Path) -> Settings:
         upstream=m.upstream,
         token_file=m.token_file,
         parallel=m.parallel,
+        route=cfg.network.route(os.environ),
     )
 
 
@@ -56,6 +58,7 @@ async def start(
     sets of the catalog's models that a stop cut short. Among several control planes, every
     one holds every model's set, fetched from upstream once (mirror.fleet)."""
     mirror = Mirror(settings(cfg, state_dir), Records(store))
+    log.info("mirror: the upstream and peers through %s", mirror.settings.route.shown())
     await mirror.start()
     follow_catalog(mirror, catalog)
     if plane is not None:

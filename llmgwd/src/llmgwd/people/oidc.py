@@ -16,6 +16,7 @@ from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
+from llmgw import proxy
 from llmgw.config import Oidc
 
 log = logging.getLogger(__name__)
@@ -43,18 +44,22 @@ class Provider:
     """The configured provider: endpoints from its discovery document, keys from its JWKS."""
 
     settings: Oidc
+    route: proxy.Route = proxy.DIRECT  # network.proxy: the provider is outside the cluster
     _meta: dict[str, Any] = field(default_factory=dict)
     _keys: KeySet | None = None
     _keys_at: float = 0.0
 
     async def _get_json(self, url: str) -> dict[str, Any]:
+        kw = self.route.request_kw(url)
         try:
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as http, http.get(url) as resp:
+            async with aiohttp.ClientSession(timeout=TIMEOUT) as http, http.get(url, **kw) as resp:
                 resp.raise_for_status()
                 data = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            log.warning("oidc: %s: %s", url, type(e).__name__)
-            raise SignInError(502, "provider_unreachable", f"cannot read {url}") from None
+            by_proxy = proxy.explain(e, self.route, url)
+            log.warning("oidc: %s: %s", url, by_proxy or type(e).__name__)
+            why = f"cannot read {url}" + (f": {by_proxy}" if by_proxy else "")
+            raise SignInError(502, "provider_unreachable", why) from None
         if not isinstance(data, dict):
             raise SignInError(502, "provider_unreachable", f"{url} is not a JSON object")
         return data
@@ -96,16 +101,18 @@ class Provider:
         url = str((await self.metadata()).get(endpoint, ""))
         if not url:
             raise SignInError(502, "provider_unsupported", f"the provider has no {endpoint}")
+        kw = self.route.request_kw(url)
         try:
             async with (
                 aiohttp.ClientSession(timeout=TIMEOUT) as http,
-                http.post(url, data=form | await self.client_form()) as resp,
+                http.post(url, data=form | await self.client_form(), **kw) as resp,
             ):
                 answer = await resp.json(content_type=None)
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            log.warning("oidc: %s: %s", endpoint, type(e).__name__)
-            why = f"cannot reach the provider's {endpoint}"
+            by_proxy = proxy.explain(e, self.route, url)
+            log.warning("oidc: %s: %s", endpoint, by_proxy or type(e).__name__)
+            why = f"cannot reach the provider's {endpoint}" + (f": {by_proxy}" if by_proxy else "")
             raise SignInError(502, "provider_unreachable", why) from None
         return status, answer if isinstance(answer, dict) else {}
 
