@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from pathlib import Path
@@ -62,6 +63,9 @@ class Agent:
         self._planes: Planes | None = None
         self.firewall = fwkeep.Firewall(config.port_range, self._plane_urls)
         self._firewall_task: asyncio.Task[None] | None = None
+        # Calls that leave the cluster (engine and package installs) go through it; the link
+        # to the control planes and the engines never do.
+        self._proxy = config.network.route(os.environ)
         # The node's part in Slurm (llmgw_agentd/slurm), on its own systemd connection.
         self._slurm_bus = Systemd()
         record = Path(config.state_dir) / "slurm-files.json"
@@ -69,7 +73,7 @@ class Agent:
             self.node,
             self._slurm_bus,
             self.firewall.set_slurm,
-            SetupUnit(self._slurm_bus, Path(config.state_dir)),
+            SetupUnit(self._slurm_bus, Path(config.state_dir), self._proxy.env()),
             Paths(record=record),
         )
         self._slurm_task: asyncio.Task[None] | None = None

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from llmgw import proxy
 from llmgw.config import AgentConfig
 from llmgw_agentd import once
 
@@ -47,7 +48,8 @@ async def ensure_env(
     where = Path(config.engines.dir) / f"{dist}-{version}"
     if (where / MARK).is_file():
         return where
-    env = _uv_env(where.parent, site.index_url, site.extra_index_urls)
+    route = config.network.route(os.environ)
+    env = _uv_env(where.parent, site.index_url, site.extra_index_urls, route)
     job = _Job(dist, version, where, env)
 
     async def install(tell: Progress) -> Path:
@@ -86,6 +88,9 @@ class _Job:
     def __init__(self, dist: str, version: str, where: Path, env: dict[str, str]) -> None:
         self.dist, self.version, self.where, self.env = dist, version, where, env
         self.index = redact(env["UV_INDEX_URL"])
+        through = proxy.resolve("", (), env).proxy_for(env["UV_INDEX_URL"])
+        if through:  # the route _uv_env put in env, named in errors without its password
+            self.index += f" through proxy {redact(through)}"
 
     async def run(self, tracker: _Tracker) -> None:
         root = self.where.parent
@@ -157,10 +162,18 @@ class _Job:
             raise InstallError(explain(tail, self.dist, self.version, self.index, where))
 
 
-def _uv_env(root: Path, index_url: str, extra: Iterable[str]) -> dict[str, str]:
-    """uv's environment: the site's indexes (in the environment, never on a command line:
-    they may carry credentials), a cache beside the environments, no Python downloads."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+def _uv_env(
+    root: Path, index_url: str, extra: Iterable[str], route: proxy.Route = proxy.DIRECT
+) -> dict[str, str]:
+    """uv's environment: the site's indexes and its proxy (in the environment, never on a
+    command line: they may carry credentials; the agent's own proxy variables replaced by
+    network.proxy's route), a cache beside the environments, no Python downloads."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("UV_") and k.lower() not in proxy.ENV_NAMES
+    }
+    env.update(route.env())
     env.update(
         UV_INDEX_URL=index_url,
         UV_EXTRA_INDEX_URL=" ".join(extra),
@@ -201,7 +214,7 @@ def _open_up(env: Path) -> None:
 
 _REACH = re.compile(
     r"error sending request|failed to fetch|connection refused|dns error|tcp connect error|"
-    r"timed out|could not connect|network is unreachable|no route to host",
+    r"timed out|could not connect|network is unreachable|no route to host|tunnel error|proxy",
     re.IGNORECASE,
 )
 

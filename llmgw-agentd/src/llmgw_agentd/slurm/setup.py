@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -40,13 +41,14 @@ class Where(msgspec.Struct, frozen=True):
     record: str = "/var/lib/llmgw-agent/" + files.WRITTEN
 
 
-def install_now(wanted: list[str]) -> None:
-    """Install wanted with this system's package manager, its output to the journal;
-    SlurmError when it fails or there is none."""
+def install_now(wanted: list[str], proxy_env: Mapping[str, str] | None = None) -> None:
+    """Install wanted with this system's package manager (through the proxy proxy_env names,
+    as apt-get and dnf read it), its output to the journal; SlurmError when it fails or
+    there is none."""
     argvs = install.commands(wanted)
     if not argvs:
         raise SlurmError(f"{', '.join(wanted)} not installed, and no apt-get or dnf")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    env = {**os.environ, **(proxy_env or {}), "DEBIAN_FRONTEND": "noninteractive"}
     for argv in argvs:
         print(f"running {' '.join(argv)}", flush=True)
         try:
@@ -58,11 +60,11 @@ def install_now(wanted: list[str]) -> None:
             raise SlurmError(f"{' '.join(argv[:2])} exited with status {code}")
 
 
-def set_up(part: SlurmPart, where: Where) -> Done:
+def set_up(part: SlurmPart, where: Where, proxy_env: Mapping[str, str] | None = None) -> Done:
     """Everything the part wants of the system; SlurmError or OSError when a step fails."""
     missing = install.missing(part)
     if missing:
-        install_now(missing)
+        install_now(missing, proxy_env)
     munge_changed = munge.write_key(part.munge_key, Path(where.munge_key))
     files_changed = False
     if part.slurmctld:
@@ -84,13 +86,16 @@ class Order(msgspec.Struct, frozen=True):
     mode: str  # SET_UP or UNDO
     where: Where
     part: SlurmPart | None = None
+    # The packages' proxy (network.proxy as http_proxy...): here, in this 0600 file, and
+    # not in the unit's Environment=, which anyone on the node can read.
+    proxy_env: dict[str, str] = {}
 
 
 def carry_out(order: Order) -> Done:
     """Do what order says; a step that fails is Done.message."""
     try:
         if order.mode == SET_UP and order.part is not None:
-            return set_up(order.part, order.where)
+            return set_up(order.part, order.where, order.proxy_env)
         return undo(order.where)
     except (SlurmError, OSError, ValueError) as e:
         return Done(message=str(e))

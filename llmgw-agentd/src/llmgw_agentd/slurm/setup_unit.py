@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -31,8 +31,11 @@ class Transient(Protocol):
 class SetupUnit:
     """One set-up at a time (the keeper's lock holds it), in the unit UNIT."""
 
-    def __init__(self, systemd: Transient, state_dir: Path) -> None:
+    def __init__(
+        self, systemd: Transient, state_dir: Path, proxy_env: Mapping[str, str] | None = None
+    ) -> None:
         self._systemd = systemd
+        self._proxy_env = dict(proxy_env or {})  # network.proxy's, for the package installs
         self._order = state_dir / ORDER
         self._done = state_dir / DONE
 
@@ -42,7 +45,7 @@ class SetupUnit:
         self._done.unlink(missing_ok=True)
         fd = os.open(self._order, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(msgspec.json.encode(order))
+            f.write(msgspec.json.encode(msgspec.structs.replace(order, proxy_env=self._proxy_env)))
         argv = [sys.executable, "-m", "llmgw_agentd.slurm.setup", str(self._order), str(self._done)]
         props = [
             ("Description", Variant("s", "llmgw: the node's Slurm set up (packages, files)")),
