@@ -12,6 +12,7 @@ from click.testing import Result
 
 from llmgwd.api.base import ApiContext
 from llmgwd.catalog import Catalog
+from llmgwd.people.directory import Directory
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw.served_api import served_api
 from tests.llmgw.test_cli import JOIN_URL, FakeNodes
@@ -79,3 +80,32 @@ def test_staff_set_who_a_user_is_at_the_identity_provider(cli: Callable[..., Res
     assert r.exit_code == 2 and "nothing to change" in r.output
     r = cli("user", "set", "bea", "--external-id", " padded")
     assert r.exit_code != 0 and "external_id" in r.output
+
+
+@pytest.fixture
+def cli_waiting(tmp_path: Path) -> Iterator[Callable[..., Result]]:
+    """The admin API with wes, who signed in under oidc.approval_required and waits."""
+
+    async def context(store: SqliteStore) -> ApiContext:
+        await Directory(store).create_user("wes", source="oidc", approved=False)
+        return ApiContext(
+            catalog=Catalog(store), nodes=FakeNodes(), mint_token=lambda: "t", join_url=JOIN_URL
+        )
+
+    with served_api(str(tmp_path / "d.sock"), context, "socket") as run:
+        yield run
+
+
+def test_an_account_waiting_is_shown_and_approved(cli_waiting: Callable[..., Result]) -> None:
+    cli = cli_waiting
+    [row] = [line for line in _ok(cli("users")).splitlines() if " wes " in line]
+    assert " waiting " in row and " oidc " in row
+    assert [u["approved"] for u in json.loads(_ok(cli("users", "-o", "json")))] == [False]
+
+    assert "User wes approved" in _ok(cli("user", "approve", "wes"))
+
+    [row] = [line for line in _ok(cli("users")).splitlines() if " wes " in line]
+    assert " active " in row
+    assert _ok(cli("user", "approve", "wes"))  # approved already: stays so
+    r = cli("user", "approve", "nobody")
+    assert r.exit_code != 0 and "nobody" in r.output

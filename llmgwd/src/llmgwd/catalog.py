@@ -240,7 +240,7 @@ class Catalog:
     def note_user(self, user: User) -> None:
         """Keep a user's active flag (the watch calls this; so does whoever just changed it,
         so that a deactivated user's keys stop at once on this control plane)."""
-        if user.active:
+        if user.active and user.approved:  # a user waiting for approval has no working key
             self._active.add(user.id)
         else:
             self._active.discard(user.id)

@@ -76,6 +76,7 @@ class UserView(msgspec.Struct, kw_only=True):
     active: bool = True
     created_at: float = 0.0
     external_id: str = ""  # who they are at the identity provider; "": none
+    approved: bool = True  # False: waiting for staff's approval (oidc.approval_required)
 
 
 class StaffView(msgspec.Struct, kw_only=True):

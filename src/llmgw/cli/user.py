@@ -1,5 +1,5 @@
-"""llmgw user create|set|delete|staff and llmgw users: people made by staff, and the
-cluster's staff roles."""
+"""llmgw user create|set|approve|delete|staff and llmgw users: people made by staff, accounts
+waiting for approval, and the cluster's staff roles."""
 
 from __future__ import annotations
 
@@ -63,19 +63,36 @@ def create(settings: Settings, name: str, email: str, external_id: str, as_json:
 def users(settings: Settings, out: Listing) -> None:
     """List the users.
 
-    One line a user: id, name, email, source, state and when made; -o wide adds their
-    external id.
+    One line a user: id, name, email, source, state (active, inactive, or waiting for
+    staff's approval: `llmgw user approve NAME`) and when made; -o wide adds their external
+    id.
     """
     answer = call(settings, "GET", api_path("users"))
     if out.raw(answer):
         return
     rows = [
-        [u.id, u.name, u.email, u.source, "active" if u.active else "inactive",
-         when(u.created_at), u.external_id or "-"]
+        [u.id, u.name, u.email, u.source, _state(u), when(u.created_at), u.external_id or "-"]
         for u in decoded(answer, list[UserView])
     ]  # fmt: skip
     headers = ["ID", "NAME", "EMAIL", "SOURCE", "STATE", "CREATED", "EXTERNAL ID"]
     out.table(headers, rows, "No users yet: `llmgw user create NAME`.", shown=6)
+
+
+def _state(u: UserView) -> str:
+    if not u.active:
+        return "inactive"
+    return "active" if u.approved else "waiting"
+
+
+@user.command()
+@click.argument("name")
+@pass_settings
+def approve(settings: Settings, name: str) -> None:
+    """Approve the account NAME (a name or an id), which waits since its first sign-in
+    (oidc.approval_required in llmgw.yaml(5)): it signs in from then on and may make keys.
+    `llmgw users` shows the accounts waiting."""
+    now = decoded(call(settings, "POST", api_path("users", name, "approve")), UserView)
+    click.echo(f"User {now.name} approved: they may sign in (`llmgw login`).")
 
 
 @user.command("set")

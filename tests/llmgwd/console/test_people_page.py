@@ -170,3 +170,20 @@ async def test_bad_input_is_the_console_s_error_page_with_a_4xx(browser: Browser
     scim = form_of(html, "POST /scim/token")
     r, _ = await send(browser, scim, **{"body.x": "1"})
     assert r.status == 400  # it takes no body
+
+
+async def test_an_account_waiting_for_approval_is_shown_and_approved_there(
+    browser: Browser, site: Site
+) -> None:
+    wes = await site.people.create_user("wes", source="oidc", approved=False)
+    await browser.sign_in("sam")
+    _, html = await browser.get(PEOPLE)
+    assert "1 waiting for approval" in html and "<td>waiting for approval</td>" in html
+
+    r, _ = await send(browser, form_of(html, "POST /users/{user}/approve", user=wes.id))
+
+    assert r.status == 303 and r.headers["Location"] == PEOPLE
+    now = await site.people.user("wes")
+    assert now is not None and now.approved
+    _, html = await browser.get(PEOPLE)
+    assert "waiting for approval" not in html

@@ -238,6 +238,17 @@ async def change_user(request: web.Request, who: Principal) -> web.Response:
     return json_response(view(user, UserView))
 
 
+async def approve_user(request: web.Request, who: Principal) -> web.Response:
+    """POST /users/{user}/approve: an account waiting for staff's approval (made at a sign-in
+    under oidc.approval_required) signs in from now on; one approved already stays so."""
+    user = await _user(request)
+    if not user.approved:
+        user = await _dir(request).change_user(user.id, approved=True)
+        api_context(request).catalog.note_user(user)
+        log.info("user %s (%s) approved by %s", user.id, user.name, who.label)
+    return json_response(view(user, UserView))
+
+
 async def delete_user(request: web.Request, who: Principal) -> web.Response:
     """DELETE /users/{user}: with their memberships, staff role and limits; their keys are
     refused at once here (and on every control plane by the catalog's watch), then revoked."""
@@ -321,4 +332,5 @@ TABLE: list[Route] = [
     Route("PATCH", "/users/{user}", plain(change_user), STAFF_ADMIN, UserChange, UserView),
     Route("DELETE", "/users/{user}", plain(delete_user), STAFF_ADMIN, answer=UserDeleted),
     Route("PUT", "/users/{user}/staff", plain(set_staff), STAFF_ADMIN, StaffIn, StaffView),
+    Route("POST", "/users/{user}/approve", plain(approve_user), STAFF_ADMIN, answer=UserView),
 ]

@@ -61,6 +61,8 @@ USER_FORMS: tuple[Form, ...] = (
     Form("PATCH", _USER + "/limits", "Set limits", LIMITS),
     Form("DELETE", _USER, "Delete user", danger=True),
 )
+# A user waiting for staff's approval (oidc.approval_required) has this form first.
+APPROVE = Form("POST", _USER + "/approve", "Approve")
 # Sent to POST /console/made: their answers hold a secret, shown there once.
 PEOPLE_MAKING: tuple[Form, ...] = (
     Form(
@@ -80,7 +82,14 @@ KEY_FORMS: tuple[Form, ...] = (
     Form("DELETE", "/keys/{key}", "Revoke", danger=True),
 )
 MY_KEY_FORMS: tuple[Form, ...] = (Form("DELETE", "/me/keys/{key}", "Revoke", danger=True),)
-FORMS: tuple[Form, ...] = (*PEOPLE_FORMS, *USER_FORMS, *PEOPLE_MAKING, *KEY_FORMS, *MY_KEY_FORMS)
+FORMS: tuple[Form, ...] = (
+    *PEOPLE_FORMS,
+    APPROVE,
+    *USER_FORMS,
+    *PEOPLE_MAKING,
+    *KEY_FORMS,
+    *MY_KEY_FORMS,
+)
 MAKING: tuple[Form, ...] = (*PEOPLE_MAKING, *KEY_MAKING)
 
 
@@ -104,6 +113,7 @@ class PeoplePage:
     keys: list[Row] | None
     mine: list[Row]
     sources: dict[str, int]  # users by where they come from: staff, oidc, scim
+    waiting: int = 0  # users waiting for staff's approval
 
 
 async def _users(request: web.Request, person: Person) -> list[Row] | None:
@@ -120,7 +130,8 @@ async def _users(request: web.Request, person: Person) -> list[Row] | None:
             "body.active": "true" if u.active else "false",
             "body.external_id": u.external_id,
         }
-        out.append(Row(u, await drawn(request, person, USER_FORMS, {"user": u.id}, values), level))
+        forms = USER_FORMS if u.approved else (APPROVE, *USER_FORMS)
+        out.append(Row(u, await drawn(request, person, forms, {"user": u.id}, values), level))
     return out
 
 
@@ -152,6 +163,7 @@ async def people_of(request: web.Request, person: Person) -> PeoplePage:
             for k in mine
         ],
         sources=dict(Counter(r.view.source for r in users or [] if isinstance(r.view, UserView))),
+        waiting=sum(1 for r in users or [] if isinstance(r.view, UserView) and not r.view.approved),
     )
 
 

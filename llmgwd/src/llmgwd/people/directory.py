@@ -111,9 +111,15 @@ class Directory:
     # Users
 
     async def create_user(
-        self, name: str, email: str = "", source: Source = "staff", external_id: str = ""
+        self,
+        name: str,
+        email: str = "",
+        source: Source = "staff",
+        external_id: str = "",
+        approved: bool = True,
     ) -> User:
-        """A new user; a name taken is a conflict."""
+        """A new user (approved False: waiting for staff's approval); a name taken is a
+        conflict."""
         user = User(
             id=secrets.token_hex(6),
             name=check_name("name", name),
@@ -121,6 +127,7 @@ class Directory:
             source=source,
             created_at=time.time(),
             external_id=rules.check_external_id(external_id),
+            approved=approved,
         )
         login = Put(LOGINS + name, user.id.encode())
         res = await self._store.txn(
@@ -144,8 +151,8 @@ class Directory:
         return await self._list(User, USERS)
 
     async def change_user(self, user_id: str, **changes: Any) -> User:
-        """Change a user's email, external id or active flag; concurrent changes are each
-        kept."""
+        """Change a user's email, external id, active or approved flag; concurrent changes
+        are each kept."""
         if "email" in changes:
             rules.check_email(str(changes["email"]))
         if "external_id" in changes:

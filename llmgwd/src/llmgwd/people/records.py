@@ -30,6 +30,9 @@ class User(msgspec.Struct, frozen=True, kw_only=True):
     # who they are at the identity provider (SCIM's externalId, or set by staff): the first
     # OIDC sign-in whose oidc.link_claim equals it is theirs (people.links); "": none
     external_id: str = ""
+    # False: signed in while oidc.approval_required was on, and waits for staff's approval
+    # (`llmgw user approve`): no sign-in, no key until then
+    approved: bool = True
 
 
 class Org(msgspec.Struct, frozen=True, kw_only=True):

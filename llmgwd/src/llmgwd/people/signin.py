@@ -70,6 +70,12 @@ class SignIn:
             user = await (self._links.link(link, found) if found else self._make(claims, link))
         if not user.active:
             raise SignInError(403, "user_deactivated", f"user {user.name} is deactivated")
+        if not user.approved:
+            raise SignInError(
+                403, "waiting_for_approval",
+                f"your account {user.name} waits for staff's approval; sign in again once "
+                "they have approved it",
+            )  # fmt: skip
         email = str(claims.get("email", ""))
         if email and email != user.email:
             user = await self._people.change_user(user.id, email=email)
@@ -77,9 +83,12 @@ class SignIn:
         return user
 
     async def _make(self, claims: dict[str, Any], link: str) -> User:
+        """A new user of source oidc, linked to the sign-in; waiting for approval when the
+        settings ask for it."""
         name = login_name(claims)
         try:
-            user = await self._people.create_user(name, source="oidc")
+            approved = not self._settings.approval_required
+            user = await self._people.create_user(name, source="oidc", approved=approved)
         except PeopleError:
             raise SignInError(
                 409, "name_taken",
