@@ -75,12 +75,6 @@ SETTINGS = {
     "server.oidc.session_ttl_s": (
         "How long the key that `llmgw login` gets is good for, in seconds (60 to 30 days)."
     ),
-    "server.oidc.approval_required": (
-        "A person's first sign-in makes their account waiting for staff's approval: no key, "
-        "and every sign-in refused, until staff approve it (`llmgw user approve NAME`, "
-        "POST /api/v1/users/NAME/approve, the console's people page, which shows the accounts "
-        "waiting). Accounts made before, by staff or by SCIM, are approved."
-    ),
     "server.name": "The cluster's name, shown by `llmgw status` and on its answers.",
     "server.state_dir": (
         "Where llmgwd keeps the cluster: its store (SQLite), the cluster CA and secret, and "
@@ -492,6 +486,9 @@ def render_llmgw() -> str:
         "(answered no, or no \\fB\\-\\-yes\\fR where standard input is not a terminal).",
         ".TP\n3\nThe daemon cannot be reached.",
         ".TP\n4\nNo such model, key or other thing named.",
+        ".TP\n5\nWith \\fB\\-\\-wait\\fR: its \\fB\\-\\-timeout\\fR ran out before the "
+        "change was done.",
+        ".TP\n6\nWith \\fB\\-\\-wait\\fR: a replica failed; which and why are on standard error.",
         ".SH SHELL COMPLETION",
         "The packages install completion for bash and zsh.",
         'Elsewhere, \\fBeval "$(_LLMGW_COMPLETE=bash_source llmgw)"\\fR in \\fI~/.bashrc\\fR '

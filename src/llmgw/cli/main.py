@@ -64,7 +64,8 @@ def main(ctx: click.Context, socket_path: str, agent_socket: str, context_name: 
     needs root or the llmgw group, or, with a context (`llmgw context`), to a control
     plane's /api/v1 over HTTPS with a key or the `llmgw login` session. Exit status: 0
     done, 1 the daemon refused (its reason on stderr), 2 usage error, 3 the daemon cannot
-    be reached (or its certificate is not from the CA pinned for it), 4 no such model or key.
+    be reached (or its certificate is not from the CA pinned for it), 4 no such model or key;
+    with --wait, 5 the --timeout ran out, 6 a replica failed.
     """
     ctx.obj = Settings(socket=socket_path, agent_socket=agent_socket, context=context_name)
 

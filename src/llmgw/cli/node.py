@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from llmgw.api_types import NodeRemoved, NodeView, TokenView
-from llmgw.cli import complete
+from llmgw.cli import complete, wait
 from llmgw.cli.common import API, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import (
     Listing,
@@ -100,11 +100,17 @@ def cordon(settings: Settings, name: str, as_json: bool) -> None:
 
 @node.command()
 @click.argument("name", shell_complete=complete.nodes)
+@wait.wait_options
 @json_option
 @pass_settings
-def drain(settings: Settings, name: str, as_json: bool) -> None:
-    """Move the replicas of node NAME elsewhere: each stops once its replacement is ready."""
+def drain(
+    settings: Settings, name: str, wait_done: bool, wait_timeout: float, as_json: bool
+) -> None:
+    """Move the replicas of node NAME elsewhere: each stops once its replacement is ready.
+    With --wait, until the node holds none."""
     _flag("drain", settings, name, as_json)
+    if wait_done:
+        wait.wait_drained(settings, name, wait_timeout)
 
 
 @node.command()
