@@ -495,3 +495,20 @@ def check(engine: str, args: Sequence[str]) -> list[str]:
         _check_value(written, inline, rule)
         out += [canonical, inline]
     return out
+
+
+# The option that sets how many requests an engine serves at once (its slots).
+SLOTS_OPTION = {"llama.cpp": "--parallel", "vllm": "--max-num-seqs"}
+
+
+def slots_named(engine: str, args: Sequence[str]) -> int:
+    """The slots a model's args give its engine (llama.cpp's --parallel, vLLM's
+    --max-num-seqs, the last one written), or 0 where they name none (llama.cpp's -1 is
+    its own choice: none); args that do not pass check name none."""
+    option = SLOTS_OPTION.get(engine)
+    try:
+        canonical = check(engine, args) if option else []
+    except EngineArgError:
+        return 0
+    values = [canonical[i + 1] for i, a in enumerate(canonical[:-1]) if a == option]
+    return max(int(values[-1]), 0) if values else 0

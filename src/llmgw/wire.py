@@ -195,6 +195,10 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     # would load from (the router keeps its slots apart).
     isolated_cache: bool = False
     generation: int = 0  # the model's restart generation: a new one starts the engine again
+    # Requests the engine serves at once, each with the whole context (the placement's
+    # slots: llama.cpp's --parallel with --ctx-size context x slots, vLLM's --max-num-seqs);
+    # 0: the engine's own (a model placed by count, or a placement older than this field).
+    slots: int = 0
 
     def __repr__(self) -> str:
         # The api_key must never reach a log line through a spec's repr.
@@ -217,6 +221,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
             "cache_type",
             "isolated_cache",
             "generation",
+            "slots",
         ):
             if not data[unset]:
                 del data[unset]

@@ -73,6 +73,14 @@ def test_argv_has_the_agents_options_then_the_specs_args() -> None:
     ]
 
 
+def test_the_placements_slots_each_get_the_whole_context() -> None:
+    # llama-server splits --ctx-size over its slots: three slots of 4096 tokens are 12288.
+    got = argv(spec(context=4096, slots=3))
+    assert got[got.index("--ctx-size") + 1 :][:4] == ["12288", "--parallel", "3", "--alias"]
+    assert got.count("--parallel") == 1 and got.count("--ctx-size") == 1
+    assert "--parallel" not in argv(spec(context=4096))  # none given: llama-server's own
+
+
 def test_the_prompt_cache_stays_within_the_memory_limit() -> None:
     # A limit of 1.25 x 800 MiB + 512 MiB: an eighth of the 800 MiB estimate for prompts.
     got = argv(spec(memory_max_bytes=(1000 + 512) << 20))

@@ -64,6 +64,12 @@ def test_argv_runs_the_server_module_on_the_sets_directory() -> None:
     ]  # fmt: skip
 
 
+def test_the_placements_slots_are_the_requests_it_runs_at_once() -> None:
+    got = server_args(argv(spec(context=2048, slots=2)))
+    assert opt(got, "--max-model-len") == "2048" and opt(got, "--max-num-seqs") == "2"
+    assert "--max-num-seqs" not in argv(spec(context=2048))  # none given: vLLM's own
+
+
 def test_the_key_is_never_on_the_command_line() -> None:
     got = argv(spec())
     assert not any("sk-secret" in a for a in got)

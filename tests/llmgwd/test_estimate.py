@@ -23,6 +23,7 @@ from llmgwd.placement.estimate import (
     margin_bytes,
     memory_bytes,
     shard_bytes,
+    slots_that_fit,
 )
 from llmgwd.placement.gguf_meta import GgufError, LongArray, read_header, shape_of
 from llmgwd.placement.safetensors_meta import ConfigError, shape_from_config, shape_of_dir
@@ -135,6 +136,26 @@ def test_the_longest_context_that_fits_is_the_longest_that_fits() -> None:
     assert context_that_fits(llama, 8 * GIB, "q4_0") > context_that_fits(llama, 8 * GIB, "q8_0")
     assert context_that_fits(llama, 8 * GIB, "q8_0") > context_that_fits(llama, 8 * GIB, "f16")
     assert context_that_fits(llama, 8 * GIB, limit=4096) == 4096
+
+
+def test_slots_are_as_many_whole_contexts_as_the_room_beside_the_weights_holds() -> None:
+    llama = shape_of(LLAMA)
+    ctx = 32768  # 4 GiB of f16 KV cache: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
+    assert kv_bytes(llama, ctx) == 4 * GIB
+    assert slots_that_fit(llama, memory_bytes(llama, 4 * ctx), ctx) == 4
+    assert slots_that_fit(llama, memory_bytes(llama, 3 * ctx) - 1, ctx) == 2
+    assert slots_that_fit(llama, memory_bytes(llama, 2 * ctx), ctx) == 2
+    assert slots_that_fit(llama, memory_bytes(llama, ctx), ctx) == 1
+    assert slots_that_fit(llama, H100, ctx) == 4  # room for 17: four at most
+    assert slots_that_fit(llama, H100, ctx, cache="q4_0") == 4
+    # On CPUs the margin is smaller, and 3 contexts of q8_0 cache fit where 3 of f16 do not.
+    on_cpu = memory_bytes(llama, 3 * ctx, "q8_0", gpu=False)
+    assert slots_that_fit(llama, on_cpu, ctx, "q8_0", gpu=False) == 3
+    assert slots_that_fit(llama, on_cpu, ctx, gpu=False) == 1
+    # A context that must leave room for two slots is at most half as long.
+    two = context_that_fits(llama, RTX_4090, slots=2)
+    assert two % CONTEXT_STEP == 0 and memory_bytes(llama, 2 * two) <= RTX_4090
+    assert memory_bytes(llama, 2 * (two + CONTEXT_STEP)) > RTX_4090
 
 
 def test_a_model_larger_than_the_memory_gets_no_context() -> None:

@@ -311,7 +311,8 @@ async def test_each_replica_gets_a_memory_limit_from_its_estimate(store: SqliteS
     nodes = FakeNodes("a")
     await start(store, nodes, smol(replicas=1))
     [spec] = nodes.desired["a"]
-    ram = memory_bytes(SMOL, spec.context, gpu=False)  # what the scheduler placed it with
+    assert spec.slots == 4  # the node's 16 GiB hold four of its contexts
+    ram = memory_bytes(SMOL, spec.context * 4, gpu=False)  # what the scheduler placed it with
     extra = spec.memory_max_bytes - (ram + ram // 4 + (512 << 20))  # a quarter and 512 MiB
     assert 0 <= extra < 1 << 20 and spec.memory_max_bytes % (1 << 20) == 0
     assert spec.memory_max_bytes < 2 * GIB  # SmolLM2: bounded, far below the node's 16 GiB
@@ -321,6 +322,7 @@ async def test_a_model_placed_by_count_leaves_the_limit_to_the_node(store: Sqlit
     nodes = FakeNodes("a")
     await start(store, nodes, Model(name="m", source="file:/m.gguf", replicas=1))
     assert [s.memory_max_bytes for s in nodes.desired["a"]] == [0]  # the agent's default
+    assert [s.slots for s in nodes.desired["a"]] == [0]  # and the engine's own slots
 
 
 # Each engine held to its placement: what the spec carries, and OOM kills learnt from
@@ -381,8 +383,8 @@ async def test_oom_kills_grow_the_limit_and_a_new_leader_counts_none_twice(
     await rec.reconcile()
     assert rec.oom_kills("m") == {"default": 1}
     (grown,) = nodes.desired["a"]
-    ram = ram_bytes(SMOL, spec.context)
-    assert first == engine_memory.limit(ram)
+    ram = ram_bytes(SMOL, spec.context * spec.slots)
+    assert spec.slots == 4 and first == engine_memory.limit(ram)
     assert grown.id == spec.id and grown.memory_max_bytes == engine_memory.limit(int(ram * 1.5))
     # A new leader reads the count from the store, and the same report adds nothing.
     again = FakeNodes("a")

@@ -71,9 +71,39 @@ def test_a_replica_goes_to_a_card_it_fits_on_with_its_whole_context() -> None:
     kind, free = uuids(DGX)[p.devices[0]]
     assert kind == "card" and p.memory_bytes <= free
     assert p.context == LLAMA.context_length == 131072
-    assert p.memory_bytes == memory_bytes(LLAMA, 131072)
+    # 80 GiB hold four requests of the whole context at once: 4 x 16 GiB of KV cache
+    assert p.slots == 4 and p.memory_bytes == memory_bytes(LLAMA, 4 * 131072)
     # Every card of the captured node was idle, 81106 MiB free: any of them holds it.
     assert free == 81106 * MIB
+
+
+def test_slots_are_the_whole_contexts_the_room_left_on_its_card_holds() -> None:
+    # An RTX 4090 (24 GiB) holds Llama 3.1 8B (4.6 GiB) and 18 GiB of KV cache: four
+    # requests of 32768 tokens (4 GiB each), two of 65536 (8 GiB), one of 131072 (16 GiB).
+    for ctx, slots in ((32768, 4), (65536, 2), (131072, 1)):
+        (p,) = schedule([gpu("llama", LLAMA, 1, context=ctx)], [WS], [], new_id=ids).add
+        assert (p.context, p.slots) == (ctx, slots)
+        assert p.memory_bytes == memory_bytes(LLAMA, ctx * slots)
+        assert p.memory_bytes <= uuids(WS)[p.devices[0]][1]
+        verdicts = explain(gpu("llama", LLAMA, 1, context=ctx), [WS], [])
+        assert {(v.fits, v.context, v.slots) for v in verdicts} == {(True, ctx, slots)}
+    # A card with a replica already has less room left: the next one there gets fewer.
+    two = [msgspec.structs.replace(WS.inventory.gpus[0], memory_free_bytes=14 * GIB)]
+    small = msgspec.structs.replace(WS, inventory=msgspec.structs.replace(WS.inventory, gpus=two))
+    (p,) = schedule([gpu("llama", LLAMA, 1, context=32768)], [small], [], new_id=ids).add
+    assert p.slots == 2 and p.memory_bytes == memory_bytes(LLAMA, 2 * 32768)
+
+
+def test_slots_named_in_the_args_are_the_slots_and_the_context_leaves_room_for_them() -> None:
+    d = gpu("llama", LLAMA, 1, context=32768, args=["--parallel", "3"])
+    (p,) = schedule([d], [WS], [], new_id=ids).add
+    assert (p.context, p.slots) == (32768, 3)
+    assert p.memory_bytes == memory_bytes(LLAMA, 3 * 32768)
+    # Three of the whole 131072 tokens fit on no 4090: each gets the longest third.
+    d = gpu("llama", LLAMA, 1, args=["-np", "3"])
+    (p,) = schedule([d], [WS], [], new_id=ids).add
+    assert p.slots == 3 and 2048 <= p.context < 131072 // 2
+    assert memory_bytes(LLAMA, 3 * p.context) == p.memory_bytes <= uuids(WS)[p.devices[0]][1]
 
 
 def test_a_mig_instance_is_a_place_and_the_smallest_that_fits_is_taken() -> None:

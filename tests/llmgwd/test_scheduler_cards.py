@@ -64,9 +64,9 @@ def test_a_node_whose_agent_does_not_run_the_engine_there_is_not_offered() -> No
 
 def test_after_oom_kills_a_cpu_replica_is_placed_with_a_larger_estimate() -> None:
     cpu = Profile(name="cpu", kind="cpu", replicas=1, cores=2, context=4096)
-    base = memory_bytes(SMOL, 4096, gpu=False)
+    base = memory_bytes(SMOL, 4 * 4096, gpu=False)  # four slots of 4096 tokens
     (p,) = schedule([Demand("m", cpu, SMOL)], [CPU], [], new_id=ids).add
-    assert p.memory_bytes == base
+    assert p.slots == 4 and p.memory_bytes == base
     (p,) = schedule([Demand("m", cpu, SMOL, oom_kills=1)], [CPU], [], new_id=ids).add
     assert p.memory_bytes == int(base * 1.5)
     (p,) = schedule([Demand("m", cpu, SMOL, oom_kills=9)], [CPU], [], new_id=ids).add

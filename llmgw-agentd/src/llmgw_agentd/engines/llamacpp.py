@@ -60,8 +60,7 @@ def command(
     argv = [binary, "--model", model_path(spec), "--host", host, "--port", str(port)]
     if key_file is not None:
         argv += ["--api-key-file", key_file]
-    if spec.context:
-        argv += ["--ctx-size", str(spec.context)]
+    argv += context_args(spec)
     if threads:  # one per core the scheduler reserved (the unit's AllowedCPUs), else agent.yaml's
         argv += ["--threads", str(threads)]
     if spec.cache_type:  # the profile's KV cache type, for keys and values alike
@@ -82,6 +81,17 @@ def command(
     # Its Prometheus metrics, which llmgwd relays at /metrics/engines (with the engine's key).
     argv.append("--metrics")
     return argv + validate_args(spec.args)
+
+
+def context_args(spec: ReplicaSpec) -> list[str]:
+    """The context and slots: with the placement's slots, --parallel and a context of that
+    many of spec.context (llama-server splits --ctx-size evenly over its slots: each then
+    holds spec.context, as the estimate counted); else the context alone (its own slots)."""
+    if not spec.context:
+        return []
+    if not spec.slots:
+        return ["--ctx-size", str(spec.context)]
+    return ["--ctx-size", str(spec.context * spec.slots), "--parallel", str(spec.slots)]
 
 
 def cache_roots(env: Mapping[str, str] | None = None) -> list[Path]:

@@ -104,6 +104,8 @@ def command(
     argv += ["--host", host, "--port", str(port), "--load-format", "safetensors"]
     if spec.context:
         argv += ["--max-model-len", str(spec.context)]
+    if spec.slots:  # the placement's: that many contexts' KV cache is what it was given
+        argv += ["--max-num-seqs", str(spec.slots)]
     if spec.devices:
         argv += ["--tensor-parallel-size", str(len(spec.devices))]
         if spec.gpu_memory_fraction:

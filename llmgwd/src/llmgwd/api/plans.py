@@ -40,6 +40,7 @@ def plan_view(ctx: ApiContext, model: Model) -> PlanView:
                 devices=list(p.devices),
                 context=p.context,
                 memory=gib(p.memory_bytes) if model.shape is not None else "unknown",
+                slots=p.slots if model.shape is not None else 0,
             )
             for p in sorted(mine, key=lambda p: p.id)
         ]

@@ -36,6 +36,12 @@ CACHE_BYTES: dict[str, Fraction] = {
 # llama.cpp sizes its context in steps of 256 tokens; a context is offered in such steps.
 CONTEXT_STEP = 256
 
+# Requests a replica serves at once (its slots: llama.cpp's --parallel, vLLM's
+# --max-num-seqs), each with the whole context: as many as the KV cache of that many
+# contexts fits in the room beside the weights, at least one, at most MAX_SLOTS
+# (llama-server's own default; more rarely helps a replica of a CPU's or one card's speed).
+MAX_SLOTS = 4
+
 # The margin beside weights and KV cache, for what an engine allocates besides them:
 # - a CUDA context and cuBLAS's workspace on a card: 512 MiB (300-500 MiB is what a CUDA
 #   context takes on current drivers; nothing of it shows in NVML's free memory beforehand);
@@ -143,6 +149,12 @@ def ram_bytes(
     return base + runtime_bytes(engine)
 
 
+def kv_room(shape: ModelShape, budget: int, gpu: bool = True, shards: int = 1) -> int:
+    """Bytes left for the KV cache in budget on each of shards cards (or in RAM), beside
+    the weights (split evenly over the cards) and each card's margin."""
+    return shards * (budget - margin_bytes(shape, gpu, shards)) - shape.weights_bytes
+
+
 def context_that_fits(
     shape: ModelShape,
     budget: int,
@@ -150,18 +162,38 @@ def context_that_fits(
     gpu: bool = True,
     limit: int = 0,
     shards: int = 1,
+    slots: int = 1,
 ) -> int:
     """The longest context (in steps of 256, at most the trained one or limit) whose replica
-    fits in budget bytes, split evenly over shards cards each with budget; 0 if none does."""
-    room = shards * (budget - margin_bytes(shape, gpu, shards)) - shape.weights_bytes
+    with slots such contexts fits in budget bytes, split evenly over shards cards each with
+    budget; 0 if none does."""
+    room = kv_room(shape, budget, gpu, shards)
     top = min(limit, shape.context_length) if limit else shape.context_length
-    per = Fraction(shape.kv_values_per_token()) * CACHE_BYTES[cache or shape.cache_type]
+    per = Fraction(shape.kv_values_per_token()) * CACHE_BYTES[cache or shape.cache_type] * slots
     if room <= 0:
         return 0
     if per == 0:
         return top
     fits = int(room / per) // CONTEXT_STEP * CONTEXT_STEP
     return min(fits, top) if fits >= min(CONTEXT_STEP, top) else 0
+
+
+def slots_that_fit(
+    shape: ModelShape,
+    budget: int,
+    context: int,
+    cache: CacheType | None = None,
+    gpu: bool = True,
+    shards: int = 1,
+) -> int:
+    """How many requests of context tokens each one replica serves at once in budget bytes
+    (on each of shards cards): the KV cache of that many contexts beside the weights and
+    the margin, at least 1 (the context itself is what context_that_fits found), at most
+    MAX_SLOTS."""
+    per = kv_bytes(shape, context, cache)
+    if per <= 0:
+        return MAX_SLOTS
+    return max(1, min(MAX_SLOTS, kv_room(shape, budget, gpu, shards) // per))
 
 
 def shard_bytes(

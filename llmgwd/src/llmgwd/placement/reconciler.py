@@ -518,12 +518,13 @@ class Reconciler:
         room for and a memory limit from its estimate (where the model's shape is known; else
         the node's default limit; larger after OOM kills), its cards and the share of each
         it may fill (vLLM's; sizes: the node's cards' memory by UUID), its cores and the
-        profile's KV cache type."""
+        profile's KV cache type, and the slots the scheduler found room for."""
         st = p.started or rolling.settings(m, profile)  # what its engine runs (rolling.py)
         context = (p.context if m.shape is not None else 0) or st.context
+        slots = p.slots if m.shape is not None and p.context else 0
         memory_max = 0
         if m.shape is not None:
-            tokens = context or m.shape.context_length
+            tokens = (context or m.shape.context_length) * (slots or 1)
             gpu = profile.kind == "gpu"
             ram = ram_bytes(m.shape, tokens, st.cache_type, gpu=gpu, engine=m.engine)
             grown = engine_memory.oom_factor(self.oom_kills(m.name).get(profile.name, 0))
@@ -549,6 +550,7 @@ class Reconciler:
             cache_type=st.cache_type or "",
             isolated_cache=self._isolated_cache and m.engine == "llama.cpp",
             generation=st.generation,
+            slots=slots,
         )
 
     # Rolling replacement (rolling.py)

@@ -14,6 +14,10 @@ How a replica is placed:
   and a running one shows in the free figure already;
 - its whole context first; a shorter one (down to the profile's min_context) only where the
   whole fits nowhere;
+- with as many slots (requests at once, each with the whole context) as the KV cache of
+  that many contexts fits in the room left beside the weights there, up to
+  estimate.MAX_SLOTS, or the slots its args name (llama.cpp's --parallel, vLLM's
+  --max-num-seqs); the engine is given those (ReplicaSpec.slots);
 - on a node without a replica of the model before one that has one, then on the node with
   fewest replicas, then by name: replicas of one model spread across nodes;
 - on the smallest place it fits on (best fit), keeping large cards for large models;
@@ -38,7 +42,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from llmgw import engine_cards, engine_memory
+from llmgw import engine_args, engine_cards, engine_memory
 from llmgw.api_types import Verdict as Verdict  # GET /models/{name}/plan shows them
 from llmgw.wire import Inventory
 from llmgwd.placement.estimate import (
@@ -53,6 +57,7 @@ from llmgwd.placement.estimate import (
     memory_bytes,
     runtime_bytes,
     shard_bytes,
+    slots_that_fit,
 )
 from llmgwd.placement.profiles import Profile, capability
 
@@ -100,6 +105,7 @@ class Placement(msgspec.Struct, frozen=True):
     context: int = 0  # the context it was given (what fits there)
     memory_bytes: int = 0  # on each device, or in RAM
     cores: int = 0  # CPU cores it was given
+    slots: int = 0  # requests it serves at once, each with the context; 0: the engine's own
     started: Started | None = None  # None: a record from before (the model's settings now)
 
 
@@ -221,6 +227,7 @@ class _Need:
         "cores",
         "d",
         "factor",
+        "fixed",
         "full",
         "full_ctx",
         "gpu",
@@ -247,22 +254,45 @@ class _Need:
         self.needs: dict[str, engine_cards.Needs] = {}  # by the node's CUDA toolkit
         self.full_ctx = p.context or d.context or s.context_length or DEFAULT_CONTEXT
         self.min_ctx = min(p.min_context, self.full_ctx)
-        self.full = self.bytes_at(self.full_ctx)
-        self.least = self.bytes_at(self.min_ctx)
+        self.fixed = engine_args.slots_named(p.engine, p.args)  # 0: as many as fit
+        self.full = self.bytes_at(self.full_ctx, self.fixed or 1)
+        self.least = self.bytes_at(self.min_ctx, self.fixed or 1)
 
-    def bytes_at(self, ctx: int) -> int:
-        """Memory on each device (or in RAM) at a context."""
-        s = self.d.shape
+    def bytes_at(self, ctx: int, slots: int = 1) -> int:
+        """Memory on each device (or in RAM) at a context, for slots requests of it at once."""
+        s, tokens = self.d.shape, ctx * slots
         if self.shards > 1:
-            return shard_bytes(s, ctx, self.cache, self.shards)
-        return int((memory_bytes(s, ctx, self.cache, gpu=self.gpu) + self.runtime) * self.factor)
+            return shard_bytes(s, tokens, self.cache, self.shards)
+        mem = memory_bytes(s, tokens, self.cache, gpu=self.gpu)
+        return int((mem + self.runtime) * self.factor)
+
+    def _room(self, avail: int) -> int:
+        return int(avail / self.factor) - self.runtime
 
     def context_in(self, avail: int) -> int:
         """The longest context that fits in avail on each device (limited to the wanted)."""
-        room = int(avail / self.factor) - self.runtime
         return context_that_fits(
-            self.d.shape, room, self.cache, self.gpu, self.full_ctx, self.shards
+            self.d.shape,
+            self._room(avail),
+            self.cache,
+            self.gpu,
+            self.full_ctx,
+            self.shards,
+            self.fixed or 1,
         )
+
+    def slots_in(self, avail: int, ctx: int) -> int:
+        """Requests of ctx tokens a replica serves at once in avail on each device: the
+        args' own number, else as many as fit (estimate.slots_that_fit)."""
+        if self.fixed:
+            return self.fixed
+        s = self.d.shape
+        return slots_that_fit(s, self._room(avail), ctx, self.cache, self.gpu, self.shards)
+
+    def fit(self, places: list[_Place], avail: int, ctx: int) -> _Fit:
+        """A replica of ctx tokens on places (avail on each): its slots and memory there."""
+        slots = self.slots_in(avail, ctx)
+        return _Fit(places, ctx, self.bytes_at(ctx, slots), slots)
 
     def needs_on(self, inv: Inventory) -> engine_cards.Needs:
         """What the profile's engine asks of a node's cards and driver."""
@@ -280,7 +310,7 @@ class _Need:
     def breakdown(self, ctx: int) -> str:
         s = self.d.shape
         w = s.weights_bytes // self.shards
-        kv = kv_bytes(s, ctx, self.cache) // self.shards
+        kv = kv_bytes(s, ctx * (self.fixed or 1), self.cache) // self.shards
         m = margin_bytes(s, self.gpu, self.shards)
         return f"weights {gib(w)} + KV {gib(kv)} + margin {gib(m)}"
 
@@ -289,6 +319,7 @@ class _Fit(NamedTuple):
     places: list[_Place]
     context: int
     bytes: int
+    slots: int
 
 
 class _Cluster:
@@ -369,9 +400,9 @@ def _fit(need: _Need, ns: _NodeState, reduced: bool) -> _Fit | None:
         if ns.cores_free < cores or ns.ram.avail < floor:
             return None
         if not reduced:
-            return _Fit([ns.ram], need.full_ctx, need.full)
+            return need.fit([ns.ram], ns.ram.avail, need.full_ctx)
         ctx = need.context_in(ns.ram.avail)
-        return _Fit([ns.ram], ctx, need.bytes_at(ctx)) if ctx >= need.min_ctx else None
+        return need.fit([ns.ram], ns.ram.avail, ctx) if ctx >= need.min_ctx else None
     if ns.gpu_max < floor:
         return None
     inv = ns.node.inventory
@@ -387,11 +418,13 @@ def _fit(need: _Need, ns: _NodeState, reduced: bool) -> _Fit | None:
     model = need.d.model
     if not reduced:
         ok.sort(key=lambda p: (model in p.models, p.avail, p.label))
-        return _Fit(ok[: need.shards], need.full_ctx, need.full)
+        chosen = ok[: need.shards]
+        return need.fit(chosen, min(p.avail for p in chosen), need.full_ctx)
     ok.sort(key=lambda p: (model in p.models, -p.avail, p.label))
     chosen = ok[: need.shards]
-    ctx = need.context_in(min(p.avail for p in chosen))
-    return _Fit(chosen, ctx, need.bytes_at(ctx)) if ctx >= need.min_ctx else None
+    avail = min(p.avail for p in chosen)
+    ctx = need.context_in(avail)
+    return need.fit(chosen, avail, ctx) if ctx >= need.min_ctx else None
 
 
 def _engine_refusal(need: _Need, inv: Inventory) -> str:
@@ -431,6 +464,7 @@ def _commit(cl: _Cluster, need: _Need, ns: _NodeState, fit: _Fit, new_id: str) -
         context=fit.context,
         memory_bytes=fit.bytes,
         cores=cores,
+        slots=fit.slots,
     )
 
 
@@ -632,7 +666,8 @@ def _node_verdicts(need: _Need, ns: _NodeState, failed: bool) -> list[Verdict]:
 def _memory_verdict(need: _Need, node: str, p: _Place, note: str) -> Verdict:
     ctx = need.context_in(p.avail) if p.avail >= need.least else 0
     if ctx >= need.min_ctx:
-        return Verdict(node, p.label, True, ctx, need.bytes_at(ctx), reason=_fits(need, ctx) + note)
+        fit = need.fit([p], p.avail, ctx)
+        return _fitting(node, p.label, fit, reason=_fits(need, ctx) + note)
     return Verdict(node, p.label, False, reason=_short(need, p.avail, p.total))
 
 
@@ -646,9 +681,8 @@ def _shards_verdict(need: _Need, ns: _NodeState, whole: list[_Place], note: str)
     if len(ok) >= n:
         ctx = need.context_in(ok[n - 1].avail)
         if ctx >= need.min_ctx:
-            return Verdict(
-                ns.name, label, True, ctx, need.bytes_at(ctx), reason=_fits(need, ctx) + note
-            )
+            fit = need.fit(ok[:n], ok[n - 1].avail, ctx)
+            return _fitting(ns.name, label, fit, reason=_fits(need, ctx) + note)
     return Verdict(
         ns.name,
         label,
@@ -675,9 +709,13 @@ def _cpu_verdict(need: _Need, ns: _NodeState, note: str) -> Verdict:
     bw = cpu_bandwidth(one, every, cores, ns.cores_total)
     tps = cpu_tokens_per_s(need.d.shape, bw, cores) if bw else 0.0
     speed = f", about {tps:.0f} tokens/s on {cores} cores" if bw else ""
-    return Verdict(
-        ns.name, "RAM", True, ctx, need.bytes_at(ctx), tps, reason=_fits(need, ctx) + speed + note
-    )
+    fit = need.fit([ram], ram.avail, ctx)
+    return _fitting(ns.name, "RAM", fit, tps, _fits(need, ctx) + speed + note)
+
+
+def _fitting(node: str, place: str, fit: _Fit, tps: float = 0.0, reason: str = "") -> Verdict:
+    """A place where one more replica fits, with its context, memory and slots there."""
+    return Verdict(node, place, True, fit.context, fit.bytes, tps, reason, fit.slots)
 
 
 def _fits(need: _Need, ctx: int) -> str:
