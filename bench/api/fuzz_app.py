@@ -50,6 +50,9 @@ class NoScheduling:
     def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
         return []
 
+    def rollout(self, model: Model) -> str:
+        return ""
+
 
 async def _no_node(name: str) -> bool:
     return False

@@ -47,6 +47,9 @@ class Scheduling:
         return [(p, [Verdict("n1", "cores", True, model.context, 0, 0.0, why)])
                 for p in profiles_of(model)]  # fmt: skip
 
+    def rollout(self, model: Model) -> str:
+        return ""
+
 
 class NoFetch:
     """A mirror that has resolved nothing, and fails the test if asked to fetch."""

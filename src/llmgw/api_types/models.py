@@ -137,6 +137,9 @@ class ModelView(msgspec.Struct, kw_only=True):
     files: int = 0  # an hf: source's set: how many files, and their bytes
     bytes: int = 0
     mirror: SetStatus | None = None  # the mirror's fetch of the set, while it runs (or failed)
+    # Its replicas' roll to new settings (a restart, a context change): how many are left
+    # and how, or why it halted; "" when none runs.
+    rollout: str = ""
 
 
 # GET /models/{name}/plan: where a model's replicas are and would go, or why not.
@@ -150,7 +153,6 @@ class Verdict(msgspec.Struct, frozen=True):
     memory_bytes: int = 0
     tokens_per_s: float = 0.0  # the CPU estimate, where it runs on CPUs
     reason: str = ""
-    slots: int = 0  # requests it would serve at once there, each with the context
 
 
 class PlaceView(msgspec.Struct, kw_only=True):
@@ -161,7 +163,6 @@ class PlaceView(msgspec.Struct, kw_only=True):
     devices: list[str]
     context: int
     memory: str
-    slots: int = 0  # requests it serves at once, each with the context; 0: the engine's own
 
 
 class ProfilePlan(msgspec.Struct, kw_only=True):

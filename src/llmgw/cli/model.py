@@ -1,5 +1,4 @@
-"""llmgw model add|serve|stop|restart|price|remove and llmgw models: the model catalog (serve
-and remove --wait until it is done)."""
+"""llmgw model add|serve|stop|restart|price|remove and llmgw models: the model catalog."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from llmgw.api_types import (
     SetStatus,
     Verdict,
 )
-from llmgw.cli import complete, progress, wait
+from llmgw.cli import complete, progress
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import (
     Listing,
@@ -160,26 +159,15 @@ def _summary(answer: Any) -> str:
 @click.option(
     "--replicas", type=click.IntRange(min=0), required=True, help="How many replicas to run."
 )
-@wait.wait_options
 @json_option
 @pass_settings
-def serve(
-    settings: Settings,
-    name: str,
-    replicas: int,
-    wait_done: bool,
-    wait_timeout: float,
-    as_json: bool,
-) -> None:
-    """Run N replicas of model NAME; the scheduler places them on nodes. With --wait, until
-    N are ready and no other is starting or stopping."""
+def serve(settings: Settings, name: str, replicas: int, as_json: bool) -> None:
+    """Run N replicas of model NAME; the scheduler places them on nodes."""
     answer = call(settings, "POST", api_path("models", name, "serve"), ServeIn(replicas=replicas))
     if as_json:
         echo_json(answer)
     else:
         click.echo(_summary(answer))
-    if wait_done:
-        wait.wait_served(settings, name, wait_timeout)
 
 
 @model.command()
@@ -230,34 +218,19 @@ def price(settings: Settings, name: str, prompt: float, completion: float, as_js
     help="Also delete its files that no other model uses, from the mirror and the nodes.",
 )
 @yes_option
-@wait.wait_options
 @json_option
 @pass_settings
-def remove(
-    settings: Settings,
-    name: str,
-    files: bool,
-    yes: bool,
-    wait_done: bool,
-    wait_timeout: float,
-    as_json: bool,
-) -> None:
+def remove(settings: Settings, name: str, files: bool, yes: bool, as_json: bool) -> None:
     """Take model NAME out of the catalog; its replicas are stopped. With --files it asks
-    first, unless --yes. With --wait, until no node runs a replica of it."""
+    first, unless --yes."""
     if files:
         confirm(yes, f"Removing model {name} with --files deletes its files from the nodes")
     path = api_path("models", name) + ("?files=true" if files else "")
     answer = call(settings, "DELETE", path)
     if as_json:
         echo_json(answer)
-    else:
-        _removed(name, decoded(answer, ModelRemoved))
-    if wait_done:
-        wait.wait_gone(settings, name, wait_timeout)
-
-
-def _removed(name: str, removed: ModelRemoved) -> None:
-    swept = removed.files
+        return
+    swept = decoded(answer, ModelRemoved).files
     click.echo(f"Removed model {name}.")
     if swept is not None:
         click.echo(f"mirror: {swept.files} files deleted, {size(swept.bytes)} freed")
@@ -312,12 +285,14 @@ def replicas(
 @json_option
 @pass_settings
 def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
-    """Give model NAME's replicas a context of TOKENS (0: as trained, where it fits)."""
+    """Give model NAME's replicas a context of TOKENS (0: as trained, where it fits): they
+    are replaced one at a time to take it, as by `llmgw model restart`."""
     answer = call(settings, "PUT", api_path("models", name, "context"), ContextIn(context=tokens))
     if as_json:
         echo_json(answer)
     else:
         click.echo(f"Model {name}: context {tokens or 'as trained'}.")
+        _echo_rollout(answer)
 
 
 @model.command("max-tokens")
@@ -342,12 +317,23 @@ def max_tokens(settings: Settings, name: str, tokens: int, as_json: bool) -> Non
 @json_option
 @pass_settings
 def restart(settings: Settings, name: str, as_json: bool) -> None:
-    """Start every replica of model NAME again, where it runs."""
+    """Start every replica of model NAME again, one at a time: a new one beside an old one
+    where placement has room (as many ready as wanted throughout), else an old one stopped
+    first (one fewer; a model with one replica and no room restarts in place). A new one
+    that fails to start halts it, the old ones kept (`llmgw models` says why)."""
     answer = call(settings, "POST", api_path("models", name, "restart"))
     if as_json:
         echo_json(answer)
     else:
         click.echo(f"Restarting {_summary(answer)}.")
+        _echo_rollout(answer)
+
+
+def _echo_rollout(answer: Any) -> None:
+    """The replicas' roll to the new settings, where one runs."""
+    rollout = decoded(answer, ModelView).rollout
+    if rollout:
+        click.echo(f"New settings: {rollout}.")
 
 
 def _verdict_row(v: Verdict) -> list[Any]:
@@ -430,6 +416,9 @@ def status_of(m: ModelView) -> str:
         return (f"{word}: {failed[0].message}" if failed[0].message else word) + also
     if m.parked:
         return "stopping (parking)" if reps else "parked"
+    if m.rollout and m.replicas:
+        halted = m.rollout.startswith("halted")
+        return (f"roll {m.rollout}" if halted else "rolling to new settings") + also
     if m.replicas == 0:
         return ("stopping" if reps else "stopped") + also
     return ("ready" if m.ready >= m.replicas else "starting") + also
@@ -454,7 +443,8 @@ def models(settings: Settings, out: Listing) -> None:
     """List the models and how their replicas are doing.
 
     One line a model: engine, replicas ready of wanted, context length, status (stopped,
-    starting, ready, stopping, parked for an on-demand model without requests, or failed
+    starting, ready, stopping, parked for an on-demand model without requests, rolling to
+    new settings after a restart or a context change, its roll halted with why, or failed
     with the first failure's reason) and source; -o wide adds the longest answer in tokens,
     the price per million prompt/completion tokens, whether it runs on demand, its files
     and when it was added.

@@ -39,6 +39,7 @@ class Plans:
     def __init__(self) -> None:
         self.verdicts: dict[str, list[Verdict]] = {}  # per profile
         self.placed: list[Placement] = []
+        self.rolling = ""  # what rollout() answers
 
     def awake(self, model: Model) -> bool:
         return True
@@ -57,6 +58,9 @@ class Plans:
 
     def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
         return [(p, list(self.verdicts.get(p.name, []))) for p in profiles_of(model)]
+
+    def rollout(self, model: Model) -> str:
+        return self.rolling
 
 
 @pytest.fixture
@@ -312,6 +316,21 @@ async def test_the_card_sets_the_longest_answer_and_restarts(browser: Browser, s
     assert model is not None and (model.max_tokens, model.generation) == (256, 1)
     _, html = await browser.get("/console/models/smol")
     assert 'type="number" name="body.max_tokens" value="256"' in html
+
+
+async def test_the_card_says_a_restart_or_context_rolls_and_how_far_it_got(
+    browser: Browser, site: Site, plans: Plans
+) -> None:
+    await browser.sign_in("operator")
+    _, html = await browser.get("/console/models/smol")
+    assert "A restart or a new context replaces the replicas one at a time" in html
+    assert "New settings:" not in html  # no roll runs
+    plans.rolling = "replacing 1 replica for the new settings, one at a time (it restarts in place)"
+    _, html = await browser.get("/console/models/smol")
+    assert f'<p class="rollout">New settings: {plans.rolling}.</p>' in html
+    plans.rolling = "halted: replica smol-1 failed to start with the new settings on n1 (exit)"
+    _, html = await browser.get("/console/models/smol")
+    assert f'<p class="rollout bad">New settings: {plans.rolling}.</p>' in html
 
 
 async def test_a_gpu_profile_s_cards_change_from_its_form_and_a_cpu_one_has_none(

@@ -129,6 +129,10 @@ class Scheduling(Protocol):
         """Per profile, where one more replica would go or why not."""
         ...
 
+    def rollout(self, model: Model) -> str:
+        """The model's replicas' roll to new settings, as people read it ("" when none)."""
+        ...
+
 
 class KeyLookup(Protocol):
     """What key_auth needs: the catalog's key check."""

@@ -156,9 +156,14 @@ def _parked(ctx: ApiContext, model: Model) -> bool:
     return ctx.scheduling is not None and not ctx.scheduling.awake(model)
 
 
+def _rollout(ctx: ApiContext, model: Model) -> str:
+    return ctx.scheduling.rollout(model) if ctx.scheduling is not None else ""
+
+
 def _view(ctx: ApiContext, model: Model) -> ModelView:
     replicas = replicas_by_model(ctx.nodes.nodes()).get(model.name, [])
     view = model_view(model, replicas, _parked(ctx, model))
+    view.rollout = _rollout(ctx, model)
     if ctx.mirror is not None and sources.is_hf(model.source):
         view.mirror = ctx.mirror.set_status(model.source)
     return view
@@ -168,9 +173,12 @@ async def list_models(request: web.Request) -> web.Response:
     """GET /models: the catalog with each model's replicas."""
     ctx = api_context(request)
     by_model = replicas_by_model(ctx.nodes.nodes())
-    return json_response(
-        [model_view(m, by_model.get(m.name, []), _parked(ctx, m)) for m in ctx.catalog.all()]
-    )
+    views = []
+    for m in ctx.catalog.all():
+        view = model_view(m, by_model.get(m.name, []), _parked(ctx, m))
+        view.rollout = _rollout(ctx, m)
+        views.append(view)
+    return json_response(views)
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -329,7 +337,8 @@ async def set_profile_replicas(request: web.Request) -> web.Response:
 
 
 async def set_context(request: web.Request) -> web.Response:
-    """PUT /models/{name}/context {context}: tokens (0: as the model was trained)."""
+    """PUT /models/{name}/context {context}: tokens (0: as the model was trained); the
+    reconciler replaces the replicas one at a time to take it (placement/rolling.py)."""
     ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
@@ -358,8 +367,8 @@ async def set_max_tokens(request: web.Request) -> web.Response:
 
 
 async def restart_model(request: web.Request) -> web.Response:
-    """POST /models/{name}/restart: every replica started again (a new generation in each
-    replica's spec, which its agent replaces as it does a changed spec)."""
+    """POST /models/{name}/restart: every replica started again, one at a time (a new
+    generation, which the reconciler rolls to as it does a new context: rolling.py)."""
     ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)

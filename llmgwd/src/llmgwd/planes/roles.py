@@ -170,6 +170,10 @@ class Roles:
         """Per profile, where one more replica would go or why not."""
         return self._view.explain(model)
 
+    def rollout(self, model: Model) -> str:
+        """The model's replicas' roll to new settings, as people read it ("" when none)."""
+        return self._view.rollout(model)
+
     def slurm_status(self) -> list[SlurmNodeView] | None:
         """Each node's standing between llmgw and Slurm (None: a standby, which knows none)."""
         return self.slurm.status() if self.slurm is not None else None
