@@ -75,6 +75,12 @@ SETTINGS = {
     "server.oidc.session_ttl_s": (
         "How long the key that `llmgw login` gets is good for, in seconds (60 to 30 days)."
     ),
+    "server.oidc.approval_required": (
+        "A person's first sign-in makes their account waiting for staff's approval: no key, "
+        "and every sign-in refused, until staff approve it (`llmgw user approve NAME`, "
+        "POST /api/v1/users/NAME/approve, the console's people page, which shows the accounts "
+        "waiting). Accounts made before, by staff or by SCIM, are approved."
+    ),
     "server.name": "The cluster's name, shown by `llmgw status` and on its answers.",
     "server.state_dir": (
         "Where llmgwd keeps the cluster: its store (SQLite), the cluster CA and secret, and "
