@@ -1,4 +1,5 @@
-"""llmgw model add|serve|stop|restart|price|remove and llmgw models: the model catalog."""
+"""llmgw model add|serve|stop|restart|price|remove and llmgw models: the model catalog (serve
+and remove --wait until it is done)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from llmgw.api_types import (
     SetStatus,
     Verdict,
 )
-from llmgw.cli import complete, progress
+from llmgw.cli import complete, progress, wait
 from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
 from llmgw.cli.output import (
     Listing,
@@ -159,15 +160,26 @@ def _summary(answer: Any) -> str:
 @click.option(
     "--replicas", type=click.IntRange(min=0), required=True, help="How many replicas to run."
 )
+@wait.wait_options
 @json_option
 @pass_settings
-def serve(settings: Settings, name: str, replicas: int, as_json: bool) -> None:
-    """Run N replicas of model NAME; the scheduler places them on nodes."""
+def serve(
+    settings: Settings,
+    name: str,
+    replicas: int,
+    wait_done: bool,
+    wait_timeout: float,
+    as_json: bool,
+) -> None:
+    """Run N replicas of model NAME; the scheduler places them on nodes. With --wait, until
+    N are ready and no other is starting or stopping."""
     answer = call(settings, "POST", api_path("models", name, "serve"), ServeIn(replicas=replicas))
     if as_json:
         echo_json(answer)
     else:
         click.echo(_summary(answer))
+    if wait_done:
+        wait.wait_served(settings, name, wait_timeout)
 
 
 @model.command()
@@ -218,19 +230,34 @@ def price(settings: Settings, name: str, prompt: float, completion: float, as_js
     help="Also delete its files that no other model uses, from the mirror and the nodes.",
 )
 @yes_option
+@wait.wait_options
 @json_option
 @pass_settings
-def remove(settings: Settings, name: str, files: bool, yes: bool, as_json: bool) -> None:
+def remove(
+    settings: Settings,
+    name: str,
+    files: bool,
+    yes: bool,
+    wait_done: bool,
+    wait_timeout: float,
+    as_json: bool,
+) -> None:
     """Take model NAME out of the catalog; its replicas are stopped. With --files it asks
-    first, unless --yes."""
+    first, unless --yes. With --wait, until no node runs a replica of it."""
     if files:
         confirm(yes, f"Removing model {name} with --files deletes its files from the nodes")
     path = api_path("models", name) + ("?files=true" if files else "")
     answer = call(settings, "DELETE", path)
     if as_json:
         echo_json(answer)
-        return
-    swept = decoded(answer, ModelRemoved).files
+    else:
+        _removed(name, decoded(answer, ModelRemoved))
+    if wait_done:
+        wait.wait_gone(settings, name, wait_timeout)
+
+
+def _removed(name: str, removed: ModelRemoved) -> None:
+    swept = removed.files
     click.echo(f"Removed model {name}.")
     if swept is not None:
         click.echo(f"mirror: {swept.files} files deleted, {size(swept.bytes)} freed")
