@@ -8,10 +8,10 @@ import sys
 from llmgw.config import SERVER_CONFIG, ServerConfig
 from llmgw.entry import run_daemon
 
-HOST_COMMANDS = ("join", "migrate")  # llmgwd.planes.host_commands: what the CLI runs
+HOST_COMMANDS = ("join", "migrate", "restore")  # llmgwd.planes.host_commands: the CLI runs them
 DESCRIPTION = (
-    "the llmgw control plane (`llmgwd join` and `llmgwd migrate` are this host's side of "
-    "`llmgw plane join` and `llmgw plane migrate`, which run them)"
+    "the llmgw control plane (`llmgwd join`, `llmgwd migrate` and `llmgwd restore` are this "
+    "host's side of `llmgw plane join`, `llmgw plane migrate` and `llmgw restore`, which run them)"
 )
 
 

@@ -2,6 +2,7 @@
 which decodes requests into them and answers them, and the llmgw command, which sends them and
 decodes the answers; every name is importable from here (`from llmgw.api_types import X`)."""
 
+from llmgw.api_types.backup import BUNDLE_FORMAT, BackupBundle
 from llmgw.api_types.common import (
     NAME_PATTERN,
     NAME_RULE,
@@ -140,6 +141,7 @@ from llmgw.api_types.usage import (
 )
 
 __all__ = [
+    "BUNDLE_FORMAT",
     "KEY_NAME",
     "KEY_NAME_RULE",
     "MAX_CARDS_PER_REPLICA",
@@ -152,6 +154,7 @@ __all__ = [
     "SOURCE_PATTERN",
     "SOURCE_RULE",
     "TOKEN_TTL_S",
+    "BackupBundle",
     "CacheType",
     "Context",
     "ContextIn",

@@ -8,6 +8,7 @@ import click
 
 from llmgw import config
 from llmgw.cli import (
+    backup,
     context,
     key,
     level_limits,
@@ -102,6 +103,8 @@ main.add_command(slurm.slurm)
 main.add_command(scim.scim)
 main.add_command(metrics.metrics)
 main.add_command(version.version)
+main.add_command(backup.backup)
+main.add_command(backup.restore)
 # One listing word a resource (`llmgw keys` as `llmgw models`); the `list` subcommands that
 # came before still work, listed nowhere.
 for _group, _listing in ((key.key, key.keys), (user.user, user.users), (org.org, org.orgs),

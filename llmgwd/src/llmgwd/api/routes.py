@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.api_types import (
+    BackupBundle,
     ContextIn,
     ImportIn,
     ImportOut,
@@ -46,6 +47,7 @@ from llmgw.api_types import (
     UsageReport,
 )
 from llmgwd.api import (
+    backup,
     keys,
     level_limits,
     limits,
@@ -177,6 +179,8 @@ TABLE: list[Route] = [
         params=NODE,
     ),
     *PLANES,
+    # the whole state, CA and secret included, for `llmgw backup` to seal
+    Route("POST", "/backup", backup.make_backup, ADMIN, answer=BackupBundle),
     # /planes under its old word, deprecated, for the llmgw commands that still call it.
     *old_paths(PLANES, "/planes", "/servers"),
     Route(

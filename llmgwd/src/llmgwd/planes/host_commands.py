@@ -11,12 +11,13 @@ from urllib.parse import urlsplit
 
 import click
 
-from llmgw import config
+from llmgw import config, sealed
+from llmgw.cli import backup as cli_backup
 from llmgw.cli.common import Refused, Settings
 from llmgw.cli.plane import default_advertise, systemd_running, wait_for_llmgwd, write_config
 from llmgw.cli.units import ETCD_UNIT, LLMGWD_UNIT, peer_ip, progress, systemctl
 from llmgwd import daemon
-from llmgwd.planes import etcd_member, join_host, migrate_host
+from llmgwd.planes import backup, etcd_member, join_host, migrate_host
 from llmgwd.planes.migrate import Copied
 
 USER = "llmgw"  # llmgwd's and the member's user, made by the package
@@ -166,6 +167,41 @@ def _copy(cfg: config.ServerConfig, state_dir: Path, name: str, ip: str, systemd
         systemctl("start", "--no-block", ETCD_UNIT)
         progress(f"Started {ETCD_UNIT}; copying state.db into it ...")
     return asyncio.run(migrate_host.copy(cfg, state_dir))
+
+
+@host.command("restore")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--passphrase-file", required=True, type=click.Path(exists=True, dir_okay=False))
+@config_option
+@socket_option
+@click.option("--no-start", is_flag=True)
+def restore(file: Path, passphrase_file: str, config_path: Path, socket_path: str,
+            no_start: bool) -> None:  # fmt: skip
+    """Bring a cluster back on this fresh host from `llmgw backup`'s FILE (`llmgw restore`)."""
+    try:
+        phrase = sealed.read_passphrase(passphrase_file)
+        bundle = cli_backup.open_bundle(file.read_bytes(), phrase)
+    except (OSError, UnicodeDecodeError, sealed.SealError) as e:
+        raise Refused(f"{file}: {e}; nothing was written") from None
+    try:
+        user = pwd.getpwnam(USER)
+    except KeyError:
+        raise Refused(f"there is no user {USER}: install the llmgwd package first") from None
+    progress(f"Restoring {cli_backup.describe(bundle)} ...")
+    try:
+        cfg = backup.restore(bundle, None, config_path, (user.pw_uid, user.pw_gid))
+    except backup.RestoreRefused as e:
+        raise Refused(str(e)) from None
+    progress(f"Wrote {config_path}, the store, the cluster CA and secret under {cfg.state_dir}")
+    where = daemon.advertise_url(cfg)
+    if not no_start and systemd_running():
+        systemctl("enable", LLMGWD_UNIT)
+        systemctl("start", LLMGWD_UNIT)
+        wait_for_llmgwd(settings(socket_path), 60.0)
+    elif not no_start:
+        progress("systemd is not this system's init: start llmgwd yourself.")
+    click.echo(f"Cluster {cfg.name} restored on this host. Its nodes reconnect once it answers "
+               f"at {where}, the address they know; `llmgw nodes` shows them.")  # fmt: skip
 
 
 def _said(e: Exception) -> str:

@@ -10,6 +10,7 @@ import msgspec
 
 from llmgw import wire
 from llmgw.api_types import Health, PlaneView
+from llmgwd.planes import backup
 from llmgwd.planes.tokens import PlaneTokens
 from llmgwd.store import Store, prefix_end
 
@@ -61,6 +62,7 @@ class ControlPlanes:
     tokens: PlaneTokens
     me: str  # this control plane's name
     join_url: str  # its cluster port, where a new control plane joins
+    backup: backup.Source | None = None  # POST /backup's; None: this llmgwd makes none
 
 
 class Refusal(Exception):

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from llmgw import pki
 from llmgw.config import ServerConfig
-from llmgwd.planes import etcd_member, join
+from llmgwd.planes import backup, etcd_member, join
 from llmgwd.planes.etcd_cluster import EtcdCluster
 from llmgwd.planes.join import Joining
 from llmgwd.planes.listing import ControlPlanes
@@ -68,6 +68,8 @@ def build(
         tls = member_tls(cfg, Path(cfg.state_dir))
         client = EtcdHttp(cfg.store.endpoint, tls)
         etcd = EtcdCluster(client, tls)
-    planes = ControlPlanes(store=store, etcd=etcd, tokens=tokens, me=name, join_url=url)
+    source = backup.Source(store, cfg, ca, secret, name)
+    planes = ControlPlanes(store=store, etcd=etcd, tokens=tokens, me=name, join_url=url,
+                           backup=source)  # fmt: skip
     joining = Joining(tokens, etcd, ca, secret, cfg.name)
     return PlaneParts(planes, joining, Promoter(etcd) if etcd else None, client)

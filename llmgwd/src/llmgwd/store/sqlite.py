@@ -193,6 +193,15 @@ class _Db:
         """The current revision."""
         return self.revision
 
+    def snapshot(self) -> bytes:
+        """The whole store as of now, a file's bytes: SQLite's online backup, into memory."""
+        copy = sqlite3.connect(":memory:")
+        try:
+            self.conn.backup(copy)
+            return copy.serialize()
+        finally:
+            copy.close()
+
     def leases(self) -> list[tuple[int, float]]:
         """Every live lease as (id, ttl)."""
         return [(r[0], r[1]) for r in self.conn.execute("SELECT id, ttl FROM leases")]
@@ -452,6 +461,10 @@ class SqliteStore:
     async def revision(self) -> int:
         """The store's current revision."""
         return await self._call(self._db.current)
+
+    async def snapshot(self) -> bytes:
+        """The whole store, consistent as of now, as a state.db file's bytes (a backup)."""
+        return await self._call(self._db.snapshot)
 
     async def lease_grant(self, ttl_s: float) -> int:
         """A new lease; keys put with it are deleted when it expires or is revoked."""

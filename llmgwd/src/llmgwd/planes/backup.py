@@ -1,0 +1,172 @@
+"""A control plane's whole state in one bundle (the store, the cluster CA and secret, the
+settings) and its restore on a fresh host as a one-plane cluster on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw import config, package_version, pki
+from llmgw.api_types import BackupBundle
+from llmgw.config import ServerConfig
+from llmgwd.planes import etcd_member, migrate
+from llmgwd.store import Store, schema
+from llmgwd.store.open import SQLITE_FILE
+from llmgwd.store.sqlite import SqliteStore
+
+log = logging.getLogger(__name__)
+
+SECRET_FILE = "secret"  # noqa: S105 (a file name: the cluster secret, daemon.load_secret)
+
+
+class RestoreRefused(Exception):
+    """The bundle cannot be restored here; the message says why (nothing was written)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What a backup is made of, on the control plane that makes it."""
+
+    store: Store
+    cfg: ServerConfig
+    ca: pki.CertKey
+    secret: bytes
+    plane: str  # this control plane's name
+
+
+async def _store_file(store: Store) -> tuple[bytes, int]:
+    """The store as a state.db file's bytes, and its keys: SQLite's online backup, or (etcd)
+    every unleased key at one revision copied into a fresh SQLite store, read back."""
+    if isinstance(store, SqliteStore):
+        data = await store.snapshot()
+        kvs, _ = await store.range("", migrate.ALL)
+        return data, len(kvs)
+    copy = await SqliteStore.open(":memory:")
+    try:
+        done = await migrate.copy(store, copy)
+        return await copy.snapshot(), done.keys
+    finally:
+        await copy.close()
+
+
+async def make(src: Source) -> BackupBundle:
+    """The bundle of everything `llmgw restore` brings the cluster back from."""
+    started = time.monotonic()
+    data, keys = await _store_file(src.store)
+    found = await schema.stored(src.store)
+    bundle = BackupBundle(
+        made_at=time.time(), cluster=src.cfg.name, plane=src.plane, version=package_version(),
+        schema=found[0].schema if found else schema.SCHEMA, backend=src.cfg.store.backend,
+        keys=keys, store=data, ca_cert_pem=src.ca.cert_pem.decode(),
+        ca_key_pem=src.ca.key_pem.decode(), secret=src.secret, settings=config.dump(src.cfg),
+    )  # fmt: skip
+    log.info("backup made: %d keys, %d bytes of store, in %.2f s", keys, len(data),
+             time.monotonic() - started)  # fmt: skip
+    return bundle
+
+
+def restored_config(bundle: BackupBundle, state_dir: Path | None) -> ServerConfig:
+    """The bundle's settings for this host: one control plane on SQLite, in state_dir (None:
+    the state dir the settings name)."""
+    try:
+        cfg = config.parse(bundle.settings, ServerConfig, "the backup's settings")
+    except config.ConfigError as e:
+        raise RestoreRefused(f"this llmgwd cannot read the backup's settings: {e}") from None
+    cfg.state_dir = str(state_dir) if state_dir is not None else cfg.state_dir
+    cfg.store = config.StoreConfig()  # SQLite: an etcd cluster is grown again from it
+    return cfg
+
+
+def _check_fresh(state_dir: Path, config_path: Path) -> None:
+    """RestoreRefused when this host holds a control plane's state or settings already."""
+    for held in (config_path, state_dir / SQLITE_FILE, state_dir / "pki" / etcd_member.CA_CERT):
+        if held.exists():
+            raise RestoreRefused(
+                f"{held} exists: restore on a fresh host (or move this host's {held.name} "
+                "away first); nothing was written"
+            )
+
+
+async def _check_store(path: Path) -> None:
+    """Open the restored store file as llmgwd will: its schema must be one this llmgwd reads."""
+    try:
+        store = await SqliteStore.open(path)
+    except Exception as e:
+        raise RestoreRefused(f"the backup's store cannot be opened: {e}") from None
+    try:
+        await schema.check(store)
+    except schema.SchemaRefused as e:
+        raise RestoreRefused(f"{e}; nothing was written") from None
+    finally:
+        await store.close()
+
+
+@contextlib.contextmanager
+def _removed_on_error(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        path.unlink(missing_ok=True)
+        Path(f"{path}-wal").unlink(missing_ok=True)
+        Path(f"{path}-shm").unlink(missing_ok=True)
+        raise
+
+
+def restore(
+    bundle: BackupBundle,
+    state_dir: Path | None,
+    config_path: Path,
+    owner: tuple[int, int] | None,
+) -> ServerConfig:
+    """Write the bundle's store, CA, secret and settings for a control plane on this fresh
+    host (in state_dir, None: the settings'; owned by owner, uid and gid, where given); its
+    settings. RestoreRefused, with nothing written, when the host is not fresh or this
+    llmgwd cannot run the store."""
+    cfg = restored_config(bundle, state_dir)
+    state_dir = Path(cfg.state_dir)
+    _check_fresh(state_dir, config_path)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    staged = state_dir / f".{SQLITE_FILE}.restoring"
+    with _removed_on_error(staged):
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(bundle.store)
+            f.flush()
+            os.fsync(f.fileno())
+        asyncio.run(_check_store(staged))
+        _write_keys(bundle, state_dir)
+        _write_settings(config_path, cfg)
+        os.replace(staged, state_dir / SQLITE_FILE)
+    if owner is not None:
+        _chown(state_dir, owner)
+    return cfg
+
+
+def _write_keys(bundle: BackupBundle, state_dir: Path) -> None:
+    d = state_dir / "pki"
+    d.mkdir(mode=0o700, exist_ok=True)
+    ca = pki.CertKey(bundle.ca_cert_pem.encode(), bundle.ca_key_pem.encode())
+    pki.write_pair(ca, d / etcd_member.CA_CERT, d / etcd_member.CA_KEY)
+    pki.write_pem(state_dir / SECRET_FILE, bundle.secret, private=True)
+
+
+def _write_settings(path: Path, cfg: ServerConfig) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("# llmgwd's configuration, restored by `llmgw restore`.\n" + config.dump(cfg))
+    tmp.chmod(0o644)
+    os.replace(tmp, path)
+
+
+def _chown(state_dir: Path, owner: tuple[int, int]) -> None:
+    """The restored files to llmgwd's user, as the package's own are."""
+    for p in (state_dir, state_dir / "pki", *state_dir.joinpath("pki").iterdir()):
+        os.chown(p, *owner)
+    for name in (SQLITE_FILE, SECRET_FILE):
+        os.chown(state_dir / name, *owner)
