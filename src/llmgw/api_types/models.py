@@ -153,6 +153,7 @@ class Verdict(msgspec.Struct, frozen=True):
     memory_bytes: int = 0
     tokens_per_s: float = 0.0  # the CPU estimate, where it runs on CPUs
     reason: str = ""
+    slots: int = 0  # requests it would serve at once there, each with the context
 
 
 class PlaceView(msgspec.Struct, kw_only=True):
@@ -163,6 +164,7 @@ class PlaceView(msgspec.Struct, kw_only=True):
     devices: list[str]
     context: int
     memory: str
+    slots: int = 0  # requests it serves at once, each with the context; 0: the engine's own
 
 
 class ProfilePlan(msgspec.Struct, kw_only=True):
