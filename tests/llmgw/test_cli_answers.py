@@ -173,9 +173,10 @@ def test_model_plan_shows_places_and_verdicts(monkeypatch: pytest.MonkeyPatch) -
         profiles=[
             ProfilePlan(
                 name="gpu", kind="gpu", replicas=2, priority=1,
-                placed=[PlaceView(id="r1", node="n1", devices=["0"], context=4096, memory="1.2")],
+                placed=[PlaceView(id="r1", node="n1", devices=["0"], context=4096, memory="1.2",
+                                  slots=2)],
                 verdicts=[
-                    Verdict("n1", "GPU1", True, 4096, 1 << 30, 0.0, "fits"),
+                    Verdict("n1", "GPU1", True, 4096, 1 << 30, 0.0, "fits", slots=4),
                     Verdict("n2", "", False, reason="cordoned: it takes no new replicas"),
                 ],
             )
@@ -186,7 +187,12 @@ def test_model_plan_shows_places_and_verdicts(monkeypatch: pytest.MonkeyPatch) -
     assert r.exit_code == 0, r.output
     assert "Failed to start on: n3." in r.stdout
     assert "Profile gpu (gpu, priority 1): 1 of 2 replicas placed" in r.stdout
-    assert "  r1: node n1 on 0, context 4096, memory 1.2" in r.stdout
+    assert "  r1: node n1 on 0, context 4096, 2 slots, memory 1.2" in r.stdout
+    header, n1 = (
+        line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["NODE"], ["n1"])
+    )
+    assert header[:5] == ["NODE", "PLACE", "FITS", "CONTEXT", "SLOTS"]
+    assert n1[:5] == ["n1", "GPU1", "fits", "4096", "4"]
     assert "cordoned: it takes no new replicas" in r.stdout
 
 

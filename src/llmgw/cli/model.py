@@ -367,7 +367,8 @@ def _verdict_row(v: Verdict) -> list[Any]:
     fits = "fits" if v.fits else "no"
     memory = size(v.memory_bytes) if v.fits else ""
     speed = f"{v.tokens_per_s:.0f}" if v.tokens_per_s else ""
-    return [v.node, v.place or "-", fits, v.context or "", memory, speed, v.reason]
+    slots = (v.slots or "") if v.fits else ""
+    return [v.node, v.place or "-", fits, v.context or "", slots, memory, speed, v.reason]
 
 
 @model.command()
@@ -399,7 +400,9 @@ def plan(
     settings: Settings, name: str, source: str | None, engine: str, context: int, as_json: bool
 ) -> None:
     """Say where each replica of model NAME is, and where one more would go or why not:
-    per node and card, the memory it takes, the context that fits, and tokens/s on CPUs.
+    per node and card, the memory it takes, the context that fits, its slots (requests at
+    once, each with that context: as many as fit beside the weights, up to four), and
+    tokens/s on CPUs.
     With --from, where model NAME would go were it added from SOURCE."""
     if source is None:
         if engine != "llama.cpp" or context:
@@ -425,10 +428,12 @@ def plan(
         )
         for r in p.placed:
             on = f" on {', '.join(r.devices)}" if r.devices else ""
+            slots = f"{r.slots} slots" if r.slots else "the engine's slots"
             click.echo(
-                f"  {r.id}: node {r.node}{on}, context {r.context or 'default'}, memory {r.memory}"
+                f"  {r.id}: node {r.node}{on}, context {r.context or 'default'}, {slots}, "
+                f"memory {r.memory}"
             )
-        headers = ["NODE", "PLACE", "FITS", "CONTEXT", "MEMORY", "TOKENS/S", "WHY"]
+        headers = ["NODE", "PLACE", "FITS", "CONTEXT", "SLOTS", "MEMORY", "TOKENS/S", "WHY"]
         echo_table(headers, [_verdict_row(v) for v in p.verdicts], "  No nodes.")
 
 

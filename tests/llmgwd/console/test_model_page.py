@@ -27,8 +27,8 @@ from llmgwd.placement.reconciler import Failure, NodeFlags
 from llmgwd.placement.scheduler import Placement
 from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
 
-CPU = Verdict("n1", "cores", True, 8192, 3 << 30, 2.5, "fits at 8192 tokens")
-SHORT = Verdict("n2", "cores", True, 4096, 2 << 30, 40.0, "fits at 4096 tokens")
+CPU = Verdict("n1", "cores", True, 8192, 3 << 30, 2.5, "fits at 8192 tokens", slots=3)
+SHORT = Verdict("n2", "cores", True, 4096, 2 << 30, 40.0, "fits at 4096 tokens", slots=4)
 FULL = Verdict("n3", "", False, reason="cordoned: it takes no new replicas")
 CARD = Verdict("n4", "GPU-0 (H100)", True, 32768, 20 << 30, 0.0, "fits")
 
@@ -115,6 +115,7 @@ async def test_the_preview_shows_the_plan_routes_figures(
         assert html.startswith('<section id="plan"') == bool(hx)
         assert r.status == 200 and status == 200
         assert figures(html, "context") == [str(top.context)] == ["8192"]
+        assert figures(html, "slots") == [str(top.slots)] == ["3"]  # at that context, there
         assert figures(html, "memory") == [str(top.memory_bytes)]
         assert figures(html, "speed") == [str(top.tokens_per_s)]
         assert "cordoned: it takes no new replicas" in html  # every node, as the CLI's table

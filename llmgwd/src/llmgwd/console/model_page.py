@@ -53,11 +53,12 @@ class Best:
 
 def best(plan: PlanView, max_tokens: int) -> list[Best]:
     """Per profile of plan, the place that fits with the longest context (the reduced
-    placement's choice; at its full context every fitting place holds the same)."""
+    placement's choice; at its full context every fitting place holds the same), of those
+    the one with most slots."""
     out = []
     for p in plan.profiles:
         fits = [v for v in p.verdicts if v.fits]
-        top = max(fits, key=lambda v: v.context, default=None)
+        top = max(fits, key=lambda v: (v.context, v.slots), default=None)
         out.append(Best(p.name, p.kind, top, max_tokens or REPLY_TOKENS))
     return out
 
