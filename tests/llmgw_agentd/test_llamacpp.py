@@ -194,7 +194,7 @@ def test_an_x86_cpu_build_that_may_have_amx_kernels_is_never_run(tmp_path: Path)
 def test_a_missing_binary_says_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match=r"build-llama-server") as e:
         llamacpp.find_binary(LlamaCpp(), env={"HOME": str(tmp_path)}, arch="x86_64")
-    assert "/var/cache/llmgw/llama.cpp/" in str(e.value)
+    assert "/var/cache/llmgw-agent/llama.cpp/" in str(e.value)
     assert str(tmp_path / ".cache" / "llmgw" / "llama.cpp") in str(e.value)
 
 

