@@ -19,16 +19,17 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from llmgw import config, pki, sealed
+from llmgw import config, ipc, pki, sealed
 from llmgw.api_types import BackupBundle
 from llmgw.cli import backup as cli_backup
 from llmgw.cli.main import main
-from llmgw.config import ServerConfig
+from llmgw.config import ClientPort, ClusterPort, ServerConfig
 from llmgwd.accounting.usage import Usage
 from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
+from llmgwd.daemon import Daemon
 from llmgwd.planes import backup, host_commands
 from llmgwd.planes.listing import ControlPlanes
 from llmgwd.planes.tokens import PlaneTokens
@@ -55,6 +56,12 @@ class Old:
 
 async def fill(state_dir: Path) -> tuple[SqliteStore, Catalog, str, list[Any]]:
     store = await SqliteStore.open(state_dir / "state.db")
+    catalog, key, usage = await fill_store(store)
+    return store, catalog, key, usage
+
+
+async def fill_store(store: Store) -> tuple[Catalog, str, list[Any]]:
+    """A key and a day's usage in store: the key's secret and the usage as read back."""
     await schema.check(store)
     catalog = Catalog(store)
     await catalog.load()
@@ -62,7 +69,7 @@ async def fill(state_dir: Path) -> tuple[SqliteStore, Catalog, str, list[Any]]:
     usage = Usage(store)
     usage.add((DAY, "k1", "smol"), 10, 5, 7)
     await usage.flush()
-    return store, catalog, key, await usage.records(DAY)
+    return catalog, key, await usage.records(DAY)
 
 
 def source(old: Old, store: Store) -> backup.Source:
@@ -256,3 +263,30 @@ def _into(fresh: Path) -> Any:
         return real(bundle, fresh)
 
     return restored_config
+
+
+# llmgwd itself: its socket answers POST /api/v1/backup with its own CA, secret and store
+
+
+async def test_a_running_llmgwd_backs_itself_up(tmp_path: Path) -> None:
+    cfg = ServerConfig(
+        name="site", state_dir=str(tmp_path / "state"), socket=str(tmp_path / "llmgwd.sock"),
+        client=ClientPort(listen="127.0.0.1:0"),
+        cluster=ClusterPort(listen="127.0.0.1:0", advertise="https://127.0.0.1:17710"),
+    )  # fmt: skip
+    d = Daemon(cfg)
+    await d.start()
+    try:
+        _, key = await d.catalog.create_key("alice")
+        status, answer = await asyncio.to_thread(ipc.request, cfg.socket, "POST", "/api/v1/backup")
+    finally:
+        await d.stop()
+    assert status == 200
+    bundle = msgspec.convert(answer, BackupBundle)
+    state = Path(cfg.state_dir)
+    assert (bundle.cluster, bundle.backend, bundle.plane) == ("site", "sqlite", "127.0.0.1")
+    assert bundle.ca_cert_pem.encode() == (state / "pki/ca.pem").read_bytes()
+    assert bundle.secret == (state / "secret").read_bytes()
+    fresh = tmp_path / "fresh"
+    await asyncio.to_thread(backup.restore, bundle, fresh, fresh / "server.yaml", None)
+    assert (await restored_state(fresh, key))[0]
