@@ -149,11 +149,17 @@ def _serve_from_the_form(node: Node, admin_key: str, page: Page, shots: Path) ->
     longest = max(v["context"] for v in fits)
     shown = page.locator("table.plan data.context").first.get_attribute("value")
     assert shown == str(longest) and longest > 0  # the card's figure is the plan's
+    slots = max(v["slots"] for v in fits if v["context"] == longest)
+    assert page.locator("table.plan data.slots").first.get_attribute("value") == str(slots)
     shoot(page, "model-card", shots)
     page.locator("form.serve").get_by_label("Replicas").fill("1")
     page.locator("form.serve").get_by_role("button", name="Start", exact=True).click()
     assert "serve" in page.get_by_role("status").inner_text()
     node.wait(lambda: node.model("smol2")["ready"] == 1, "smol2 ready", 180)
+    # the engine serves the placement's slots: llama-server's /props says as many
+    [placed] = node.llmgw("model", "plan", "smol2", "--json")["profiles"][0]["placed"]
+    [replica] = node.model("smol2")["replica_status"]
+    assert replica["slots"] == placed["slots"] == slots > 0
     page.reload()
     assert page.locator("table.profiles data.ready").first.get_attribute("value") == "1"
     page.get_by_label("Context (tokens; 0: the model's own)").fill("2048")
