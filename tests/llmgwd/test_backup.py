@@ -180,7 +180,6 @@ def test_a_backup_of_a_newer_schema_is_refused_by_an_older_llmgwd(
     file = make_file(old, tmp_path)
     monkeypatch.setattr(schema, "SCHEMA", 0)  # this llmgwd is older than the backup's
     monkeypatch.setattr(schema, "OLDEST_SCHEMA", 0)
-    monkeypatch.setattr(schema.check, "__kwdefaults__", {"schema": 0, "oldest": 0, "version": ""})
     fresh = tmp_path / "fresh"
     with pytest.raises(backup.RestoreRefused, match=r"the store's schema is 1 .*nothing was"):
         restore(file, fresh)

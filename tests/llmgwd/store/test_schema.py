@@ -4,13 +4,16 @@ writes the newer one."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from llmgw import package_version
+from llmgw import package_version, wire
 from llmgw.config import ServerConfig
+from llmgwd.planes import registry
 from llmgwd.store import schema
 from llmgwd.store.open import open_store
 from llmgwd.store.sqlite import SqliteStore
@@ -73,3 +76,39 @@ async def test_the_schema_is_raised_only_once_every_control_plane_writes_it() ->
         assert not await schema.raise_to_ours(store, [2, 2], schema=2)  # raised already
     finally:
         await store.close()
+
+
+async def test_the_last_control_plane_upgraded_raises_the_schema_as_it_announces_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = await SqliteStore.open(":memory:")
+    lease = await store.lease_grant(30)
+    old = wire.PlaneInfo("old", "https://old:7710", version="0.1.0", schema=1)
+    await store.put(registry.SERVERS + "old", msgspec.json.encode(old), lease=lease)
+    await schema.check(store, schema=1, oldest=1, version="0.1.0")
+    monkeypatch.setattr(schema, "SCHEMA", 2)  # this llmgwd, a release later, writes 2
+    announcer = registry.Announcer(store, "new", "https://new:7710", lambda: lease)
+    task = asyncio.create_task(announcer.run())
+    try:
+        announcer.renew()
+        await wait_for(lambda: store.get(registry.SERVERS + "new"))
+        assert (await schema.check(store, schema=2, oldest=1)).schema == 1  # "old" still runs
+        await store.delete(registry.SERVERS + "old")  # upgraded: it comes back writing 2
+        announcer.renew()
+        await wait_for(lambda: raised(store))
+        record = await schema.check(store, schema=2, oldest=1)
+        assert (record.schema, record.llmgwd) == (2, package_version())
+    finally:
+        task.cancel()
+        await store.close()
+
+
+async def raised(store: SqliteStore) -> bool:
+    found = await schema.stored(store)
+    return found is not None and found[0].schema == 2
+
+
+async def wait_for(check: Callable[[], Awaitable[object]]) -> None:
+    async with asyncio.timeout(5):
+        while not await check():  # noqa: ASYNC110 (the announcer has no event to wait on)
+            await asyncio.sleep(0.01)

@@ -43,10 +43,13 @@ async def stored(store: Store) -> tuple[Record, int] | None:
 
 
 async def check(
-    store: Store, *, schema: int = SCHEMA, oldest: int = OLDEST_SCHEMA, version: str = ""
+    store: Store, *, schema: int | None = None, oldest: int | None = None, version: str = ""
 ) -> Record:
     """The store's schema, recorded as ours if none is; SchemaRefused when this llmgwd (of
-    this schema, reading down to oldest) cannot run on it."""
+    this schema, reading down to oldest; SCHEMA and OLDEST_SCHEMA unless told) cannot run
+    on it."""
+    schema = SCHEMA if schema is None else schema
+    oldest = OLDEST_SCHEMA if oldest is None else oldest
     version = version or package_version()
     found = await stored(store)
     if found is None:
@@ -66,10 +69,11 @@ async def check(
 
 
 async def raise_to_ours(
-    store: Store, planes: Iterable[int], *, schema: int = SCHEMA, version: str = ""
+    store: Store, planes: Iterable[int], *, schema: int | None = None, version: str = ""
 ) -> bool:
-    """Raise /schema to schema once every live control plane (planes: the schema each one's
-    record says it writes) writes it; whether it was raised now."""
+    """Raise /schema to schema (SCHEMA unless told) once every live control plane (planes:
+    the schema each one's record says it writes) writes it; whether it was raised now."""
+    schema = SCHEMA if schema is None else schema
     found = await stored(store)
     if found is None or found[0].schema >= schema or any(p < schema for p in planes):
         return False
