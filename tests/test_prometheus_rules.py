@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw import pki
 from llmgwd.accounting.levels import Levels
-from llmgwd.accounting.usage import Usage
 from llmgwd.metrics import budgets
 from llmgwd.metrics.certificates import Certificates
 from llmgwd.metrics.cluster import NODE_STATES, REPLICA_STATES
 from llmgwd.metrics.scrape import Scraper, Snapshotting
 from llmgwd.metrics.store_health import StoreHealth
 from llmgwd.router import metrics as router_metrics
+from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_grafana import served_names
 
 HERE = Path(__file__).resolve().parents[1] / "packaging/prometheus"
@@ -63,10 +63,12 @@ async def health_names(tmp_path: Path) -> set[str]:
     budget and a certificate to show."""
     cert = tmp_path / "ca.pem"
     cert.write_bytes(pki.make_ca().cert_pem)
-    series = budgets.BudgetSeries(list, Levels(), Usage(None))
+    store = await SqliteStore.open(":memory:")
+    series = budgets.BudgetSeries(list, list, Levels(), store)
     series.budgets = (budgets.Budget("key", "k1", "tokens", "day", 1000.0, 10.0),)
     collectors: list[Snapshotting] = [series, StoreHealth(None), Certificates({"ca": cert})]
     text = await Scraper(CollectorRegistry(), collectors).render()
+    await store.close()
     return {s.name for f in text_string_to_metric_families(text.decode()) for s in f.samples}
 
 

@@ -56,6 +56,9 @@ async def test_each_budget_shows_its_use_and_limit_at_its_level(tmp_path: Path) 
         today = day_id(time.time())
         d.usage.add((today, key.id, "m"), 600, 300, to_pico(4.5))
         await d.health.budgets.refresh()
+        assert of(await scrape(port.url), "llmgw_budget_used", name=key.id) == 0  # not stored
+        await d.usage.flush()
+        await d.health.budgets.refresh()
         samples = await scrape(port.url)
     tokens = {"level": "key", "name": key.id, "budget": "tokens", "period": "day"}
     assert of(samples, "llmgw_budget_limit", **tokens) == 1000

@@ -331,8 +331,7 @@ class Daemon:
         passes = lambda: (r.passes, r.pass_s) if (r := self.roles.reconciler) else None  # noqa: E731
         nodes = self.cluster.nodes
         cluster_state = ClusterCollector(models, pool, nodes, queued, grace, passes)
-        health = health_series(self.config, self.catalog, self.levels, self.usage,
-                               self.planes.planes.etcd)  # fmt: skip
+        health = health_series(self.config, self.catalog, self.levels, self.planes.planes.etcd)
         for work in health.tasks():  # budgets and the store's quorum, refreshed in the background
             self._spawn(work)
         self.health = health

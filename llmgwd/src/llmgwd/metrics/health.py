@@ -11,7 +11,6 @@ from typing import Any
 
 from llmgw.config import ServerConfig
 from llmgwd.accounting.levels import Levels
-from llmgwd.accounting.usage import Usage
 from llmgwd.catalog import Catalog, KeyLimits
 from llmgwd.metrics.budgets import BudgetSeries
 from llmgwd.metrics.certificates import Certificates
@@ -51,15 +50,19 @@ class HealthSeries:
 
 
 def build(
-    cfg: ServerConfig, catalog: Catalog, levels: Levels, usage: Usage, etcd: EtcdCluster | None
+    cfg: ServerConfig, catalog: Catalog, levels: Levels, etcd: EtcdCluster | None
 ) -> HealthSeries:
-    """The collectors of this llmgwd: keys' budgets from the catalog, the levels' from levels."""
+    """The collectors of this llmgwd: keys' budgets from the catalog, the levels' from levels,
+    their use from the catalog's store."""
 
     def keys() -> list[tuple[str, KeyLimits]]:
         return [(k.id, k.limits) for k in catalog.keys() if not k.revoked]  # noqa: SIM118 (a list)
 
+    def key_ids() -> list[str]:
+        return [k.id for k in catalog.keys()]  # noqa: SIM118 (a list)
+
     return HealthSeries(
-        BudgetSeries(keys, levels, usage),
+        BudgetSeries(keys, key_ids, levels, catalog.store),
         StoreHealth(etcd),
         Certificates(certificate_files(cfg)),
     )
