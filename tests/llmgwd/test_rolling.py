@@ -11,6 +11,8 @@ import pytest
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgwd.catalog import Model
 from llmgwd.placement.reconciler import Reconciler
+from llmgwd.placement.rolling import needs_place
+from llmgwd.placement.scheduler import Started
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_reconciler import GIB, Clock, FakeNodes, smol, start
 
@@ -160,3 +162,12 @@ async def test_a_failed_replacement_without_room_comes_back_on_the_old_settings(
     assert min(readies) == 1 and readies[-1] == 2  # the stopped one's room runs the old again
     assert agents.generations() == [0, 0]
     assert rec.rollout(model).startswith("halted:")
+
+
+def test_new_flags_naming_other_slots_place_a_replica_anew_as_a_context_does() -> None:
+    now = Started(context=4096, args=["--temp", "0.2"])
+    assert not needs_place(now, Started(context=4096, args=["--temp", "0.7"]))
+    assert needs_place(now, Started(context=2048, args=["--temp", "0.2"]))
+    # its memory holds a context per slot: two slots named where it had its own
+    assert needs_place(now, Started(context=4096, args=["--temp", "0.2", "-np", "2"]))
+    assert needs_place(now, Started(context=4096, args=["--max-num-seqs", "8"]))

@@ -23,6 +23,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
+from llmgw import engine_args
 from llmgwd.catalog import Model, profiles_of
 from llmgwd.placement.profiles import Profile
 from llmgwd.placement.scheduler import Placement, Started
@@ -63,8 +64,18 @@ def targets(model: Model) -> dict[str, Started]:
 
 def needs_place(old: Started, new: Started) -> bool:
     """Whether a replica moving from old to new settings needs placing anew (its memory
-    differs with the context or the KV cache type), not only starting again in place."""
-    return (old.context, old.cache_type) != (new.context, new.cache_type)
+    differs with the context, the KV cache type or the slots its engine flags name), not
+    only starting again in place."""
+    return (old.context, old.cache_type, _slots(old.args)) != (
+        new.context,
+        new.cache_type,
+        _slots(new.args),
+    )
+
+
+def _slots(args: list[str]) -> list[int]:
+    """The slots args name for each engine (the placement counts them: scheduler._Need)."""
+    return [engine_args.slots_named(engine, args) for engine in engine_args.SLOTS_OPTION]
 
 
 def step(
