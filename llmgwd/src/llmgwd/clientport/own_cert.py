@@ -8,6 +8,7 @@ import datetime
 import fcntl
 import ipaddress
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -25,15 +26,25 @@ OWN_DAYS = 90  # as an ACME certificate: renewed at two thirds of it, day 60
 CHECK_S = 3600.0  # how often the certificate's age and the host's addresses are looked at
 _SIOCGIFADDR = 0x8915
 _IF_INET6 = Path("/proc/net/if_inet6")
+_SYS_NET = "/sys/class/net"
 
 Sans = tuple[list[str], list[str]]  # DNS names, IP addresses
+
+
+def _interfaces() -> list[str]:
+    """The network interfaces' names, from /sys/class/net: if_nameindex() opens a netlink
+    socket, which llmgwd's unit does not allow (RestrictAddressFamilies)."""
+    try:
+        return sorted(os.listdir(_SYS_NET))
+    except OSError:
+        return []
 
 
 def ipv4_addresses() -> list[str]:
     """Each interface's IPv4 address (SIOCGIFADDR)."""
     found: list[str] = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
+        for name in _interfaces():
             try:
                 raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
             except OSError:
