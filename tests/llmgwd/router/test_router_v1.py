@@ -731,6 +731,18 @@ async def test_one_log_line_per_request_without_the_key(
     assert not any(ENGINE_KEY in line for line in caplog.messages)
 
 
+async def test_the_log_line_names_the_clients_address_not_what_it_says_it_is(
+    gw: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmgwd.router")
+    forged = {"X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9"}
+    headers = {"Authorization": f"Bearer {USER_SECRET}", **forged}
+    async with gw.http.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=headers) as r:
+        assert r.status == 200
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "llmgwd.router"]
+    assert "status=200" in line and " client=127.0.0.1 " in line and "203.0.113.9" not in line
+
+
 # On-demand models.
 
 

@@ -358,9 +358,11 @@ def _log_request(
         return
     duration = time.perf_counter() - ex.started
     rid, replica, model, key_id = ex.request_id, ex.replica, ex.model, ex.key_id
-    # never the query string: a key might have been put there
+    # never the query string: a key might have been put there. client: the TCP peer (a
+    # reverse proxy's address when one is in front; no X-Forwarded-For is believed).
     line = (
         f"{request.method} {request.path} status={status} ms={duration * 1000:.0f} "
+        f"client={request.remote or '-'} "
         f"model={quote('-' if model is None else model)} key={'-' if key_id is None else key_id} "
         f"replica={replica or '-'} rid={rid}"
     )
