@@ -263,7 +263,7 @@ def test_slots_are_reported_and_a_model_with_embeddings_embeds(
 ) -> None:
     # llama-server's /props (asked with the engine's key) reaches the router's caps.
     node.wait_ready(1)  # an earlier test restarted llmgwd: its agent may not be back yet
-    assert [r["slots"] for r in node.model()["replica_status"]] == [4]  # llama-server's default
+    assert [r["slots"] for r in node.model()["replica_status"]] == [4]  # the plan gave it 4
     embed = "smollm2-embed"
     node.llmgw("model", "add", embed, "--from", f"file:{gguf()}", "--engine", "llama.cpp",
                "--arg=--embeddings", "--arg=--pooling", "--arg=mean", "--arg=--parallel",
