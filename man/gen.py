@@ -104,8 +104,11 @@ SETTINGS = {
         "uploads_busy. llmgwd warns at start when its unit's MemoryMax is too small for it."
     ),
     "server.client.tls_cert": (
-        "A PEM certificate (chain) for the client port, readable by the llmgw user; "
-        "empty: plain HTTP."
+        "A PEM certificate (chain) for the client port, readable by the llmgw user: then "
+        "TLS only. Empty: llmgwd's own, issued by the cluster CA for the host's names and "
+        "addresses and public_url's host (STATE_DIR/pki/client.pem, 90 days, made again "
+        "after 60), with plain HTTP still answered on the port; `llmgw status` prints the "
+        "CA's fingerprint for `llmgw context add --ca-fingerprint`."
     ),
     "server.client.tls_key": (
         "The PEM private key of tls_cert; empty: the key is in tls_cert's file."
