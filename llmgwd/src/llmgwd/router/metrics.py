@@ -60,9 +60,11 @@ class RouterMetrics:
             "router's bound), by direction: in (prompt) or out (completion).",
             ["model", "direction"], registry=registry,
         )  # fmt: skip
+        # Named with its unit, as Prometheus asks: whole units of the site's currency (the one
+        # prices and spend budgets are set in; llmgw names none), summed from the meter's picos.
         self.spend = Counter(
-            "llmgw_spend", "What settled requests cost at the models' prices (in the prices' "
-            "currency).",
+            "llmgw_spend_currency_units", "What settled requests cost at the models' prices, "
+            "in whole units of the prices' currency.",
             ["model"], registry=registry,
         )  # fmt: skip
         self.refusals = Counter(
