@@ -10,6 +10,7 @@ import pytest
 
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaState, ReplicaStatus
 from llmgwd.catalog import Model
+from llmgwd.placement.profiles import Profile
 from llmgwd.placement.reconciler import Reconciler
 from llmgwd.placement.rolling import needs_place
 from llmgwd.placement.scheduler import Started
@@ -171,3 +172,30 @@ def test_new_flags_naming_other_slots_place_a_replica_anew_as_a_context_does() -
     # its memory holds a context per slot: two slots named where it had its own
     assert needs_place(now, Started(context=4096, args=["--temp", "0.2", "-np", "2"]))
     assert needs_place(now, Started(context=4096, args=["--max-num-seqs", "8"]))
+
+
+async def test_a_profile_short_of_room_rolls_the_replicas_it_has(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b")
+    for n in nodes.by_name.values():
+        n.inventory = ONE_CORE
+    rec = await start(store, nodes, smol(replicas=3), clock=Clock())  # room for 2 of 3
+    agents = Agents(nodes, lambda s: False)
+    await roll(rec, agents, rounds=3)
+    assert agents.ready() == 2
+    await rec._catalog.update_model("m", generation=1)
+    readies = await roll(rec, agents)
+    assert min(readies) == 1 and readies[-1] == 2
+    assert agents.generations() == [1, 1]
+
+
+async def test_profiles_roll_one_at_a_time(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    nodes.by_name["a"].inventory = Inventory(
+        cores=3, memory_bytes=16 * GIB, memory_free_bytes=12 * GIB
+    )
+    profiles = [Profile(name=f"p{n}", kind="cpu", replicas=1, cores=n) for n in (1, 2)]
+    rec, agents = await settled(store, nodes, smol(profiles=profiles, replicas=2))  # 3 cores
+    await rec._catalog.update_model("m", generation=1)
+    readies = await roll(rec, agents)
+    assert min(readies) == 1 and readies[-1] == 2  # never both profiles' replicas down
+    assert agents.generations() == [1, 1]

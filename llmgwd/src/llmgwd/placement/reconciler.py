@@ -202,6 +202,9 @@ class Reconciler:
         self._ooms: dict[str, OomKills] = {}  # model -> its engines' OOM kills
         self._rolls: dict[str, Rollout] = {}  # model -> its roll to new settings
         self._room: dict[str, bool] = {}  # model -> whether its last roll step fit beside
+        # (model, profile) -> its count before a stale replica was stopped for a replacement
+        # not placed yet, and when
+        self._placing: dict[tuple[str, str], tuple[int, float]] = {}
         self.outcomes: list[scheduler.Outcome] = []  # the last pass's, for people
 
     def poke(self) -> None:
@@ -581,6 +584,8 @@ class Reconciler:
             await self._store.delete(ROLLOUTS + name)
             self._rolls.pop(name, None)
             self._room.pop(name, None)
+            for key in [k for k in self._placing if k[0] == name]:
+                del self._placing[key]
         else:
             await self._store.put(ROLLOUTS + name, _enc.encode(rec))
             self._rolls[name] = rec
@@ -604,8 +609,12 @@ class Reconciler:
             if rec is None or rec.target != target:
                 await self._save_roll(m.name, Rollout(target, self._old_settings(m, target)))
                 log.info("model %s: replacing its replicas for new settings", m.name)
+            busy = any(s.action in ("wait", "retire") for _, s in steps)
             for d, s in steps:
+                if s.action == "surge" and busy:
+                    continue  # one profile at a time: the model has one replica down at most
                 await self._take(m, d, s, roll)
+                busy = busy or s.action == "surge"
 
     def _old_settings(self, m: Model, target: dict[str, Started]) -> dict[str, Started]:
         """By profile: the settings of a replica of m that runs older ones than target."""
@@ -620,12 +629,17 @@ class Reconciler:
     def _step(self, m: Model, d: Demand, roll: Roll) -> rolling.Step:
         key = (m.name, d.profile.name)
         mine = [p for p in self._placements.values() if (p.model, p.profile) == key]
+        count, since = self._placing.get(key, (0, 0.0))
+        placing = len(mine) < count and self._clock() - since < REPLACE_TIMEOUT_S
+        if not placing:
+            self._placing.pop(key, None)
         return rolling.step(
             max(d.profile.replicas, 0),
             mine,
             rolling.settings(m, d.profile),
             lambda rid: getattr(roll.status.get(rid), "state", ""),
             lambda rid: self._failing(roll.status.get(rid)),
+            placing,
         )
 
     def _failing(self, st: ReplicaStatus | None) -> bool:
@@ -654,6 +668,9 @@ class Reconciler:
                 await self._put(msgspec.structs.replace(new, started=now))
                 roll.outgoing.add(s.replicas[0].id)
             else:
+                key = (m.name, d.profile.name)
+                have = sum(1 for p in self._placements.values() if (p.model, p.profile) == key)
+                self._placing[key] = (have, self._clock())
                 why = "stopped for its replacement with the new settings (no room beside it)"
                 await self._delete(s.replicas[0], why)
 

@@ -6,10 +6,12 @@ the model's now (`llmgw model restart`, `llmgw model context`). The reconciler a
 each pass, per profile, what to do next:
 - a stale replica that is not ready (starting, failed, not heard from) serves nothing: it is
   started again with the new settings at once;
-- else, while every replica of the new settings is ready and the profile has its count, one
-  stale replica is replaced: a new one is started beside it where placement has room (surge
-  1: the ready count never drops), else the stale one is stopped and its replacement placed
-  in its room (at most one unavailable: a model with one replica is down until it is ready);
+- else, while every replica of the new settings is ready and no replacement is being placed,
+  one stale replica is replaced: a new one is started beside it where placement has room
+  (surge 1: the ready count never drops), else the stale one is stopped and its replacement
+  placed in its room (at most one unavailable: a model with one replica is down until it is
+  ready); a profile with fewer placed than it wants (no room for all) rolls those it has;
+- one profile of a model at a time, so the model too has at most one replica down;
 - the stale one beside a new one stops once the new one is ready; the next one then;
 - a replica of the new settings that fails to start halts the roll: it is removed, the old
   replicas stay (a replica placed while halted runs the old settings), and the model's state
@@ -84,10 +86,12 @@ def step(
     now: Started,
     state: Callable[[str], str],
     failing: Callable[[str], bool],
+    placing: bool = False,
 ) -> Step:
     """The next step of one profile's roll (the module's docstring says which). mine: the
     profile's placements; state: a replica's state by id; failing: whether one failed to
-    start (as the reconciler counts failures)."""
+    start (as the reconciler counts failures); placing: a stale one was stopped for a
+    replacement not placed yet."""
     stale = sorted((p for p in mine if p.started != now), key=lambda p: p.id)
     fresh = [p for p in mine if p.started == now]
     if not stale or want <= 0:
@@ -101,7 +105,7 @@ def step(
     waiting = any(state(p.id) != "ready" for p in fresh)
     if len(mine) == want + 1:
         return Step("wait" if waiting else "retire", (stale[0],), outgoing=stale[0])
-    if len(mine) != want or waiting:
+    if len(mine) > want or waiting or placing:
         return Step("wait")
     return Step("surge", (stale[0],))
 
