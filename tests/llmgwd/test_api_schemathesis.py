@@ -30,8 +30,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 # What llmgwd answers 503 by design when a part is not kept here: the harness gives it no
-# control planes (ControlPlanes needs an etcd or its tokens' store).
-NOT_HERE = {"no_planes"}
+# control planes (ControlPlanes needs an etcd or its tokens' store), so no backup either.
+NOT_HERE = {"no_planes", "no_backup"}
 
 
 def no_server_error(ctx: Any, response: Any, case: Any) -> bool | None:
