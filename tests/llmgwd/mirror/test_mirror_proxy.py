@@ -77,18 +77,21 @@ async def test_the_mirror_resolves_and_fetches_through_the_proxy(
     assert all(t.startswith(a.hf) for t in forward.targets())
 
 
+@pytest.mark.parametrize("refusal", [403, 407])
 async def test_a_proxy_refusing_the_hub_is_named_without_its_password(
-    sites: tuple[Site, Site], forward: ForwardProxy
+    sites: tuple[Site, Site], forward: ForwardProxy, refusal: int
 ) -> None:
     a, b = sites
     await test_mirror._import(a)
-    forward.refuse = 403
+    forward.refuse = refusal
     _through(b, _with_password(forward.url))
     body = {"name": "tiny", "engine": "llama.cpp", "source": f"hf:{REPO}@main:*Q4_1.gguf"}
     status, out = await b.call("POST", "/models", body)
     assert status >= 400
     shown = forward.url.replace("http://", "http://****@")
-    assert "answered 403" in str(out) and f"(through proxy {shown})" in str(out)
+    assert f"answered {refusal}" in str(out) and f"(through proxy {shown})" in str(out)
+    if refusal == 407:
+        assert "the proxy wants other credentials (network.proxy's user and password)" in str(out)
     assert SECRET not in str(out)
 
 

@@ -256,7 +256,10 @@ class _Client:
         why = _why(status, code, self.token is not None)
         if said:
             why += f' (it says: "{said}")'
-        why += proxy.answered_by_proxy(self.route, url, status)
+        via = proxy.answered_by_proxy(self.route, url, status)
+        if via and status == 401:  # tinyproxy answers a wrong password so, not with a 407
+            why += "; or the proxy refused network.proxy's user and password"
+        why += via
         return HubError(status, f"{self.name}: the upstream answered {status}: {why}")
 
     def _scrub(self, text: str) -> str:
@@ -338,6 +341,8 @@ def _why(status: int, code: str, has_token: bool) -> str:
         return "access refused (the token lacks a permission)"
     if status == 404:
         return "no such repository or revision"
+    if status == 407:  # only a proxy asks this
+        return "the proxy wants other credentials (network.proxy's user and password)"
     if status == 429:
         return "too many requests; try again later"
     if status >= 500:
