@@ -248,8 +248,17 @@ def test_llmgw_backup_then_llmgwd_restore_on_a_fresh_host(
     wrong.write_text("not the passphrase at all\n")
     r = CliRunner().invoke(host_commands.host, [*restore[:3], str(wrong), *restore[4:]])
     assert r.exit_code == 1 and "wrong passphrase" in r.output and not fresh.exists()
-    r = CliRunner().invoke(host_commands.host, restore)
+    # `llmgw restore` runs `llmgwd restore` with its arguments (here in this process)
+    ran: list[list[str]] = []
+
+    def run_llmgwd(args: list[str], env: dict[str, str] | None = None) -> None:
+        ran.append(args)
+        host_commands.host.main(args, prog_name="llmgwd", standalone_mode=False)
+
+    monkeypatch.setattr(cli_backup, "run_llmgwd", run_llmgwd)
+    r = CliRunner().invoke(main, ["--socket", served["socket"], *restore], env=env)
     assert r.exit_code == 0, r.output
+    assert ran == [[*restore[:-1], "--socket", served["socket"], "--no-start"]]
     assert "Cluster site restored on this host" in r.stdout
     assert (fresh / "secret").read_bytes() == old.secret
     assert asyncio.run(restored_state(fresh, old.key)) == (True, old.usage)
