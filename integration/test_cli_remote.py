@@ -2,7 +2,8 @@
 port's certificate its own from the cluster CA; `llmgw` on a second host (its own network
 namespace) with contexts pinning that CA by fingerprint: an admin key lists models and nodes
 and makes and revokes a key; a first use shows the fingerprint and pins it once confirmed; a
-viewer's login session reads and is refused an admin command with the 403's message."""
+viewer's login session reads, is refused an admin command with the 403's message, and
+`llmgw logout` revokes its key."""
 
 from __future__ import annotations
 
@@ -154,5 +155,8 @@ def test_a_viewers_session_reads_and_is_refused_an_admin_command(remote: Remote)
     assert "mine" not in [k["name"] for k in cp.llmgw("key", "list", "--json")]
     r = remote.cli("--context", "view", "logout")
     assert r.returncode == 0 and "Signed out vic" in r.stdout, r.stderr
+    assert "its key is revoked" in r.stdout, r.stdout
+    revoked = {k["name"]: k["revoked"] for k in cp.llmgw("key", "list", "--json")}
+    assert revoked["login vic"] is True
     r = remote.cli("--context", "view", "models")
     assert r.returncode == 1 and "API key" in r.stderr  # signed out: no key sent

@@ -174,6 +174,16 @@ async def test_a_staff_key_has_its_maker_s_staff_role_while_they_hold_it(site: S
     assert (await site.call(made["key"], "GET", "/users"))[0] == 403
 
 
+async def test_a_person_s_key_revokes_itself_and_no_other(site: Site) -> None:
+    ann, sam = site.keys["ann"], site.keys["sam"]
+    status, body = await site.call(site.keys["admin"], "DELETE", "/me/key")
+    assert status == 400 and body["error"]["code"] == "not_a_person_key"
+    status, body = await site.call(ann, "DELETE", "/me/key")  # `llmgw logout`
+    assert (status, body["name"], body["revoked"]) == (200, "ann", True)
+    assert (await site.call(ann, "GET", "/me/keys"))[0] == 401  # that key no longer works
+    assert (await site.call(sam, "GET", "/users"))[0] == 200  # and no one else's went with it
+
+
 async def test_keys_of_no_maker_keep_working_as_before(site: Site) -> None:
     old, admin = site.keys["old"], site.keys["admin"]
     assert (await site.call(old, "GET", "/me/keys"))[0] == 403

@@ -11,9 +11,10 @@ import webbrowser
 
 import click
 
+from llmgw import ipc
 from llmgw.api_types import LoginAnswer, OidcInfo, OidcLogin
 from llmgw.cli import contexts, https
-from llmgw.cli.common import Refused, Settings, decoded, pass_settings
+from llmgw.cli.common import API, Refused, Settings, decoded, error_message, pass_settings
 from llmgw.cli.login_device import device_sign_in
 from llmgw.cli.login_flow import Catcher, Request
 from llmgw.cli.login_http import call
@@ -123,12 +124,29 @@ def login(settings: Settings, server: str | None, no_browser: bool, device: bool
     click.echo(f"signed in as {answer.name} until {until} (session kept in {path})")
 
 
+def _end_on_server(chosen: contexts.Context, saved: SavedSession, timeout: float) -> str:
+    """Revoke the session's key at the context's server (DELETE /api/v1/me/key, sent with
+    that key, trusting the context's pinned CA); what became of it, said."""
+    ca = chosen.ca_pem.encode() if chosen.ca_pem else None
+    remote = https.Remote(url=chosen.url, ca_pem=ca, key=saved.key)
+    try:
+        status, answer = https.request(remote, "DELETE", f"{API}/me/key", timeout=timeout)
+    except (ipc.IpcError, https.PinMismatch) as e:
+        until = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved.expires_at))
+        return f"its key was not revoked ({e}): it works until {until}"
+    if status == 200:
+        return "its key is revoked"
+    if status == 401:
+        return "its key had ended already"
+    return f"its key was not revoked: {error_message(answer, status)}"
+
+
 @click.command()
 @pass_settings
 def logout(settings: Settings) -> None:
-    """Forget the session `llmgw login` kept for the context in use (with no context, the one
-    kept in ~/.config/llmgw/session.json). Its key is not sent again from this machine; the
-    server lets it be until it ends, as it does any key not revoked."""
+    """End the session `llmgw login` kept for the context in use: its key revoked at the
+    context's server and the session forgotten here (with no context, the one kept in
+    ~/.config/llmgw/session.json is forgotten only)."""
     chosen = _chosen(settings, needed=True)
     name = chosen.name if chosen is not None else ""
     saved = drop_session(name)
@@ -136,4 +154,7 @@ def logout(settings: Settings) -> None:
     if saved is None:
         click.echo(f"No session was kept for {where}.")
         return
-    click.echo(f"Signed out {saved.name} at {saved.server} ({where}): the session is forgotten.")
+    ended = "the session is forgotten"
+    if chosen is not None and saved.server.rstrip("/") == chosen.url:
+        ended += "; " + _end_on_server(chosen, saved, settings.timeout)
+    click.echo(f"Signed out {saved.name} at {saved.server} ({where}): {ended}.")

@@ -127,6 +127,26 @@ async def revoke_my_key(request: web.Request) -> web.Response:
     return await _revoke(request, _one(mine, ident), ident)
 
 
+async def revoke_this_key(request: web.Request) -> web.Response:
+    """DELETE /me/key: the person's key this request came with (`llmgw logout` ends its
+    session's key on the server too)."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    key = (
+        api_context(request).catalog.authenticate(secret.strip())
+        if scheme.lower() == "bearer"
+        else None
+    )
+    if key is None or not key.user:
+        raise ApiError(
+            400,
+            f"{_who(request).label} is no person's key: DELETE /api/v1/me/key revokes the "
+            "person's key it is sent with",
+            "invalid_request_error",
+            "not_a_person_key",
+        )
+    return await _revoke(request, key, key.id)
+
+
 # A project's keys
 
 
@@ -172,6 +192,7 @@ TABLE: list[Route] = [
     Route("GET", "/me/keys", my_keys, SELF, answer=_KEYS),
     Route("POST", "/me/keys", create_my_key, SELF_WRITE, _IN, _KEY, status=201),
     Route("DELETE", "/me/keys/{key}", revoke_my_key, SELF, answer=_KEY),
+    Route("DELETE", "/me/key", revoke_this_key, SELF, answer=_KEY),
     Route("GET", _PROJECT + "/keys", project_keys, org_rule("manager", read=True), answer=_KEYS),
     Route("POST", _PROJECT + "/keys", create_project_key, org_rule("member"), _IN, _KEY, 201),
     Route("POST", _PROJECT + "/service-keys", create_service_key, MANAGER, _IN, _KEY, 201),
