@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -67,6 +68,9 @@ def run_daemon(
     _SOURCE["config"] = (path, missing_ok and args.config is None)
     try:
         config = load(path, schema, missing_ok=_SOURCE["config"][1])
+        network = getattr(config, "network", None)  # both daemons' network.proxy, or else
+        if network is not None:  # HTTPS_PROXY/HTTP_PROXY, which must be http:// URLs
+            network.route(os.environ)
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         sys.exit(EX_CONFIG)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +20,8 @@ from llmgw.blobstore import BlobStore
 from llmgw.download import DownloadError
 from llmgw.proxy import DIRECT, Route
 from llmgw.wire import ModelFile
+from llmgw_agentd import main as agentd_main
+from llmgwd import main as llmgwd_main
 from tests.llmgw.forward_proxy import ForwardProxy
 
 SECRET = "pr0xy-s3cret"
@@ -178,3 +180,20 @@ async def test_a_proxy_that_cannot_be_reached_is_said_so(tmp_path: Path) -> None
 def test_redact_hides_every_url_password() -> None:
     text = proxy.redact(f"via http://u:{SECRET}@p:3128 and https://tok@idx/simple")
     assert text == "via http://****@p:3128 and https://****@idx/simple"
+
+
+@pytest.mark.parametrize("main", [llmgwd_main.main, agentd_main.main])
+def test_a_daemon_with_an_unusable_environment_proxy_exits_78_without_its_password(
+    main: Callable[[list[str] | None], None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "c.yaml").write_text("log_level: info\n")
+    monkeypatch.setenv("HTTPS_PROXY", f"socks5://user:{SECRET}@p:1080")
+    with pytest.raises(SystemExit) as e:
+        main(["--check", "--config", str(tmp_path / "c.yaml")])
+    assert e.value.code == 78
+    err = capsys.readouterr().err
+    assert "HTTPS_PROXY/HTTP_PROXY in the environment" in err and "socks5://****@p:1080" in err
+    assert SECRET not in err
