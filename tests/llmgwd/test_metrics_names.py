@@ -6,6 +6,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.wire import Inventory, ReplicaStatus
+from llmgwd.metrics.cluster import ClusterCollector
+from llmgwd.nodes.pool import Endpoint
+from llmgwd.nodes.state import NodeInfo
 from llmgwd.router.metrics import RouterMetrics
 
 
@@ -29,3 +33,46 @@ def test_spend_is_a_counter_named_with_its_unit() -> None:
     assert not [name for name in found if name.startswith("llmgw_spend_total")]
     text = generate_latest(registry).decode()
     assert "# TYPE llmgw_spend_currency_units_total counter" in text
+
+
+class Pool:
+    def ready(self, model: str) -> list[Endpoint]:
+        return []
+
+    def wanted(self, model: str) -> int:
+        return 1
+
+
+def node(*replicas: ReplicaStatus) -> NodeInfo:
+    inventory = Inventory(cores=2, memory_bytes=1 << 30, memory_free_bytes=1 << 29)
+    return NodeInfo(name="a", address="10.0.0.1", version="1", inventory=inventory,
+                    replicas=replicas, desired=None, connected=True, last_seen=0.0)  # fmt: skip
+
+
+def test_engine_restarts_and_scheduler_passes_never_go_down() -> None:
+    nodes: list[NodeInfo] = []
+    passes: list[tuple[int, float] | None] = [None]
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: ["m"], Pool(), lambda: nodes, lambda m: 0, 60.0,
+                                       lambda: passes[0]))  # fmt: skip
+
+    def read(*replicas: ReplicaStatus, reconciler: tuple[int, float] | None = None) -> float:
+        """The restarts counted once node a reports replicas (none: it is not listed)."""
+        nodes[:] = [node(*replicas)] if replicas else []
+        passes[0] = reconciler
+        return exposition(registry).get("llmgw_engine_restarts_total{'model': 'm'}", 0.0)
+
+    r = ReplicaStatus
+    assert read(r("r1", "m", "ready", restarts=5)) == 0  # restarted before llmgwd heard of it
+    assert read(r("r1", "m", "ready", restarts=8)) == 3
+    # r1 replaced by r2, which has restarted less: the counter does not go down
+    assert read(r("r2", "m", "starting")) == 3
+    assert read(r("r2", "m", "ready", restarts=1)) == 4
+    assert read() == 4  # the node gone silent and out of the list
+    assert read(r("r2", "m", "ready", restarts=1)) == 4  # back: nothing counted twice
+    # a replica new on a node llmgwd knows: every restart of it happened while llmgwd watched
+    assert read(r("r2", "m", "ready", restarts=1), r("r3", "m", "ready", restarts=2)) == 6
+    # the scheduler's passes over terms: a new term's reconciler counts from 0 again
+    for reconciler, total in (((5, 0.5), 5), (None, 5), ((2, 0.25), 7), ((4, 0.5), 9)):
+        read(r("r2", "m", "ready", restarts=1), reconciler=reconciler)
+        assert exposition(registry)["llmgw_scheduler_passes_total{}"] == total
