@@ -198,8 +198,9 @@ SETTINGS = {
     ),
     "agent.network.proxy": (
         "The HTTP proxy for what the agent fetches outside the cluster: engine installs (uv, "
-        "from engines.vllm's indexes) and the packages of a node's part in Slurm (apt-get or "
-        "dnf), given to them as https_proxy and http_proxy; the link to the control planes "
+        "from engines.vllm's indexes; pip, llama.cpp's source for a CUDA build) and the "
+        "packages of a node's part in Slurm (apt-get or dnf), given to them as https_proxy "
+        "and http_proxy; the link to the control planes "
         "and the engines never use it. As in server.yaml: http://[USER:PASSWORD@]HOST:PORT; "
         "empty: the agent's own HTTPS_PROXY/HTTP_PROXY; none: no proxy."
     ),

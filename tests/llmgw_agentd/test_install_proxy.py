@@ -5,6 +5,7 @@ dnf gets the proxy from its 0600 order file, never from its unit's Environment=.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,8 +14,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from llmgw.config import AgentConfig, Engines, Network, Vllm
-from llmgw_agentd.engines import install
+from llmgw.config import AgentConfig, Engines, LlamaCpp, Network, Vllm
+from llmgw_agentd import llama_build
+from llmgw_agentd.engines import EngineError, install
 from llmgw_agentd.slurm import install as slurm_install
 from llmgw_agentd.slurm import setup, setup_unit
 from tests.llmgw.forward_proxy import ForwardProxy
@@ -107,3 +109,25 @@ def test_apt_get_runs_with_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     setup.install_now(["munge"], {"http_proxy": "http://p:3128"})
     assert seen[0]["http_proxy"] == "http://p:3128"
     assert seen[0]["DEBIAN_FRONTEND"] == "noninteractive"
+
+
+def test_the_llama_cpp_build_gets_the_setting_s_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def build(script: Path, env: dict[str, str], what: str, progress: Any) -> None:
+        seen.append(env)
+        raise EngineError("stop here")
+
+    monkeypatch.setattr(llama_build, "_build", build)
+    monkeypatch.setenv("HTTPS_PROXY", "http://agents-own:3128")  # replaced by the route's
+    route = Network(proxy="http://p:3128", no_proxy=("10.0.0.0/8",)).route({})
+    made = llama_build.ensure_cuda_build(
+        LlamaCpp(), "12.4", ["9.0"], cache=tmp_path, script=tmp_path, proxy_env=route.env()
+    )
+    with pytest.raises(EngineError):
+        asyncio.run(made)
+    (env,) = seen
+    assert env["HTTPS_PROXY"] == env["https_proxy"] == "http://p:3128"  # pip reads these
+    assert env["NO_PROXY"] == "10.0.0.0/8"

@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from llmgw import proxy
 from llmgw.config import LlamaCpp
 from llmgw_agentd import once
 from llmgw_agentd.engines import EngineError, llamacpp
@@ -46,11 +47,14 @@ async def ensure_cuda_build(
     *,
     cache: Path = llamacpp.SYSTEM_CACHE,
     script: Path | None = None,
+    proxy_env: Mapping[str, str] | None = None,
 ) -> Path:
     """llama-server with CUDA for these cards: the site's binary, a build already made, or one
     made now by build-llama-server --cuda into cache (one build for every caller that waits
-    for it, going on when they go); raises EngineError saying why it cannot be had."""
-    env = {**os.environ, "LLMGW_CACHE": str(cache)}
+    for it, going on when they go; pip fetches the sdist through proxy_env's proxy, which
+    replaces the agent's own proxy variables); raises EngineError saying why it cannot be had."""
+    env = {k: v for k, v in os.environ.items() if k.lower() not in proxy.ENV_NAMES}
+    env |= {**(proxy_env or {}), "LLMGW_CACHE": str(cache)}
     cuda = (toolkit, capabilities)
     with contextlib.suppress(EngineError):
         return llamacpp.find_binary(config, env, cuda=cuda)

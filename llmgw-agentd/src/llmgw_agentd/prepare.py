@@ -42,5 +42,9 @@ async def ensure(
     wants = cuda(spec, inventory)
     if wants is not None:
         await llama_build.ensure_cuda_build(
-            config.engines.llama_cpp, *wants, progress, cache=build_cache()
+            config.engines.llama_cpp,
+            *wants,
+            progress,
+            cache=build_cache(),
+            proxy_env=config.network.route(os.environ).env(),  # pip fetches the sdist
         )
