@@ -227,7 +227,8 @@ def test_each_context_has_its_own_session_until_logout(daemon: Daemon, tmp_path:
     r = _as(daemon, "a", "logout")
     assert r.exit_code == 0 and "Signed out ann" in r.stdout, r.output
     assert "its key is revoked" in r.stdout  # on the server: DELETE /api/v1/me/key
-    assert [k.revoked for k in daemon.catalog.keys() if k.name == "ann-session"] == [True]
+    kept = daemon.catalog.keys()  # the catalog's keys (a list, not a dict's)
+    assert [k.revoked for k in kept if k.name == "ann-session"] == [True]
     assert not path.exists()
     r = _as(daemon, "a", "key", "list")
     assert r.exit_code == 1 and "an API key is needed" in r.stderr
