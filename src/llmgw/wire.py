@@ -260,6 +260,9 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     inventory: Inventory
     replicas: list[ReplicaStatus] = []
     protocol: int = PROTOCOL
+    # The agent takes Upgrade (llmgw upgrade); an older one leaves it out and is upgraded by
+    # hand (it would refuse the message it does not know).
+    upgrades: bool = False
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
@@ -291,6 +294,22 @@ class Holdings(msgspec.Struct, tag="holdings", frozen=True):
     sweep: str = ""  # the id of the Sweep this answers; "" otherwise
 
 
+UpgradeStep = Literal["waiting", "fetching", "installing", "restarting", "done", "failed"]
+
+
+class UpgradeReport(msgspec.Struct, tag="upgrade_report", frozen=True):
+    """How the node's part of a roll goes (sent as it changes, a fetch's bytes every second):
+    "restarting" once the install unit has ended well; the new agent's Register.version says
+    it is done. Sent only to a control plane whose Desired says `upgrades`."""
+
+    roll: str  # the Upgrade's roll id
+    attempt: int  # the Upgrade's: a report of an earlier try is stale
+    step: UpgradeStep
+    done_bytes: int = 0  # fetched so far, every package of the node together
+    total_bytes: int = 0
+    message: str = ""  # a failure's why ("apt-get install exited 100: ..."), else a note
+
+
 # Control plane -> agent
 
 
@@ -316,6 +335,8 @@ class Desired(msgspec.Struct, tag="desired", frozen=True):
     # The control plane takes the replica state "stopping"; an older one would refuse it
     # as not a valid message: the agent says "stopped" there instead.
     stopping: bool = False
+    # The control plane takes UpgradeReport; an older one would refuse it.
+    upgrades: bool = False
 
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):
@@ -344,8 +365,31 @@ class Sweep(msgspec.Struct, tag="sweep", frozen=True):
     dry_run: bool = False  # only answer: what would go is what the control plane computed
 
 
-AgentMessage = Register | Heartbeat | Renew | Holdings
-ServerMessage = Desired | Refused | Renewed | Sweep
+class UpgradePackage(msgspec.Struct, frozen=True):
+    """One staged package (llmgw upgrade stage), fetched from the mirror's files by sha256."""
+
+    kind: Literal["deb", "rpm"]
+    name: str  # "llmgw-agentd"
+    version: str  # as its package manager says it
+    arch: str
+    sha256: str
+    size: int
+    filename: str  # NAME_VERSION_ARCH.deb, NAME-VERSION.ARCH.rpm: what apt-get or dnf is given
+
+
+class Upgrade(msgspec.Struct, tag="upgrade", frozen=True):
+    """Install these packages (those of the node's packaging kind whose names it has
+    installed) through a transient unit, then restart on them; answered by UpgradeReports.
+    Sent only to an agent whose Register says `upgrades`. The same roll again carries on."""
+
+    roll: str
+    attempt: int  # the host's tries in this roll (a resume tries it again)
+    release: str  # the llmgw release they carry: the node is done when it reports it
+    packages: list[UpgradePackage] = []
+
+
+AgentMessage = Register | Heartbeat | Renew | Holdings | UpgradeReport
+ServerMessage = Desired | Refused | Renewed | Sweep | Upgrade
 
 _agent_decoder = msgspec.json.Decoder(AgentMessage)
 _server_decoder = msgspec.json.Decoder(ServerMessage)

@@ -170,7 +170,11 @@ class Link:
         on_sweep: OnSweep | None = None,
         planes: Planes | None = None,
         on_slurm: Callable[[wire.SlurmPart | None], None] | None = None,
+        on_upgrade: Callable[[wire.Upgrade], None] | None = None,
     ) -> None:
+        self._on_upgrade = on_upgrade  # an Upgrade's packages installed (llmgw upgrade)
+        self._upgrades = False  # this connection's control plane takes UpgradeReport
+        self._upgrade_report: wire.UpgradeReport | None = None  # the latest, not yet sent
         self._planes = planes if planes is not None else Planes(server)
         self._on_slurm = on_slurm  # the node's part in Slurm from each Desired (no blocking)
         self._pki_dir = pki_dir
@@ -258,7 +262,7 @@ class Link:
                 return "refused"
             ctx = link_ssl_context(self._pki_dir)
             self._renew_at, self._renewing = renew.renew_at(self._pki_dir), False
-            self._renews = self._mirror = self._stopping = False
+            self._renews = self._mirror = self._stopping = self._upgrades = False
             self._holdings_due = True  # every new connection hears what the cache holds
             async with session.ws_connect(
                 self._url, ssl=ctx, heartbeat=PING_S, max_msg_size=MAX_MESSAGE_BYTES
@@ -308,6 +312,7 @@ class Link:
             version=self._version,
             inventory=self._inventory(),
             replicas=self._statuses(),
+            upgrades=self._on_upgrade is not None,
         )
 
     def _statuses(self) -> list[wire.ReplicaStatus]:
@@ -339,8 +344,13 @@ class Link:
         if isinstance(msg, wire.Sweep):
             self._sweep(ws, msg)
             return "ok"
+        if isinstance(msg, wire.Upgrade):
+            if self._on_upgrade is not None:
+                self._on_upgrade(msg)
+            return "ok"
         self._accepted()
         self._renews = msg.renews
+        self._upgrades = msg.upgrades
         self._stopping = msg.stopping
         self._planes.update(msg.control_planes)
         if msg.mirror and not self._mirror:
@@ -377,10 +387,21 @@ class Link:
                 await self._send(ws, beat)
                 await self._send_holdings_if_due(ws)
                 await self._renew_if_due(ws)
+                await self._send_upgrade_report(ws)
             except (ConnectionError, aiohttp.ClientError):
                 await ws.close()  # the reader then sees the end
                 return
             self._accepted()
+
+    def report_upgrade(self, report: wire.UpgradeReport) -> None:
+        """How this node's upgrade goes: sent at once (only the latest counts), to a control
+        plane that takes it; a new connection hears it again."""
+        self._upgrade_report = report
+        self._poked.set()
+
+    async def _send_upgrade_report(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        if self._upgrades and self._upgrade_report is not None:
+            await self._send(ws, self._upgrade_report)
 
     async def _send_holdings_if_due(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """What the cache holds, once this connection's control plane takes it and whenever

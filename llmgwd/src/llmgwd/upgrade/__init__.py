@@ -1,0 +1,1 @@
+"""`llmgw upgrade`: staged packages, the roll's state machine and the leader's driver."""

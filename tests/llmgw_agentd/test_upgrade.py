@@ -1,0 +1,156 @@
+"""The node's part in `llmgw upgrade`: its packages fetched from the mirror (a cut resumed with
+a Range, bytes counted, sha256 checked), installed by a transient unit of its own, reported."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from llmgw import wire
+from llmgw_agentd import upgrade
+from llmgw_agentd.cache import Mirror
+from llmgw_agentd.systemd import Systemd
+from tests.llmgw_agentd.fake_systemd import FakeSystemd, fake_systemd
+from tests.llmgw_agentd.test_cache import FakeMirror, blob, eventually
+from tests.llmgw_agentd.test_cache import mirror as mirror  # a fixture
+
+AGENT = blob(2 << 20, 5)  # the staged llmgw-agentd .deb's bytes
+CLI = blob(300_000, 6)
+DAEMON = blob(1000, 7)  # llmgwd: not installed on this node
+RPM = blob(1000, 8)  # an .rpm: not this node's kind
+
+
+def pkg(name: str, data: bytes, kind: str = "deb") -> wire.UpgradePackage:
+    sha = hashlib.sha256(data).hexdigest()
+    return wire.UpgradePackage(
+        kind=kind,  # type: ignore[arg-type]
+        name=name, version="9.9.9", arch="amd64", sha256=sha, size=len(data),
+        filename=f"{name}_9.9.9_amd64.{kind}",
+    )  # fmt: skip
+
+
+PACKAGES = [
+    pkg("llmgw-agentd", AGENT),
+    pkg("llmgw", CLI),
+    pkg("llmgwd", DAEMON),
+    pkg("x", RPM, "rpm"),
+]
+
+
+def upgrade_msg(attempt: int = 1) -> wire.Upgrade:
+    return wire.Upgrade(roll="r1", attempt=attempt, release="9.9.9", packages=PACKAGES)
+
+
+async def on_this_node(kind: str, name: str) -> bool:
+    return kind == "deb" and name in ("llmgw-agentd", "llmgw")
+
+
+class Node:
+    """An Upgrader over the fake mirror and the fake systemd; its install command records its
+    arguments (the real apt-get line) and exits with `status`."""
+
+    def __init__(self, tmp: Path, mirror: FakeMirror, bus: str, fake: FakeSystemd) -> None:
+        self.reports: list[wire.UpgradeReport] = []
+        self.argv_file = tmp / "argv"
+        self.status = 0
+        self.fake = fake
+        self.up = upgrade.Upgrader(
+            tmp / "upgrade", Systemd(bus), lambda: Mirror(mirror.url), self.reports.append,
+            kind="deb", is_installed=on_this_node, command=self._command, tick_s=0.01,
+        )  # fmt: skip
+
+    def _command(self, kind: str, files: Sequence[Path]) -> list[str]:
+        script = f'printf "%s\\n" "$@" > {self.argv_file}; cat "$4" > /dev/null; exit {self.status}'
+        return ["/bin/sh", "-c", script, "sh", *upgrade.install_command(kind, files)]
+
+    @property
+    def last(self) -> wire.UpgradeReport:
+        return self.reports[-1]
+
+
+@pytest.fixture
+async def node(tmp_path: Path, mirror: FakeMirror) -> AsyncIterator[Node]:
+    for p, data in zip(PACKAGES, (AGENT, CLI, DAEMON, RPM), strict=True):
+        mirror.blobs[p.sha256] = data
+    async with fake_systemd(tmp_path) as (bus, fake):
+        n = Node(tmp_path, mirror, bus, fake)
+        yield n
+        await n.up.close()
+
+
+async def test_a_cut_fetch_resumes_counts_bytes_and_installs_in_its_own_unit(
+    node: Node, mirror: FakeMirror
+) -> None:
+    agent_sha = PACKAGES[0].sha256
+    mirror.cut[agent_sha] = 1 << 20  # the first answer stops halfway through
+    await node.up.run(upgrade_msg())
+    assert node.last.step == "restarting", node.last
+    # resumed where the cut left it, not from byte 0
+    ranges = [r for sha, r in mirror.requests if sha == agent_sha]
+    assert ranges == ["", f"bytes={1 << 20}-"]
+    # bytes counted over both packages of this node (llmgwd and the .rpm are not fetched)
+    total = len(AGENT) + len(CLI)
+    assert {r.total_bytes for r in node.reports} == {total}
+    fetched = [r.done_bytes for r in node.reports if r.step == "fetching"]
+    assert fetched == sorted(fetched) and fetched[-1] == total
+    assert any(0 < d < total for d in fetched)
+    assert {p.sha256 for p in PACKAGES[2:]}.isdisjoint(s for s, _ in mirror.requests)
+    # apt-get was given the two files by path, each the staged bytes
+    argv = node.argv_file.read_text().split("\n")[:-1]
+    where = node.up.root / "install-r1"
+    assert argv == [*upgrade.APT, str(where / "llmgw-agentd_9.9.9_amd64.deb"),
+                    str(where / "llmgw_9.9.9_amd64.deb")]  # fmt: skip
+    assert (where / "llmgw-agentd_9.9.9_amd64.deb").stat().st_size == len(AGENT)
+    name = upgrade.unit_name("r1", 1)
+    assert node.fake.started == [name]
+
+
+async def test_the_install_unit_is_a_unit_of_its_own_kept_when_it_fails(
+    node: Node, mirror: FakeMirror
+) -> None:
+    node.status = 100
+    await node.up.run(upgrade_msg())
+    name = upgrade.unit_name("r1", 1)
+    assert node.last.step == "failed"
+    assert node.last.message.startswith(f"{name}: exited with status 100")
+    props = node.fake.units[name].properties  # failed: still loaded, for its record
+    assert props["Type"] == "exec"
+    assert props["WorkingDirectory"] == str(node.up.root / "install-r1")
+    assert props["Environment"] == ["DEBIAN_FRONTEND=noninteractive"]
+    assert props["RuntimeMaxUSec"] == upgrade.INSTALL_LIMIT_S * 1_000_000
+    assert "Slice" not in props  # not the agent's cgroup, nor the engines' slice
+
+
+async def test_a_changed_byte_is_refused_and_said(node: Node, mirror: FakeMirror) -> None:
+    mirror.changed.add(PACKAGES[1].sha256)
+    await node.up.run(upgrade_msg())
+    assert node.last.step == "failed"
+    assert "sha256 expected" in node.last.message
+    assert node.fake.started == []  # nothing installed
+
+
+async def test_nothing_of_ours_installed_fails_with_why(node: Node) -> None:
+    async def nothing(kind: str, name: str) -> bool:
+        return False
+
+    node.up._installed = nothing
+    await node.up.run(upgrade_msg())
+    assert node.last.step == "failed"
+    assert node.last.message == (
+        "none of the staged packages is installed here (llmgw, llmgw-agentd, llmgwd)"
+    )
+
+
+async def test_a_second_try_of_the_same_roll_is_a_new_unit(node: Node) -> None:
+    node.status = 1
+    node.up.start(upgrade_msg(1))
+    await eventually(lambda: node.reports and node.last.step == "failed")
+    node.status = 0
+    node.up.start(upgrade_msg(2))
+    await eventually(lambda: node.last.attempt == 2 and node.last.step == "restarting")
+    assert node.fake.started == [upgrade.unit_name("r1", 1), upgrade.unit_name("r1", 2)]
+    await asyncio.sleep(0)
