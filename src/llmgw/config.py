@@ -182,6 +182,41 @@ class Oidc(Strict):
             raise ValueError("scopes: must include openid")
 
 
+class Ldap(Strict):
+    """A person's groups read from the site's LDAP directory, mapped to memberships by
+    oidc.rules as OIDC's and SCIM's are; off without url. Read at each sign-in and every
+    refresh_s for every active user; a directory that cannot be reached keeps what was known."""
+
+    url: str = ""  # ldaps:// or ldap:// (StartTLS) directory whose groups map by oidc.rules
+    start_tls: bool = True  # ldap:// upgraded by StartTLS; false (plain) on the loopback only
+    ca_file: str = ""  # the CAs the directory's certificate is checked against; "": the system's
+    bind_dn: str = ""  # the DN llmgwd binds as; "": an anonymous bind
+    bind_password_file: str = ""  # a file holding bind_dn's password (never logged)
+    user_base: str = ""  # where people are searched
+    user_filter: str = "(uid={name})"  # a person's entry; {name}: the llmgw user name, escaped
+    group_base: str = ""  # where groups are searched
+    group_filter: str = "(objectClass=groupOfNames)"  # which entries are groups
+    member_attribute: str = "member"  # member/uniqueMember: the person's DN; others: their name
+    group_name_attribute: str = "cn"  # a group's name, as oidc.rules' group names it
+    refresh_s: Annotated[int, msgspec.Meta(ge=1, le=7 * 86400)] = 900  # seconds between reads
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=120)] = 10.0  # a connect or an answer
+
+    def __post_init__(self) -> None:
+        if not self.url:
+            return
+        url = urlsplit(self.url)
+        if url.scheme not in ("ldaps", "ldap") or not url.hostname or url.path not in ("", "/"):
+            raise ValueError(f"url: {self.url!r} is not an ldaps:// or ldap:// URL")
+        if url.scheme == "ldap" and not self.start_tls and not _loopback_url(self.url):
+            raise ValueError("start_tls: a plain ldap:// directory only on the loopback")
+        if not self.user_base or not self.group_base:
+            raise ValueError("user_base and group_base: needed with a url")
+        if "{name}" not in self.user_filter:
+            raise ValueError("user_filter: must name {name}")
+        if self.bind_dn and not self.bind_password_file:
+            raise ValueError("bind_password_file: needed with a bind_dn")
+
+
 class Network(Strict):
     """How calls that leave the cluster (the hub, mirror peers, OIDC, engine and package
     installs) go out: through this proxy, else HTTPS_PROXY/HTTP_PROXY from the environment.
@@ -224,6 +259,7 @@ class ServerConfig(Strict):
     mirror: Mirror = msgspec.field(default_factory=Mirror)
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     oidc: Oidc = msgspec.field(default_factory=Oidc)
+    ldap: Ldap = msgspec.field(default_factory=Ldap)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     network: Network = msgspec.field(default_factory=Network)
     join_token_ttl_s: int = 3600

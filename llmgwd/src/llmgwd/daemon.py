@@ -12,7 +12,7 @@ import secrets
 import signal
 import socket
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,8 @@ from llmgwd.mirror import setup as mirror_setup
 from llmgwd.nodes import port as cluster_port
 from llmgwd.nodes.members import Members
 from llmgwd.nodes.state import ClusterState, remove_node
+from llmgwd.people.ldap import LdapGroups
+from llmgwd.people.records import User
 from llmgwd.planes import registry, setup
 from llmgwd.planes.leader import Election, LeaderRecord
 from llmgwd.planes.live import Published, RolePool
@@ -294,7 +296,8 @@ class Daemon:
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.add_subapp("/v1", self.router.app)
         route = self.config.network.route(os.environ)  # the OIDC provider is outside
-        signin = login.login_app(self.catalog, self.config.oidc, route)  # the console's too
+        after = self._ldap_groups()  # the directory's groups read at each sign-in
+        signin = login.login_app(self.catalog, self.config.oidc, route, after)  # the console's too
         app.add_subapp(login.PREFIX, signin)  # no key
         api = api_subapp(ctx, key_auth(self.catalog))
         app.add_subapp(API_PREFIX, api)
@@ -312,6 +315,15 @@ class Daemon:
         own_tls = self._own_tls(keys)  # None: the site's certificate, or none
         self.client_runner = await listener.serve(app, cfg, host, port, own_tls)
         self._runners.append(self.client_runner)
+
+    def _ldap_groups(self) -> Callable[[User], Awaitable[None]] | None:
+        """The LDAP directory's groups kept as memberships (ldap.url): on a timer, and at each
+        sign-in through what this returns; None when there is no directory."""
+        if not self.config.ldap.url:
+            return None
+        groups = LdapGroups(self.catalog.store, self.config.ldap, self.config.oidc)
+        self._spawn(groups.run())
+        return groups.signed_in
 
     def _own_tls(self, keys: Pki) -> ssl.SSLContext | None:
         """The client port's certificate from the cluster CA, renewed while llmgwd runs, when

@@ -4,6 +4,8 @@ token for a key of the user's with a bounded life; the device grant's routes bes
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from llmgw import proxy
@@ -15,6 +17,7 @@ from llmgwd.api.base import errors_middleware, json_response, read_body
 from llmgwd.api.login_session import KEYS, OIDC, SIGNIN, off, parts, refuse, session_for
 from llmgwd.catalog import Catalog
 from llmgwd.people.oidc import Provider, SignInError
+from llmgwd.people.records import User
 from llmgwd.people.signin import SignIn
 
 PREFIX = "/api/v1/login"  # mounted before /api/v1 on the client port, so no key is asked
@@ -64,15 +67,19 @@ async def post_oidc(request: web.Request) -> web.StreamResponse:
 
 
 def login_app(
-    catalog: Catalog, settings: Oidc, route: proxy.Route = proxy.DIRECT
+    catalog: Catalog,
+    settings: Oidc,
+    route: proxy.Route = proxy.DIRECT,
+    after: Callable[[User], Awaitable[None]] | None = None,
 ) -> web.Application:
     """The sign-in routes, to mount with parent.add_subapp(PREFIX, ...) before /api/v1;
-    the provider is asked through route's proxy (network.proxy)."""
+    the provider is asked through route's proxy (network.proxy); after runs at each sign-in
+    (the directory's groups read again)."""
     app = web.Application(middlewares=[errors_middleware], client_max_size=64 * 1024)
     app[KEYS] = catalog
     if settings.issuer:
         app[OIDC] = Provider(settings, route)
-        app[SIGNIN] = SignIn(catalog.store, settings)
+        app[SIGNIN] = SignIn(catalog.store, settings, after)
     app.add_routes(
         [
             web.get("/oidc", get_oidc),

@@ -10,8 +10,8 @@ Source = Literal["oidc", "scim", "staff"]  # how a user came: signed in, provisi
 MemberRole = Literal["admin", "manager", "member"]
 StaffRole = Literal["admin", "operator", "viewer"]
 ScopeKind = Literal["org", "team", "project"]
-SetBy = Literal["hand", "group"]  # a role set by a person, or by a group rule (OIDC, SCIM)
-GroupSource = Literal["oidc", "scim"]  # where a group rule's groups came from
+SetBy = Literal["hand", "group"]  # a role set by a person, or by a group rule (OIDC, SCIM, LDAP)
+GroupSource = Literal["oidc", "scim", "ldap"]  # where a group rule's groups came from
 
 MEMBER_ROLES: tuple[MemberRole, ...] = ("member", "manager", "admin")  # weakest first
 STAFF_ROLES: tuple[StaffRole, ...] = ("viewer", "operator", "admin")

@@ -6,6 +6,7 @@ never rewritten, one of a group left is removed)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmgw.config import GroupRule, Oidc
@@ -48,11 +49,14 @@ def _scope(rule: GroupRule) -> Scope:
 class SignIn:
     """Sign-ins against the directory, by the settings' allowed groups and rules."""
 
-    def __init__(self, store: Store, settings: Oidc) -> None:
+    def __init__(
+        self, store: Store, settings: Oidc, after: Callable[[User], Awaitable[None]] | None = None
+    ) -> None:
         self._store = store
         self._people = Directory(store)
         self._links = Links(store, self._people)
         self._settings = settings
+        self._after = after  # run at each sign-in, once the token's groups are applied (LDAP's)
 
     async def user_for(self, claims: dict[str, Any]) -> User:
         """The user of the token's subject: found (by its link, else as the provisioned user
@@ -80,6 +84,8 @@ class SignIn:
         if email and email != user.email:
             user = await self._people.change_user(user.id, email=email)
         await self.apply_groups(user, groups)
+        if self._after is not None:
+            await self._after(user)
         return user
 
     async def _make(self, claims: dict[str, Any], link: str) -> User:
@@ -101,7 +107,7 @@ class SignIn:
         self, user: User, groups: set[str], source: GroupSource = "oidc"
     ) -> None:
         """Each rule's membership for a group held; one this source's groups set, of a group
-        left, removed (OIDC's and SCIM's groups each add and remove only their own)."""
+        left, removed (OIDC's, SCIM's and LDAP's groups each add and remove only their own)."""
         held: dict[tuple[str, str, str], MemberRole] = {}
         # the strongest rule for a place last, so that it is the one kept
         for rule in sorted(self._settings.rules, key=lambda r: rank(ROLE_OF[r.role])):

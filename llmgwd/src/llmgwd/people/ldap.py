@@ -1,0 +1,140 @@
+"""A person's groups read from the site's LDAP directory (ldap3, in a thread) and mapped to
+memberships by oidc.rules as OIDC's and SCIM's groups are (source ldap: a role set by hand is
+never rewritten); read at each sign-in and every ldap.refresh_s; a directory that cannot be
+reached keeps what was known, and says so once until it answers again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import ldap3
+from ldap3.core.exceptions import LDAPException
+from ldap3.utils.conv import escape_filter_chars
+
+from llmgw.config import Ldap, Oidc
+from llmgwd.people.directory import Directory
+from llmgwd.people.records import User
+from llmgwd.people.signin import SignIn
+from llmgwd.store import Store
+
+log = logging.getLogger("llmgwd.ldap")
+
+DN_ATTRIBUTES = ("member", "uniquemember")  # these hold a member's DN; any other their name
+
+
+class Unreachable(Exception):
+    """The directory could not be asked (its message carries no password)."""
+
+
+class Reader:
+    """Reads one person's groups from the directory, blocking: run it in a thread."""
+
+    def __init__(self, settings: Ldap) -> None:
+        self._s = settings
+        url = urlsplit(settings.url)
+        tls = ldap3.Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=settings.ca_file or None)
+        secure = url.scheme == "ldaps" or settings.start_tls
+        self._server = ldap3.Server(
+            url.hostname or "",
+            port=url.port,
+            use_ssl=url.scheme == "ldaps",
+            tls=tls if secure else None,
+            connect_timeout=settings.timeout_s,
+            get_info=ldap3.NONE,
+        )
+        self._start_tls = url.scheme == "ldap" and settings.start_tls
+
+    def _connect(self) -> ldap3.Connection:
+        s = self._s
+        password = Path(s.bind_password_file).read_text().strip() if s.bind_dn else None
+        conn = ldap3.Connection(
+            self._server,
+            user=s.bind_dn or None,
+            password=password,
+            receive_timeout=int(s.timeout_s) or 1,
+            raise_exceptions=True,
+            read_only=True,
+        )
+        try:
+            conn.open()
+            if self._start_tls:
+                conn.start_tls()
+            conn.bind()
+        except BaseException:
+            conn.unbind()
+            raise
+        return conn
+
+    def groups(self, name: str) -> set[str]:
+        """The names of the groups name is in: none when the directory does not know name;
+        Unreachable when it cannot be asked."""
+        s = self._s
+        try:
+            conn = self._connect()
+        except (LDAPException, OSError) as e:
+            raise Unreachable(f"{s.url}: {type(e).__name__}: {e}") from None
+        try:
+            conn.search(s.user_base, s.user_filter.replace("{name}", escape_filter_chars(name)),
+                        attributes=[])  # fmt: skip
+            if len(conn.entries) != 1:
+                return set()  # not in the directory (or not one person): in no group
+            dn = str(conn.entries[0].entry_dn)
+            attr = s.member_attribute
+            value = dn if attr.lower() in DN_ATTRIBUTES else name
+            wanted = f"(&{s.group_filter}({attr}={escape_filter_chars(value)}))"
+            conn.search(s.group_base, wanted, attributes=[s.group_name_attribute])
+            return {str(v) for e in conn.entries for v in e[s.group_name_attribute].values}
+        except (LDAPException, OSError) as e:
+            raise Unreachable(f"{s.url}: {type(e).__name__}: {e}") from None
+        finally:
+            conn.unbind()
+
+
+class LdapGroups:
+    """The directory's groups of each active user kept as their memberships (source ldap)."""
+
+    def __init__(self, store: Store, settings: Ldap, oidc: Oidc) -> None:
+        self._settings = settings
+        self._reader = Reader(settings)
+        self._people = Directory(store)
+        self._signin = SignIn(store, Oidc(rules=oidc.rules))  # groups by oidc.rules
+        self._down = False  # the directory failed last time (said once until it answers)
+
+    async def refresh(self, user: User) -> bool:
+        """user's memberships by the directory's groups now; False (what was known kept) when
+        it cannot be reached."""
+        try:
+            groups = await asyncio.to_thread(self._reader.groups, user.name)
+        except Unreachable as e:
+            if not self._down:
+                log.warning("the LDAP directory cannot be reached; memberships kept: %s", e)
+            self._down = True
+            return False
+        if self._down:
+            log.info("the LDAP directory answers again")
+        self._down = False
+        await self._signin.apply_groups(user, groups, "ldap")
+        return True
+
+    async def signed_in(self, user: User) -> None:
+        """At a sign-in (SignIn's after): the directory's groups read again."""
+        await self.refresh(user)
+
+    async def refresh_all(self) -> None:
+        """Every active user's memberships by the directory; stops at the first failure."""
+        for user in await self._people.users():
+            if user.active and not await self.refresh(user):
+                return
+
+    async def run(self) -> None:
+        """refresh_all at once, then every refresh_s."""
+        while True:
+            try:
+                await self.refresh_all()
+            except Exception:  # the store, say: tried again next time
+                log.exception("reading the LDAP directory's groups failed")
+            await asyncio.sleep(self._settings.refresh_s)

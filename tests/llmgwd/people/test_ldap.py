@@ -1,0 +1,188 @@
+"""Groups read from a real LDAP directory (Debian's slapd, a plain process on a private port,
+reached by StartTLS) become memberships by oidc.rules, at sign-in and on a timer; a role set by
+hand is kept; a directory that cannot be reached keeps what was known and says so once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.config import GroupRule, Ldap, Oidc
+from llmgwd.people.directory import Directory
+from llmgwd.people.ldap import LdapGroups
+from llmgwd.people.records import Scope
+from llmgwd.people.signin import SignIn
+from llmgwd.store.sqlite import SqliteStore
+from tests.llmgwd.people import slapd
+
+pytestmark = pytest.mark.skipif(not slapd.SLAPD, reason="slapd is not installed (Debian's slapd)")
+
+RULES = (
+    GroupRule(group="ml", org="acme", role="member"),
+    GroupRule(group="ml-leads", org="acme", role="manager"),
+    GroupRule(group="chat", org="acme", project="chat", role="member"),
+)
+ACME = Scope(org="acme")
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> Iterator[slapd.Slapd]:
+    server = slapd.start(tmp_path)
+    yield server
+    server.stop()
+
+
+def settings(server: slapd.Slapd, tmp_path: Path, **changes: Any) -> Ldap:
+    """The directory by StartTLS, bound as its admin with the password in a file."""
+    password = tmp_path / "bind-password"
+    password.write_text(slapd.PASSWORD + "\n")
+    fields: dict[str, Any] = {
+        "url": f"ldap://localhost:{server.port}",
+        "ca_file": str(server.dir / "ca.pem"),
+        "bind_dn": slapd.ADMIN,
+        "bind_password_file": str(password),
+        "user_base": slapd.PEOPLE,
+        "group_base": slapd.GROUPS,
+        "timeout_s": 3.0,
+    }
+    return Ldap(**{**fields, **changes})
+
+
+@pytest.fixture
+async def people() -> AsyncIterator[tuple[SqliteStore, Directory]]:
+    store = await SqliteStore.open(":memory:")
+    people = Directory(store)
+    await people.create_org("acme")
+    await people.create_project("acme", "chat")
+    yield store, people
+    await store.close()
+
+
+async def test_the_directorys_groups_become_memberships_and_go_with_them(
+    directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    directory.add_person("ada")
+    directory.set_group("ml", "ada")
+    directory.set_group("chat", "ada")
+    groups = LdapGroups(store, settings(directory, tmp_path), Oidc(rules=RULES))
+    assert await groups.refresh(ada)
+    held = {(m.scope.kind, m.role, m.set_by) for m in await d.members("acme")}
+    assert held == {("org", "member", "group"), ("project", "member", "group")}
+    directory.set_group("ml-leads", "ada")
+    directory.set_group("chat")  # she left chat
+    await groups.refresh(ada)
+    (m,) = await d.members("acme")
+    assert (m.scope, m.role, dict(m.sources)) == (ACME, "manager", {"ldap": "manager"})
+    directory.set_group("ml")
+    directory.set_group("ml-leads")
+    await groups.refresh(ada)
+    assert await d.members("acme") == []
+
+
+async def test_memberuid_groups_and_a_plain_loopback_directory(
+    directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    directory.add_person("ada")
+    posix = {"cn": "ml", "gidNumber": 5000, "memberUid": ["ada"]}
+    directory.add(f"cn=ml,{slapd.GROUPS}", ["posixGroup"], posix)
+    posix_groups = {"group_filter": "(objectClass=posixGroup)", "member_attribute": "memberUid"}
+    plain = settings(directory, tmp_path, url=directory.url, start_tls=False, **posix_groups)
+    assert await LdapGroups(store, plain, Oidc(rules=RULES)).refresh(ada)
+    assert await d.role_in(ada.id, "acme") == "member"
+
+
+async def test_a_role_set_by_hand_is_not_rewritten(
+    directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    await d.set_member("", ada.id, ACME, "admin")
+    directory.add_person("ada")
+    directory.set_group("ml", "ada")
+    groups = LdapGroups(store, settings(directory, tmp_path), Oidc(rules=RULES))
+    await groups.refresh(ada)
+    directory.set_group("ml")
+    await groups.refresh(ada)
+    (m,) = await d.members("acme")
+    assert (m.role, m.set_by) == ("admin", "hand")
+
+
+async def test_an_unreachable_directory_keeps_what_was_known_and_says_so_once(
+    directory: slapd.Slapd,
+    tmp_path: Path,
+    people: tuple[SqliteStore, Directory],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    directory.add_person("ada")
+    directory.set_group("ml-leads", "ada")
+    groups = LdapGroups(store, settings(directory, tmp_path), Oidc(rules=RULES))
+    await groups.refresh(ada)
+    directory.stop()
+    caplog.set_level(logging.INFO, logger="llmgwd.ldap")
+    assert not await groups.refresh(ada)
+    await groups.refresh_all()
+    assert await d.role_in(ada.id, "acme") == "manager"
+    said = [r.getMessage() for r in caplog.records if r.name == "llmgwd.ldap"]
+    assert len(said) == 1 and "cannot be reached" in said[0]
+    assert slapd.PASSWORD not in caplog.text
+
+
+async def test_a_wrong_password_is_not_logged_and_changes_nothing(
+    directory: slapd.Slapd,
+    tmp_path: Path,
+    people: tuple[SqliteStore, Directory],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    await d.set_member("", ada.id, ACME, "member")
+    directory.add_person("ada")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-password-XYZ")
+    groups = LdapGroups(store, settings(directory, tmp_path, bind_password_file=str(wrong)),
+                        Oidc(rules=RULES))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="llmgwd.ldap"):
+        assert not await groups.refresh(ada)
+    assert "not-the-password-XYZ" not in caplog.text and "cannot be reached" in caplog.text
+    assert await d.role_in(ada.id, "acme") == "member"
+
+
+async def test_a_sign_in_and_the_timer_read_the_directory(
+    directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    directory.add_person("ada")
+    directory.set_group("ml", "ada")
+    oidc = Oidc(issuer="https://idp.example", client_id="llmgw", rules=RULES)
+    groups = LdapGroups(store, settings(directory, tmp_path, refresh_s=1), oidc)
+    signin = SignIn(store, oidc, after=groups.signed_in)
+    ada = await signin.user_for({"sub": "s-ada", "preferred_username": "ada", "groups": []})
+    assert await d.role_in(ada.id, "acme") == "member"  # the directory's, at sign-in
+    timer = asyncio.create_task(groups.run())
+    try:
+        directory.set_group("ml-leads", "ada")
+        for _ in range(100):
+            if await d.role_in(ada.id, "acme") == "manager":
+                break
+            await asyncio.sleep(0.1)
+        assert await d.role_in(ada.id, "acme") == "manager"  # the timer's
+    finally:
+        timer.cancel()
+
+
+def test_a_plain_directory_is_refused_off_the_loopback() -> None:
+    with pytest.raises(ValueError, match="start_tls"):
+        Ldap(url="ldap://ldap.example.org", start_tls=False, user_base="o=x", group_base="o=x")
+    with pytest.raises(ValueError, match="ldaps"):
+        Ldap(url="https://ldap.example.org", user_base="o=x", group_base="o=x")
