@@ -17,6 +17,7 @@ import msgspec
 # KeyLimits and Period are defined with the API's answers (GET /keys shows a key's limits).
 from llmgw.api_types import KeyLimits as KeyLimits
 from llmgw.api_types import Period as Period
+from llmgw.api_types import ProviderProtocol
 from llmgw.wire import Engine, ModelFile
 from llmgwd.people.directory import USERS
 from llmgwd.people.records import User
@@ -36,6 +37,15 @@ KEY_ID = re.compile(r"[0-9a-fA-F]{12}")
 def looks_like_key_id(name: str) -> bool:
     """Whether a key name could be taken for a key's id (such names are refused)."""
     return KEY_ID.fullmatch(name) is not None
+
+
+class ModelUpstream(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an external provider's model is served: set by staff, never by a request."""
+
+    protocol: ProviderProtocol
+    url: str  # the upstream API's base, its /v1 (https://api.openai.com/v1)
+    model: str  # the upstream's name of the model
+    credential: str  # sealed (providers.credentials): never the credential itself
 
 
 class Model(msgspec.Struct, kw_only=True):
@@ -60,6 +70,7 @@ class Model(msgspec.Struct, kw_only=True):
     files: list[ModelFile] = []  # an hf: source's set, each file with its sha256; [] for file:
     # Raised by POST /models/{name}/restart: in each replica's spec, so the agents replace them.
     generation: int = 0
+    upstream: ModelUpstream | None = None  # an external provider's: never placed on a node
 
 
 def profiles_of(model: Model) -> list[Profile]:

@@ -119,6 +119,12 @@ from llmgw.api_types.planes import (
     PlaneView,
     RemoveIn,
 )
+from llmgw.api_types.providers import (
+    ProviderIn,
+    ProviderProtocol,
+    ProviderRemoved,
+    ProviderView,
+)
 from llmgw.api_types.slurm import (
     SlurmNodeView,
     SlurmSettingsIn,
@@ -230,6 +236,10 @@ __all__ = [
     "ProfileReplicasIn",
     "ProjectIn",
     "ProjectView",
+    "ProviderIn",
+    "ProviderProtocol",
+    "ProviderRemoved",
+    "ProviderView",
     "RemoveIn",
     "ReplicaCounts",
     "ReplicaView",

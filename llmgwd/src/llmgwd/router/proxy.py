@@ -2,7 +2,8 @@
 pooled connection the engine had closed replaced by a fresh one, streaming passed through chunk by
 chunk (or folded into a whole answer: router/folding.py), the engine told as soon as the client
 leaves and what it still sends counted, and the requests in flight on a node that is lost sent to
-another replica."""
+another replica. An external provider's model (router/providers.py) takes the same path past the
+balancer: no replica, slot or node of its own."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from llmgwd.catalog import Model
 from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import answers, errors, folding, overhead
 from llmgwd.router.balancer import Balancer
@@ -29,6 +31,7 @@ from llmgwd.router.engine_client import (
 from llmgwd.router.exchange import EXCHANGE
 from llmgwd.router.isolation import CacheIsolation
 from llmgwd.router.prefix import Affinity
+from llmgwd.router.providers import Providers
 from llmgwd.router.route import Route
 from llmgwd.router.usage_events import Tally
 from llmgwd.router.waitlist import Busy
@@ -51,6 +54,35 @@ _SSE_HEADERS = {
 }
 
 _ENGINE_FAULTS = (502, 504)  # our answers for an engine that broke the exchange or went silent
+
+
+class Reply(Protocol):
+    """What the relay reads of an answer: an engine's (engine_client.Answer) or an external
+    provider's (providers.ProviderReply)."""
+
+    status: int
+    content_type: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The answer's headers."""
+        ...
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    async def readany(self) -> bytes:
+        """What came since the last read; b"" at the end."""
+        ...
+
+    def finish_writing(self) -> None:
+        """Tell the far side the client left (a FIN), where it can be told."""
+        ...
+
+    def close(self) -> None:
+        """Drop the connection unless the answer was read whole."""
+        ...
 
 
 class _Unreachable(Exception):
@@ -115,8 +147,13 @@ class Upstream:
         disconnect_poll_s: float = 0.2,
         drain_s: float = 30.0,
         isolation: CacheIsolation | None = None,
+        providers: Providers | None = None,
     ) -> None:
         self._balancer = balancer
+        self.providers = providers if providers is not None else Providers(
+            b"", connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
+            retry_after_s=retry_after_s,
+        )  # fmt: skip
         self._drain_s = drain_s  # the longest an engine's rest is read after its client left
         self._drains: set[asyncio.Task[None]] = set()
         self.isolation = isolation if isolation is not None else CacheIsolation()
@@ -146,6 +183,7 @@ class Upstream:
             task.cancel()
         await asyncio.gather(*drains, return_exceptions=True)
         await self._client.close()
+        await self.providers.close()
 
     async def forward(
         self,
@@ -161,6 +199,22 @@ class Upstream:
         model's ready replicas as the caller just read them from the pool, if it did;
         affinity: what ties the request to a replica (router/prefix.py), if anything."""
         work = self._try_replicas(request, model, route, body, stream, ready, affinity)
+        return await self._answered(request, work)
+
+    async def external(
+        self, request: web.Request, model: Model, route: Route, body: bytes, stream: bool
+    ) -> web.StreamResponse:
+        """Relay body to the model's external provider and its answer back, as an engine's: no
+        slot taken, no replica to try next (the upstream's own limits bound it)."""
+        endpoint = self.providers.endpoint(model)
+        return await self._answered(
+            request, self._exchange(request, endpoint, route, body, stream, model)
+        )
+
+    async def _answered(
+        self, request: web.Request, work: Coroutine[Any, Any, web.StreamResponse]
+    ) -> web.StreamResponse:
+        """work's answer, or the stream begun when the client left (or a 499)."""
         done = await self._unless_gone(request, work)
         if done is not None:
             return done
@@ -270,13 +324,23 @@ class Upstream:
         return started
 
     async def _exchange(
-        self, request: web.Request, endpoint: Endpoint, route: Route, body: bytes, stream: bool
+        self,
+        request: web.Request,
+        endpoint: Endpoint,
+        route: Route,
+        body: bytes,
+        stream: bool,
+        provider: Model | None = None,
     ) -> web.StreamResponse:
-        """Send to one replica and relay its answer."""
+        """Send to one replica (or provider's model's upstream) and relay its answer."""
         ex = request[EXCHANGE]
         ex.replica = endpoint.replica_id
         overhead.engine_sent(ex)
-        upstream = await self._connect(request, endpoint, route, body, stream)
+        upstream: Reply
+        if provider is not None:
+            upstream = await self.providers.post(provider, route, body, stream)
+        else:
+            upstream = await self._connect(request, endpoint, route, body, stream)
         overhead.engine_answered(ex)  # its headers: a stream's own share
         tally = ex.tally or Tally()  # what the answer says it used, for the meter
         owned = True  # the answer is closed here, unless a drain took it over
@@ -306,7 +370,7 @@ class Upstream:
     def _stream(
         self,
         request: web.Request,
-        upstream: Answer,
+        upstream: Reply,
         endpoint: Endpoint,
         route: Route,
         relay: _Relay,
@@ -322,7 +386,7 @@ class Upstream:
         task = asyncio.current_task()
         return _client_gone(request) or (task is not None and self._watch.left(task))
 
-    def _drain(self, upstream: Answer, relay: _Relay) -> None:
+    def _drain(self, upstream: Reply, relay: _Relay) -> None:
         """The client left: the engine is told at once (its connection half-closed, so it
         stops generating) and what it still sends is read and counted, for at most drain_s;
         the request settles when that ends (Tally.drained)."""
@@ -331,7 +395,7 @@ class Upstream:
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
 
-    async def _read_rest(self, upstream: Answer, relay: _Relay) -> None:
+    async def _read_rest(self, upstream: Reply, relay: _Relay) -> None:
         try:
             upstream.finish_writing()
             async with asyncio.timeout(self._drain_s):
@@ -430,7 +494,7 @@ class Upstream:
     async def _relay_whole(
         self,
         request: web.Request,
-        upstream: Answer,
+        upstream: Reply,
         endpoint: Endpoint,
         route: Route,
         tally: Tally,
@@ -459,7 +523,7 @@ class Upstream:
     async def _relay_stream(
         self,
         request: web.Request,
-        upstream: Answer,
+        upstream: Reply,
         endpoint: Endpoint,
         route: Route,
         relay: _Relay,
@@ -496,7 +560,7 @@ class Upstream:
     async def _fold(
         self,
         request: web.Request,
-        upstream: Answer,
+        upstream: Reply,
         endpoint: Endpoint,
         route: Route,
         relay: _Relay,

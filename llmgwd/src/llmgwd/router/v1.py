@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 
+from llmgw.proxy import Route as ProxyRoute
 from llmgwd.catalog import ApiKey, Model
 from llmgwd.nodes.pool import Endpoint, Pool
 from llmgwd.router import errors, expect, fields, overhead, prefix, transcriptions, v1_routes
@@ -22,6 +23,7 @@ from llmgwd.router.exchange import EXCHANGE
 from llmgwd.router.isolation import CacheIsolation, Mode
 from llmgwd.router.metering import Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
+from llmgwd.router.providers import Providers, upstream_body
 from llmgwd.router.proxy import Upstream
 from llmgwd.router.responses_errors import responses_shape
 from llmgwd.router.route import Route
@@ -112,6 +114,7 @@ class Router:
         count: bool = True,  # client.request_metrics: whether /v1 requests are counted
         cache_isolation: Mode = "org",  # client.cache_isolation (router/isolation.py)
         salt_secret: bytes = b"",  # the cluster secret: vLLM's cache_salt alike on every plane
+        egress: ProxyRoute | None = None,  # network.proxy: external providers are outside
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -138,6 +141,13 @@ class Router:
             retry_after_s=retry_after_s,
             disconnect_poll_s=disconnect_poll_s,
             isolation=CacheIsolation(cache_isolation, salt_secret),
+            providers=Providers(
+                salt_secret,  # providers' credentials are sealed under a key of it
+                connect_timeout_s=connect_timeout_s,
+                read_timeout_s=read_timeout_s,
+                retry_after_s=retry_after_s,
+                egress=egress,
+            ),
         )
         self.isolation = self._upstream.isolation  # the daemon tells it the control planes
         self.metrics = RouterMetrics(registry or CollectorRegistry(), lambda m: bool(models.get(m)))
@@ -235,6 +245,8 @@ class Router:
             model = self._models.get(name)
             if model is None:
                 raise errors.model_not_found(name)
+            if model.upstream is not None:
+                self._upstream.providers.check(model, v1_routes.TRANSCRIPTIONS)
             await self._ready(model)
             admitted.append(await self.meter.reserve(key, model, Estimate(prompt=0, completion=0)))
 
@@ -272,14 +284,15 @@ class Router:
         model = self._models.get(name)
         if model is None:
             raise errors.model_not_found(name)
-        ex.engine = model.engine
-        fields.for_engine(doc, model, route.path)
+        self._for_engine(request, doc, model, route)
         ready = await self._ready(model)
         read_at = time.monotonic()
         bounds = bound(doc, model, len(raw), placed_context(ready))
         doc["model"] = model.name
-        # The engine's prompt cache kept apart per organization or key (client.cache_isolation)
-        self.isolation.apply(ex, key, model, doc)
+        if model.upstream is not None:
+            upstream_body(doc, model)
+        else:  # the engine's prompt cache kept apart per organization or key (isolation.py)
+            self.isolation.apply(ex, key, model, doc)
         stream = doc.get("stream") is True
         # A whole answer is asked of the engine as a stream all the same, and folded: what
         # the engine made is counted even if the client leaves (router/folding.py).
@@ -298,10 +311,21 @@ class Router:
             ex.tally = reservation.tally
             ex.rate_headers = reservation.headers
             body = msgspec.json.encode(doc)
+            if model.upstream is not None:
+                return await self._upstream.external(request, model, route, body, stream or fold)
             forward = self._upstream.forward
             return await forward(request, model.name, route, body, stream or fold, fresh, affinity)
         finally:
             reservation.settle()
+
+    def _for_engine(self, request: web.Request, doc: Document, model: Model, route: Route) -> None:
+        """Refuse what the model's engine lacks, or a route its external provider lacks."""
+        if model.upstream is not None:
+            self._upstream.providers.check(model, route)
+            request[EXCHANGE].engine = "provider"
+            return
+        request[EXCHANGE].engine = model.engine
+        fields.for_engine(doc, model, route.path)
 
     def _authenticate(self, request: web.Request) -> ApiKey:
         """The caller's key from `Authorization: Bearer KEY`; messages never quote the key."""
@@ -328,7 +352,10 @@ class Router:
         return key
 
     async def _ready(self, model: Model) -> list[Endpoint]:
-        """The model's ready replicas, an on-demand one woken first."""
+        """The model's ready replicas, an on-demand one woken first; none for an external
+        provider's (its upstream is always there to try)."""
+        if model.upstream is not None:
+            return []
         if model.on_demand and self._on_demand is not None:
             await self._wake(model.name)
         return self._require_ready(model)

@@ -1,0 +1,1 @@
+"""External providers: models served by an upstream API (OpenAI-compatible or Anthropic)."""

@@ -1,0 +1,219 @@
+"""External providers' APIs, reached the way an engine is (router/proxy.py relays, folds and
+counts the answer): the URL, the upstream's model name and the credential are the catalog's
+(staff's) alone, the credential opened from its sealed form only to be sent there, never logged,
+shown or put in an error. An OpenAI-compatible upstream serves OpenAI's routes, an Anthropic one
+the Messages routes; its refusals and failures are the route's errors in the router's words."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+
+from llmgw.proxy import Route as ProxyRoute
+from llmgwd.catalog import Model, ModelUpstream
+from llmgwd.nodes.pool import Endpoint
+from llmgwd.providers.credentials import CredentialError, Credentials
+from llmgwd.router import errors
+from llmgwd.router.engine_client import ConnectionLost, EngineError, ReadTimeout
+from llmgwd.router.route import Route
+
+log = logging.getLogger("llmgwd.router")
+
+# The routes each protocol serves (route.path): an OpenAI-compatible API's, or Anthropic's.
+SERVES = {
+    "openai": frozenset({"chat/completions", "completions", "embeddings", "responses"}),
+    "anthropic": frozenset({"messages", "messages/count_tokens"}),
+}
+ANTHROPIC_VERSION = "2023-06-01"
+NODE = "(provider)"  # an Endpoint's node for an upstream: no node is named so
+MIN_CONNECT_S = 10.0  # the far side of the internet, maybe through a proxy: more than an engine
+_BUSY = (429, 503, 529)  # the upstream's rate limit or overload: the client may retry
+_REFUSED_US = (401, 403)  # llmgw's credential refused: the site's fault, never the client's
+_MAX_RETRY_AFTER_S = 600
+
+
+class ProviderReply:
+    """An upstream's answer read as router/proxy.py reads an engine's (engine_client.Answer):
+    aiohttp's failures become the engine client's errors, which name no address or key."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.content_type = response.content_type
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The answer's headers, their names in lower case."""
+        return {k.lower(): v for k, v in self._response.headers.items()}
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        try:
+            return await self._response.read()
+        except Exception as e:
+            raise _reading_failed(e) from None
+
+    async def readany(self) -> bytes:
+        """What came since the last read; b"" at the end."""
+        try:
+            return await self._response.content.readany()
+        except Exception as e:
+            raise _reading_failed(e) from None
+
+    def finish_writing(self) -> None:
+        """The request was sent whole already: the rest is read (and counted) until it ends."""
+
+    def close(self) -> None:
+        """Drop the connection (the upstream stops); a no-op once the answer was read."""
+        self._response.close()
+
+
+def _reading_failed(e: BaseException) -> EngineError:
+    if isinstance(e, TimeoutError):
+        return ReadTimeout("the provider sent nothing for the read timeout")
+    return ConnectionLost(f"the provider's answer broke ({type(e).__name__})", reused=False,
+                          answered=True)  # fmt: skip
+
+
+class Providers:
+    """The aiohttp session the router reaches external providers with (TLS, the site's egress
+    proxy if one is set) and their credentials, opened once each."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        retry_after_s: int,
+        egress: ProxyRoute | None = None,
+    ) -> None:
+        self._credentials = Credentials(secret)
+        self._opened: dict[tuple[str, str], str] = {}
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=max(connect_timeout_s, MIN_CONNECT_S), sock_read=read_timeout_s
+        )
+        self._retry_after_s = retry_after_s
+        self._egress = egress if egress is not None else ProxyRoute()
+        self._session: aiohttp.ClientSession | None = None
+
+    def check(self, model: Model, route: Route) -> None:
+        """400 model_not_supported for a route the model's upstream API does not serve."""
+        assert model.upstream is not None
+        if route.path not in SERVES[model.upstream.protocol]:
+            raise errors.model_not_supported(model.name, f"/v1/{route.path}")
+
+    def endpoint(self, model: Model) -> Endpoint:
+        """The upstream as the proxy's Endpoint: its URL, never its credential."""
+        assert model.upstream is not None
+        return Endpoint(replica_id="provider", model=model.name, node=NODE,
+                        url=model.upstream.url, api_key="")  # fmt: skip
+
+    async def close(self) -> None:
+        """Close the session's connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, model: Model, route: Route, body: bytes, stream: bool) -> ProviderReply:
+        """POST body to the upstream's route; its answer once its headers came, or the route's
+        error for an upstream that could not be reached, refused llmgw's credential or is
+        busy. The credential goes in its protocol's header, nowhere else."""
+        up = model.upstream
+        assert up is not None
+        url = f"{up.url}/{route.path}"
+        headers = self._headers(model, up, stream)
+        try:
+            response = await self._client().post(
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                **self._egress.request_kw(url),
+            )
+        except TimeoutError:
+            raise errors.upstream_timeout(
+                "The model's external provider did not answer in time."
+            ) from None
+        except aiohttp.ClientError as e:
+            log.warning(
+                "provider of %s at %s unreachable: %s", model.name, up.url, type(e).__name__
+            )
+            raise errors.upstream_failed(
+                "The model's external provider could not be reached."
+            ) from None
+        refusal = self._refusal(model, up, response)
+        if refusal is not None:
+            response.close()
+            raise refusal
+        return ProviderReply(response)
+
+    def _refusal(
+        self, model: Model, up: ModelUpstream, response: aiohttp.ClientResponse
+    ) -> errors.ApiError | None:
+        """The route's error for an answer that is not the client's to see, else None."""
+        status = response.status
+        if status in _REFUSED_US or 300 <= status < 400 or status == 404:
+            log.warning("provider of %s at %s answered %d (llmgw's credential or settings)",
+                        model.name, up.url, status)  # fmt: skip
+            return errors.upstream_failed(
+                f"The external provider of model '{errors.quote(model.name)}' refused llmgw's "
+                "request (its credential or settings); staff can check them."
+            )
+        if status in _BUSY:
+            message = f"The external provider of model '{errors.quote(model.name)}' is busy."
+            return errors.model_busy(message, self._retry_after(response))
+        return None
+
+    def _retry_after(self, response: aiohttp.ClientResponse) -> int:
+        """The upstream's Retry-After in whole seconds (bounded), else the router's."""
+        value = response.headers.get("retry-after", "")
+        if value.isdigit():
+            return min(max(int(value), 1), _MAX_RETRY_AFTER_S)
+        return self._retry_after_s
+
+    def _headers(self, model: Model, up: ModelUpstream, stream: bool) -> dict[str, str]:
+        credential = self._credential(model, up)
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+            "Accept-Encoding": "identity",
+            "User-Agent": "llmgw",
+        }
+        if up.protocol == "anthropic":
+            headers["x-api-key"] = credential
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+        else:
+            headers["Authorization"] = f"Bearer {credential}"
+        return headers
+
+    def _credential(self, model: Model, up: ModelUpstream) -> str:
+        """The credential, opened once per sealed value (a changed one is opened anew)."""
+        cached = self._opened.get((model.name, up.credential))
+        if cached is not None:
+            return cached
+        try:
+            plain = self._credentials.open(model.name, up.credential)
+        except CredentialError as e:
+            log.error("model %s: %s", model.name, e)
+            raise errors.upstream_failed(
+                f"The credential of model '{errors.quote(model.name)}' cannot be used here."
+            ) from None
+        if len(self._opened) > 256:
+            self._opened.clear()
+        self._opened[(model.name, up.credential)] = plain
+        return plain
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # trust_env off: the egress proxy is the site's setting, passed per request
+            self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=False)
+        return self._session
+
+
+def upstream_body(doc: dict[str, Any], model: Model) -> None:
+    """The body names the upstream's model, not the catalog's."""
+    assert model.upstream is not None
+    doc["model"] = model.upstream.model

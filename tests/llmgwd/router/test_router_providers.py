@@ -1,0 +1,292 @@
+"""External providers through the /v1 router, against the local stand-in of provider_standin
+(answers recorded from OpenAI's and Anthropic's API references): the official clients get the
+upstream's answers under the catalog's name, metered by the upstream's usage with the same key's
+limits as a local model's; the credential reaches the upstream in its protocol's header and
+nowhere else; the body never picks the upstream; errors in the route's shape, in our words."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import anthropic
+import msgspec
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+from anthropic.types import MessageParam
+from openai.types.chat import ChatCompletionMessageParam
+
+from llmgw.api_types import ProviderProtocol
+from llmgwd.accounting.levels import LEVELS, LevelLimits, Levels, org_level
+from llmgwd.accounting.usage import Counts
+from llmgwd.catalog import ApiKey, KeyLimits, Model, ModelUpstream
+from llmgwd.providers.credentials import Credentials
+from llmgwd.router import Balancer, Router
+from llmgwd.router.metering import Meter
+from tests.llmgwd.router.provider_standin import StandIn
+from tests.llmgwd.router.test_router_metering import reserved
+from tests.llmgwd.router.test_router_v1 import (  # noqa: F401 (engine: a fixture)
+    MODEL,
+    USER_SECRET,
+    FakeEngine,
+    FakeModels,
+    FakePool,
+    endpoint,
+    engine,
+    serve,
+)
+
+SECRET = b"cluster-secret-for-tests-0123456"
+CREDENTIAL = "sk-provider-credential-SEKRIT-0123456789"
+GPT, CLAUDE = "gpt", "claude"  # the catalog's names
+GPT_UPSTREAM, CLAUDE_UPSTREAM = "gpt-4o-mini", "claude-opus-4-6"  # the upstreams'
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+HI_A: list[MessageParam] = [{"role": "user", "content": "hi"}]
+# The recordings' usage (provider_answers/): OpenAI's stream, Anthropic's stream.
+OPENAI_USAGE, ANTHROPIC_USAGE = (19, 10), (25, 15)
+
+
+def provider(name: str, protocol: ProviderProtocol, url: str, upstream: str, sealed: str) -> Model:
+    up = ModelUpstream(protocol=protocol, url=f"{url}/v1", model=upstream, credential=sealed)
+    return Model(name=name, source=f"upstream:{url}/v1", upstream=up)
+
+
+class OneKey:
+    """The one user key, of organization acme, whose limits a test sets."""
+
+    def __init__(self) -> None:
+        self.key = ApiKey(id="key-user", name="u", hash="", prefix="sk-llmgw-u", org="acme")
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        return self.key if secret == USER_SECRET else None
+
+    def limit(self, **limits: Any) -> None:
+        self.key = msgspec.structs.replace(self.key, limits=KeyLimits(**limits))
+
+
+@dataclass
+class Setup:
+    url: str
+    stand_in: StandIn
+    engine: FakeEngine
+    keys: OneKey
+    meter: Meter
+    models: FakeModels
+    levels: Levels
+
+    def openai(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=USER_SECRET, max_retries=0)
+
+    def anthropic(self) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(base_url=self.url, api_key=USER_SECRET, max_retries=0)
+
+    async def usage(self) -> dict[str, Counts]:
+        return {r.model: r.counts for r in await self.meter.usage.records("")}
+
+
+@pytest.fixture
+async def s(engine: FakeEngine) -> AsyncIterator[Setup]:  # noqa: F811
+    stand_in = StandIn(CREDENTIAL)
+    server = TestServer(stand_in.app(), host="127.0.0.1")
+    await server.start_server()
+    stand_in.url = str(server.make_url("")).rstrip("/")
+    sealer = Credentials(SECRET)
+    models = FakeModels(MODEL)
+    given: list[tuple[str, ProviderProtocol, str]] = [
+        (GPT, "openai", GPT_UPSTREAM),
+        (CLAUDE, "anthropic", CLAUDE_UPSTREAM),
+    ]
+    for name, protocol, upstream in given:
+        models.set(provider(name, protocol, stand_in.url, upstream, sealer.seal(name, CREDENTIAL)))
+    pool = FakePool({MODEL: [endpoint(engine.url)]}, {MODEL: 1})
+    keys, levels = OneKey(), Levels()
+    meter = Meter(levels=levels)
+    router = Router(
+        keys, models, pool, meter=meter, balancer=Balancer(pool, slots=1, queue_size=0),
+        salt_secret=SECRET, read_timeout_s=1.0,
+    )  # fmt: skip
+    async with serve(router) as url:
+        yield Setup(url, stand_in, engine, keys, meter, models, levels)
+    await server.close()
+
+
+async def test_openai_chat_is_the_upstreams_answer_metered_by_its_usage(s: Setup) -> None:
+    async with s.openai() as client:
+        whole = await client.chat.completions.create(model=GPT, messages=HI)
+    assert whole.choices[0].message.content == "Hello! How can I assist you today?"
+    assert whole.model == GPT  # the catalog's name, not the upstream's
+    assert whole.usage is not None
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == OPENAI_USAGE
+    sent = s.stand_in.seen[0]
+    assert sent.headers["Authorization"] == f"Bearer {CREDENTIAL}"
+    assert sent.body["model"] == GPT_UPSTREAM
+    # asked as a stream with its usage, folded (a client that leaves is charged what came)
+    assert sent.body["stream"] is True and sent.body["stream_options"] == {"include_usage": True}
+    counts = (await s.usage())[GPT]
+    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (1, *OPENAI_USAGE)
+
+
+async def test_openai_stream_is_metered_whether_or_not_the_client_asks_usage(s: Setup) -> None:
+    async with s.openai() as client:
+        stream = await client.chat.completions.create(model=GPT, messages=HI, stream=True)
+        chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello! How can I assist you today?"
+    assert all(c.usage is None for c in chunks)  # not asked: the usage chunk held back
+    assert s.stand_in.seen[0].body["stream_options"] == {"include_usage": True}
+    counts = (await s.usage())[GPT]
+    assert (counts.prompt_tokens, counts.completion_tokens) == OPENAI_USAGE
+
+
+async def test_anthropic_messages_whole_and_streamed(s: Setup) -> None:
+    async with s.anthropic() as client:
+        whole = await client.messages.create(model=CLAUDE, max_tokens=50, messages=HI_A)
+        async with client.messages.stream(model=CLAUDE, max_tokens=50, messages=HI_A) as stream:
+            text = "".join([t async for t in stream.text_stream])
+            final = await stream.get_final_message()
+    assert [b.text for b in whole.content if b.type == "text"] == ["Hello!"]
+    assert whole.model == CLAUDE
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == ANTHROPIC_USAGE
+    assert text == "Hello!" and final.usage.output_tokens == ANTHROPIC_USAGE[1]
+    for sent in s.stand_in.seen:
+        assert sent.headers["x-api-key"] == CREDENTIAL and "Authorization" not in sent.headers
+        assert sent.body["model"] == CLAUDE_UPSTREAM and sent.body["max_tokens"] == 50
+    counts = (await s.usage())[CLAUDE]
+    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (2, 50, 30)
+
+
+async def post(s: Setup, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {USER_SECRET}"}
+    url = f"{s.url}/v1/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as r:
+        return r.status, await r.json()
+
+
+async def test_one_budget_is_spent_exactly_across_local_and_external_models(s: Setup) -> None:
+    for model in (GPT, MODEL):
+        assert (await post(s, {"model": model, "messages": HI}))[0] == 200
+    usage = await s.usage()
+    spent = sum(c.prompt_tokens + c.completion_tokens for c in usage.values())
+    assert usage[GPT].prompt_tokens + usage[GPT].completion_tokens == sum(OPENAI_USAGE)
+    # A request reserves its body's bytes and max_tokens: one short of that is refused.
+    body = {"model": GPT, "messages": HI, "max_tokens": 20}
+    s.keys.limit(budget_tokens=spent + reserved(body) - 1, budget_tokens_per="day")
+    status, refusal = await post(s, body)
+    assert (status, refusal["error"]["code"]) == (429, "insufficient_quota")
+    assert len(s.stand_in.seen) == 1  # the refused one never left
+    s.keys.limit(budget_tokens=spent + reserved(body), budget_tokens_per="day")
+    assert (await post(s, body))[0] == 200
+
+
+async def test_a_level_without_the_model_in_its_list_gets_404(s: Setup) -> None:
+    record = LevelLimits(limits=KeyLimits(), models=[MODEL])
+    s.levels.apply(LEVELS + org_level("acme"), msgspec.json.encode(record))
+    async with s.openai() as client:
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model=GPT, messages=HI)
+        listed = [m.id async for m in client.models.list()]
+    assert listed == [MODEL] and not s.stand_in.seen
+
+
+async def test_the_body_never_picks_the_upstream_nor_passes_engine_fields(s: Setup) -> None:
+    body = {"model": GPT, "messages": HI, "base_url": "http://elsewhere", "api_key": "x",
+            "upstream": "http://elsewhere", "url": "http://elsewhere"}  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {USER_SECRET}"}
+        async with http.post(f"{s.url}/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200
+        bad = {"model": GPT, "messages": HI, "n_predict": 5}
+        async with http.post(f"{s.url}/v1/chat/completions", json=bad, headers=headers) as r:
+            assert r.status == 400 and (await r.json())["error"]["param"] == "n_predict"
+    [sent] = s.stand_in.seen
+    assert not {"base_url", "api_key", "upstream", "url", "n_predict"} & set(sent.body)
+
+
+async def test_a_route_the_upstream_lacks_is_model_not_supported(s: Setup) -> None:
+    async with s.anthropic() as client:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(model=GPT, max_tokens=5, messages=HI_A)
+    assert "does not support /v1/messages" in str(refused.value)
+    async with s.openai() as client:
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model=CLAUDE, messages=HI)
+    assert not s.stand_in.seen
+
+
+async def test_a_refused_credential_is_a_502_that_quotes_nothing(
+    s: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    s.stand_in.credential = "another"  # the upstream no longer takes ours: its 401 quotes it
+    async with s.openai() as client:
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.chat.completions.create(model=GPT, messages=HI)
+    assert failed.value.status_code == 502
+    said = failed.value.response.text
+    assert "credential or settings" in said
+    for secret in (CREDENTIAL, "sk-wrong", "platform.openai.com"):
+        assert secret not in said and secret not in caplog.text
+    async with s.anthropic() as client:
+        with pytest.raises(anthropic.InternalServerError) as failed_a:
+            await client.messages.create(model=CLAUDE, max_tokens=5, messages=HI_A)
+    assert failed_a.value.body["type"] == "error"  # type: ignore[index]
+    assert "invalid x-api-key" not in failed_a.value.response.text
+    assert not (await s.usage()).get(GPT, Counts()).completion_tokens
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"), [(429, "openai_429.json"), (529, "anthropic_529.json")]
+)
+async def test_an_upstream_busy_is_a_503_with_its_retry_after(
+    s: Setup, status: int, answer: str
+) -> None:
+    s.stand_in.fail, s.stand_in.retry_after = (status, answer), "7"
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {USER_SECRET}"}
+        body = {"model": GPT, "messages": HI}
+        async with http.post(f"{s.url}/v1/chat/completions", json=body, headers=headers) as r:
+            said = await r.json()
+            assert (r.status, r.headers["Retry-After"]) == (503, "7")
+    assert said["error"]["code"] == "model_busy" and "org-abc123" not in str(said)
+
+
+async def test_a_silent_upstream_is_a_504_within_the_read_timeout(s: Setup) -> None:
+    s.stand_in.stall = True
+    async with s.openai() as client:
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(openai.APIStatusError) as failed:
+            await client.chat.completions.create(model=GPT, messages=HI)
+    assert failed.value.status_code == 504
+    assert asyncio.get_running_loop().time() - began < 5
+
+
+async def test_local_slots_do_not_bound_an_external_model(s: Setup) -> None:
+    # The balancer has one slot and no queue: eight requests to the provider are all in flight.
+    s.stand_in.gate = asyncio.Event()
+    async with s.openai() as client:
+        calls = [
+            asyncio.create_task(client.chat.completions.create(model=GPT, messages=HI))
+            for _ in range(8)
+        ]
+        async with asyncio.timeout(5):
+            while len(s.stand_in.seen) < 8:  # noqa: ASYNC110 (the stand-in's list, polled)
+                await asyncio.sleep(0.01)
+        s.stand_in.gate.set()
+        answers = await asyncio.gather(*calls)
+    assert len(answers) == 8
+
+
+async def test_a_credential_sealed_for_another_model_does_not_open(s: Setup) -> None:
+    gpt = s.models.get(GPT)
+    assert gpt is not None and gpt.upstream is not None
+    moved = msgspec.structs.replace(gpt, name="copy")
+    s.models.set(moved)  # its sealed credential was bound to "gpt"
+    async with s.openai() as client:
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="copy", messages=HI)
+    assert not s.stand_in.seen
