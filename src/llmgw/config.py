@@ -251,6 +251,7 @@ class ServerConfig(Strict):
     """/etc/llmgw/server.yaml"""
 
     name: str = "llmgw"
+    mode: str = "cluster"  # cluster: the whole control plane; mirror: the model mirror alone
     state_dir: str = "/var/lib/llmgw"
     socket: str = "/run/llmgw/llmgwd.sock"
     socket_group: str = "llmgw"
@@ -277,6 +278,10 @@ class ServerConfig(Strict):
 
     def __post_init__(self) -> None:
         _check_log_level(self.log_level)
+        if self.mode not in ("cluster", "mirror"):
+            raise ValueError(f"mode: {self.mode!r} is neither cluster nor mirror")
+        if self.mode == "mirror" and self.store.backend != "sqlite":
+            raise ValueError("mode: a mirror alone keeps its state in SQLite (store.backend)")
 
 
 class LlamaCpp(Strict):

@@ -402,9 +402,9 @@ def _log_end(task: asyncio.Task[None]) -> None:
         log.error("background task ended", exc_info=task.exception())
 
 
-async def run(config: ServerConfig) -> None:
-    """Run llmgwd until SIGTERM or SIGINT."""
-    daemon = Daemon(config)
+async def run(config: ServerConfig, make: Callable[[ServerConfig], Daemon] = Daemon) -> None:
+    """Run llmgwd (as make makes it: llmgwd.mirror_only's, by the mode) until SIGTERM or SIGINT."""
+    daemon = make(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,6 +23,6 @@ def main(argv: list[str] | None = None) -> None:
 
         run_host_command(args)
         return
-    from llmgwd.daemon import run
+    from llmgwd.mirror_only import run  # the whole control plane, or the mirror alone
 
     run_daemon("llmgwd", DESCRIPTION, SERVER_CONFIG, ServerConfig, run, argv)
