@@ -25,12 +25,14 @@ from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
+from llmgwd.providers.credentials import Credentials
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgw.https_site import ADMIN_SECRET, WithAdmin, add_context, make_tls, start_tls_site
 
 T = TypeVar("T")
 JOIN_URL = "https://cp.example:7710"
 CA_PIN = "c0" * 32  # the cluster CA's sha256, as /status gives it
+CLUSTER_SECRET = b"the-cluster-secret-of-the-tests"  # providers' credentials are sealed by it
 
 
 class FakeNodes:
@@ -105,7 +107,7 @@ def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
     d = Daemon(*sockets, catalog, nodes, loop, usage=usage)
     ctx = ApiContext(
         catalog=catalog, nodes=nodes, mint_token=lambda: "tok-1", join_url=JOIN_URL, usage=usage,
-        ca_fingerprint=CA_PIN,
+        ca_fingerprint=CA_PIN, credentials=Credentials(CLUSTER_SECRET),
     )  # fmt: skip
     d.env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     runners = [d.run(_start_site(agent_app(d.joins), d.agent_socket))]

@@ -52,6 +52,7 @@ from llmgwd.planes.live import Published, RolePool
 from llmgwd.planes.roles import Roles
 from llmgwd.planes.session import Session
 from llmgwd.planes.wakeups import Waker
+from llmgwd.providers.credentials import Credentials
 from llmgwd.router import Router, isolation, transcriptions
 from llmgwd.router.metering import Meter
 from llmgwd.router.rates import Rates
@@ -178,6 +179,7 @@ class Daemon:
         self._spawn(self.catalog.follow(revision))
         self._spawn(sdnotify.watchdog())
         ctx = self._api_context(keys, url)
+        ctx.credentials = Credentials(secret)  # external providers' credentials, sealed
         await self._serve_cluster(keys)
         await self._serve_client(ctx, secret, keys)
         await self._serve_local(ctx)
@@ -286,6 +288,7 @@ class Daemon:
             count=cfg.request_metrics,
             cache_isolation=isolation.mode(cfg.cache_isolation),
             salt_secret=secret,
+            egress=self.config.network.route(os.environ),  # external providers are outside
         )
         ctx.traffic = Rates(self.router.metrics.requests) if cfg.request_metrics else None
         # llama.cpp's slots are reused only while this control plane is the only one.

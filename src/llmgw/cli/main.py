@@ -22,6 +22,7 @@ from llmgw.cli import (
     plane_join,
     plane_migrate,
     planes,
+    provider,
     scim,
     slurm,
     usage,
@@ -90,6 +91,7 @@ main.add_command(old_name(plane.plane, "server"))
 main.add_command(old_name(planes.planes, "servers"))
 main.add_command(node.node)
 main.add_command(model.model)
+main.add_command(provider.provider)
 main.add_command(key.key)
 main.add_command(level_limits.limits)
 main.add_command(org.org)
@@ -108,6 +110,7 @@ main.add_command(backup.restore)
 # One listing word a resource (`llmgw keys` as `llmgw models`); the `list` subcommands that
 # came before still work, listed nowhere.
 for _group, _listing in ((key.key, key.keys), (user.user, user.users), (org.org, org.orgs),
-                         (model.model, model.models), (node.node, node.nodes)):  # fmt: skip
+                         (model.model, model.models), (node.node, node.nodes),
+                         (provider.provider, provider.providers)):  # fmt: skip
     main.add_command(_listing)
     _group.add_command(old_name(_listing, "list"))

@@ -25,6 +25,7 @@ from llmgwd.nodes import engine_support
 from llmgwd.placement.profiles import Profile
 from llmgwd.placement.reconciler import Failure, NodeFlags
 from llmgwd.placement.scheduler import Placement, Verdict
+from llmgwd.providers.credentials import Credentials
 from llmgwd.store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ class ApiContext:
     # Each node's standing between llmgw and Slurm (Roles.slurm_status; None: a standby's)
     slurm_status: Callable[[], list[SlurmNodeView] | None] | None = None
     traffic: Rates | None = None  # this plane's own /v1 rates (None: requests not counted)
+    credentials: Credentials | None = None  # seals providers' credentials (None: refused)
 
 
 CTX = web.AppKey("llmgw.api", ApiContext)

@@ -152,6 +152,12 @@ def _model_or_404(ctx: ApiContext, name: str) -> Model:
     return model
 
 
+def _not_external(model: Model | None) -> None:
+    """A provider's model runs upstream: it has no replicas to serve."""
+    if model is not None and model.upstream is not None:
+        raise bad_field("replicas", f"model {model.name} is served by its external provider")
+
+
 def _parked(ctx: ApiContext, model: Model) -> bool:
     return ctx.scheduling is not None and not ctx.scheduling.awake(model)
 
@@ -315,6 +321,7 @@ async def set_profile_replicas(request: web.Request) -> web.Response:
     ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
+    _not_external(model)
     body = await read_body(request, ProfileReplicasIn)
     if not NAME_RE.fullmatch(body.profile):
         raise bad_field("profile", "must be 1-64 of a-z 0-9 . _ - and start with a letter or digit")
@@ -384,6 +391,7 @@ async def serve_model(request: web.Request) -> web.Response:
         raise bad_field("replicas", f"must be between 0 and {MAX_REPLICAS}")
     ctx = api_context(request)
     model = ctx.catalog.get(request.match_info["name"])
+    _not_external(model)
     if ctx.mirror is not None and model is not None and model.files and body.replicas:
         ctx.mirror.fetch(model.source, list(model.files))  # a set that failed: try again now
     return await _set_replicas(request, body.replicas)

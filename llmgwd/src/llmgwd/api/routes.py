@@ -34,6 +34,9 @@ from llmgw.api_types import (
     PlanView,
     PriceIn,
     ProfileReplicasIn,
+    ProviderIn,
+    ProviderRemoved,
+    ProviderView,
     RemoveIn,
     ScimTokenView,
     ServeIn,
@@ -59,6 +62,7 @@ from llmgwd.api import (
     person_keys,
     planes,
     plans,
+    providers,
     slurm,
     status,
     stored_tokens,
@@ -130,6 +134,10 @@ TABLE: list[Route] = [
     Route("POST", "/models/{name}/restart", models.restart_model, OPERATE, answer=ModelView),
     Route("GET", "/models/{name}/plan", plans.get_plan, READ, answer=PlanView),
     Route("PUT", "/models/{name}/price", limits.set_price, ADMIN, PriceIn, ModelView),
+    # External providers: a credential that spends the site's money, so staff admins only.
+    Route("GET", "/providers", providers.list_providers, READ, answer=list[ProviderView]),
+    Route("POST", "/providers", providers.add_provider, ADMIN, ProviderIn, ProviderView, CREATED),
+    Route("DELETE", "/providers/{name}", providers.remove_provider, ADMIN, answer=ProviderRemoved),
     Route("GET", "/nodes", nodes.get_nodes, READ, answer=list[NodeView]),
     Route(
         "POST",
