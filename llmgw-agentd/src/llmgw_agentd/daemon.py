@@ -17,7 +17,7 @@ from aiohttp.typedefs import Handler
 from llmgw import entry, localsock, package_version, sdnotify, wire
 from llmgw.config import AgentConfig
 from llmgw.errors import ErrorAnswer, ErrorBody
-from llmgw_agentd import dcgm, fwkeep, inventory, layout, link, membw
+from llmgw_agentd import dcgm, fwkeep, inventory, layout, link, membw, upgrade
 from llmgw_agentd.cache import Cache, Mirror
 from llmgw_agentd.gpus import GpuReader
 from llmgw_agentd.planes import PLANES_FILE, Planes
@@ -77,6 +77,11 @@ class Agent:
             Paths(record=record),
         )
         self._slurm_task: asyncio.Task[None] | None = None
+        # llmgw upgrade: the staged packages fetched into the state directory and installed
+        # by a transient unit (llmgw_agentd/upgrade.py), on a systemd connection of its own.
+        self.upgrader = upgrade.Upgrader(
+            Path(config.state_dir) / "upgrade", Systemd(), self._mirror, self._upgrade_report
+        )
 
     def _plane_urls(self) -> list[str]:
         """The control planes the engines' ports are open to (none before joining)."""
@@ -91,6 +96,10 @@ class Agent:
     def _poke(self) -> None:
         if self._link is not None:
             self._link.poke()
+
+    def _upgrade_report(self, report: wire.UpgradeReport) -> None:
+        if self._link is not None:
+            self._link.report_upgrade(report)
 
     def _held_changed(self) -> None:
         if self._link is not None:
@@ -182,6 +191,7 @@ class Agent:
             on_sweep=self._sweep,
             planes=self._planes,
             on_slurm=self.slurm.set,
+            on_upgrade=self.upgrader.start,
         )
         self._link_task = asyncio.create_task(self._link.run())
 
@@ -261,6 +271,7 @@ class Agent:
         await self._disconnect()
         await self.replicas.close()
         await self.cache.close()
+        await self.upgrader.close()  # its install unit, a unit of its own, runs on
         log.info("llmgw-agentd stopped; engines keep running")
 
 

@@ -106,7 +106,7 @@ class Upgrader:
         command: Command | None = None,
         tick_s: float = 1.0,
     ) -> None:
-        self.store = BlobStore(root)
+        self._store: BlobStore | None = None  # made at the first Upgrade
         self.root = root
         self._systemd = systemd
         self._mirror = mirror
@@ -118,6 +118,13 @@ class Upgrader:
         self._task: asyncio.Task[None] | None = None
         self._key: tuple[str, int] | None = None
         self._connected = False  # to systemd's bus
+
+    @property
+    def store(self) -> BlobStore:
+        """root/blobs: the packages fetched, by sha256."""
+        if self._store is None:
+            self._store = BlobStore(self.root)
+        return self._store
 
     def start(self, msg: wire.Upgrade) -> None:
         """Take an Upgrade: a new roll or try replaces one in hand."""
@@ -167,7 +174,7 @@ class Upgrader:
         return chosen
 
     async def _fetch_all(self, t: _Try, packages: Sequence[wire.UpgradePackage]) -> list[Path]:
-        where = self.root / f"install-{t.msg.roll}"
+        where = self.store.root / f"install-{t.msg.roll}"
         where.mkdir(mode=0o755, exist_ok=True)
         files = []
         before = 0

@@ -25,6 +25,7 @@ from llmgw.cli import (
     provider,
     scim,
     slurm,
+    upgrade,
     usage,
     user,
     version,
@@ -107,6 +108,7 @@ main.add_command(metrics.metrics)
 main.add_command(version.version)
 main.add_command(backup.backup)
 main.add_command(backup.restore)
+main.add_command(upgrade.upgrade)
 # One listing word a resource (`llmgw keys` as `llmgw models`); the `list` subcommands that
 # came before still work, listed nowhere.
 for _group, _listing in ((key.key, key.keys), (user.user, user.users), (org.org, org.orgs),

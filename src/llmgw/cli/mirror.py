@@ -93,6 +93,12 @@ def _hash(path: Path) -> tuple[int, str, str]:
 
 
 def _upload(settings: Settings, path: Path, sha: str, n: int) -> None:
+    put_file(settings, f"{API}/mirror/uploads/{sha}", path, n)
+
+
+def put_file(settings: Settings, url: str, path: Path, n: int) -> Any:
+    """PUT a file's n bytes to url, streamed from the file; the JSON answer (Refused on an
+    error answer, Unreachable on a connection broken off)."""
     remote, timeout = settings.remote(), max(settings.timeout, 600.0)
     conn: http.client.HTTPConnection = (
         https.connection(remote, timeout)
@@ -103,7 +109,7 @@ def _upload(settings: Settings, path: Path, sha: str, n: int) -> None:
     headers |= https.auth_headers(remote) if remote else {}
     try:
         with open(path, "rb") as f:
-            conn.request("PUT", f"{API}/mirror/uploads/{sha}", body=f, headers=headers)
+            conn.request("PUT", url, body=f, headers=headers)
             resp = conn.getresponse()
             raw = resp.read()
     except OSError as e:
@@ -112,12 +118,13 @@ def _upload(settings: Settings, path: Path, sha: str, n: int) -> None:
         raise Unreachable(f"llmgwd broke off its answer to the upload of {path}") from None
     finally:
         conn.close()
+    try:
+        answer: Any = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        answer = None
     if resp.status >= 400:
-        try:
-            answer: Any = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            answer = None
         raise Refused(f"{path}: {error_message(answer, resp.status)}")
+    return answer
 
 
 def _files(root: Path) -> list[Path]:

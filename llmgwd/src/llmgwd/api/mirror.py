@@ -22,6 +22,7 @@ from llmgwd.api.base import (
 from llmgwd.catalog import Model
 from llmgwd.mirror import imports, sweep
 from llmgwd.mirror.service import Mirror
+from llmgwd.upgrade import records as upgrade_records
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ async def sweep_files(
     """Delete (or list) what no model uses on the mirror and on every node."""
     mirror = _mirror(ctx)
     used = _used(ctx, leaving)
+    used |= {p.sha256 for p in await upgrade_records.staged(ctx.catalog.store)}  # llmgw upgrade's
     try:
         out = sweep.mirror_part(mirror.store, used, only, dry_run)
     except BlobStoreError as e:

@@ -42,10 +42,14 @@ from llmgw.api_types import (
     ServeIn,
     SlurmSettingsIn,
     SlurmView,
+    StagedPackage,
     StatusView,
     SweepIn,
     SweepOut,
     TokenView,
+    UpgradeRoll,
+    UpgradeStartIn,
+    UpgradeView,
     UploadView,
     UsageReport,
 )
@@ -67,6 +71,7 @@ from llmgwd.api import (
     status,
     stored_tokens,
     tokens,
+    upgrade,
     usage,
 )
 from llmgwd.api.access import guarded
@@ -189,6 +194,19 @@ TABLE: list[Route] = [
     *PLANES,
     # the whole state, CA and secret included, for `llmgw backup` to seal
     Route("POST", "/backup", backup.make_backup, ADMIN, answer=BackupBundle),
+    # llmgw upgrade: a package's bytes (the body) kept and recorded; the roll
+    Route("GET", "/upgrade", upgrade.get_upgrade, READ, answer=UpgradeView),
+    Route(
+        "PUT",
+        "/upgrade/packages/{sha256}",
+        upgrade.put_package,
+        ADMIN,
+        answer=StagedPackage,
+        status=CREATED,
+        params=SHA256,
+    ),
+    Route("POST", "/upgrade/start", upgrade.start, ADMIN, UpgradeStartIn, UpgradeRoll),
+    Route("POST", "/upgrade/{action:resume|abort}", upgrade.act, ADMIN, answer=UpgradeRoll),
     # /planes under its old word, deprecated, for the llmgw commands that still call it.
     *old_paths(PLANES, "/planes", "/servers"),
     Route(

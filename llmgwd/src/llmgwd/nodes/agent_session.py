@@ -117,6 +117,8 @@ class AgentSessions:
                 self._state._report(conn, msg)
             elif isinstance(msg, wire.Holdings):
                 self._state._held(conn, msg)
+            elif isinstance(msg, wire.UpgradeReport):
+                self._state._upgrade_report(conn, msg)
             else:
                 raise _Refuse("register sent twice on one connection")
 

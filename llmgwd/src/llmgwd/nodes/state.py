@@ -96,6 +96,8 @@ class ClusterState:
         self.leading = True
         self.leader_url = ""
         self._control_planes: tuple[str, ...] = ()  # every control plane's URL, for agents
+        # Each node's latest UpgradeReport not yet taken by the roll (upgrade/driver.py).
+        self.upgrade_reports: dict[str, wire.UpgradeReport] = {}
 
     # The reconciler's side
 
@@ -208,6 +210,19 @@ class ClusterState:
         self._spawn(send(entry.conn, sweep))
         return True
 
+    def send_upgrade(self, node: str, msg: wire.Upgrade) -> str:
+        """Tell node's agent to upgrade; "" when sent, else why it cannot be."""
+        entry = self._nodes.get(node)
+        if entry is None or entry.conn is None:
+            return "its agent is not connected"
+        if not entry.register.upgrades:
+            return (
+                f"its llmgw-agentd {entry.register.version or '(unknown)'} predates `llmgw "
+                "upgrade`: upgrade it by hand (apt-get or dnf install ./FILE), then resume"
+            )
+        self._spawn(send(entry.conn, msg))
+        return ""
+
     def allow(self, node: str) -> None:
         """A removed node joined again with a token."""
         self._removed.discard(node)
@@ -312,6 +327,11 @@ class ClusterState:
         if entry is not None and entry.conn is conn:
             self.holdings.update(conn.node, msg.files, msg.sweep)
 
+    def _upgrade_report(self, conn: AgentConn, msg: wire.UpgradeReport) -> None:
+        entry = self._nodes.get(conn.node)
+        if entry is not None and entry.conn is conn:
+            self.upgrade_reports[conn.node] = msg
+
     def _detach(self, conn: AgentConn) -> None:
         entry = self._nodes.get(conn.node)
         if entry is None or entry.conn is not conn:
@@ -370,7 +390,7 @@ class ClusterState:
                 slurm = None if pending else self._slurm.get(conn.node)
                 msg = wire.Desired(
                     replicas, renews=True, mirror=True, control_planes=planes, slurm=slurm,
-                    stopping=True, slurm_pending=pending,
+                    stopping=True, slurm_pending=pending, upgrades=True,
                 )  # fmt: skip
                 await conn.ws.send_bytes(wire.encode(msg))
             except (ConnectionError, RuntimeError) as e:

@@ -22,6 +22,7 @@ from llmgwd.planes.leader import Election
 from llmgwd.planes.live import Publisher
 from llmgwd.slurm.task import SlurmTask
 from llmgwd.store import Store
+from llmgwd.upgrade.driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class Roles:
             registry.follow(self._store, self._cluster.set_control_planes),
             members.follow(self._store, self._member_changed),
             slurm.run(revision),
+            # llmgw upgrade's roll, carried on where the last leader left it
+            Driver(FencedStore(self._store, term, self._election.step_down), self._cluster).run(),
         ]
         try:
             await asyncio.gather(*work)

@@ -1,0 +1,107 @@
+"""llmgw upgrade stage|start|status|resume|abort as a person runs them, over the Unix socket and
+over HTTPS; and the status's lines for each step of a roll."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import msgspec
+import pytest
+from click.testing import Result
+
+from llmgw import wire
+from llmgw.api_types import UpgradeHost, UpgradeRoll, UpgradeView
+from llmgw.blobstore import BlobStore
+from llmgw.cli.upgrade import render
+from llmgwd.api.base import ApiContext
+from llmgwd.catalog import Catalog
+from llmgwd.mirror.service import Mirror
+from llmgwd.planes import registry
+from llmgwd.store.sqlite import SqliteStore
+from tests.llmgw.served_api import served_api
+from tests.llmgw.test_packages import make_deb
+from tests.llmgwd.test_api import FakeNodes, Tokens, node
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture(params=["socket", "https"])
+def llmgw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Run]:
+    async def context(store: SqliteStore) -> ApiContext:
+        catalog = Catalog(store)
+        await catalog.load()
+        nodes = FakeNodes()
+        nodes.items = [node("n1")]
+        info = wire.PlaneInfo("p1", "https://p1:7710", role="leader", version="0.1.0")
+        await store.put(registry.SERVERS + "p1", msgspec.json.encode(info))
+        mirror = cast(Mirror, type("M", (), {"store": BlobStore(tmp_path / "mirror")})())
+        return ApiContext(catalog=catalog, nodes=nodes, mint_token=Tokens(), join_url="",
+                          mirror=mirror)  # fmt: skip
+
+    with served_api(str(tmp_path / "d.sock"), context, request.param) as run:
+        yield run
+
+
+def test_stage_start_status_abort(llmgw: Run, tmp_path: Path) -> None:
+    deb = make_deb(tmp_path / "a.deb", "llmgw-agentd", "0.2.0")
+    r = llmgw("upgrade", "stage", str(deb))
+    assert r.exit_code == 0, r.output
+    assert "Staged llmgw-agentd 0.2.0 (deb, amd64" in r.stdout
+    assert "release 0.2.0" in r.stdout
+    r = llmgw("upgrade", "start")
+    assert r.exit_code == 0, r.output
+    assert "to 0.2.0 started: 2 hosts." in r.stdout
+    r = llmgw("upgrade", "status")
+    assert r.exit_code == 0, r.output
+    assert "Staged: llmgw-agentd_0.2.0_amd64.deb (release 0.2.0" in r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[2].split() == ["HOST", "ROLE", "STEP", "PROGRESS", "RELEASE", "NOTE"]
+    assert [ln.split()[:3] for ln in lines[3:5]] == [["p1", "plane", "waiting"],
+                                                      ["n1", "node", "waiting"]]  # fmt: skip
+    r = llmgw("upgrade", "resume")
+    assert r.exit_code != 0 and "is running: nothing to resume" in r.output
+    r = llmgw("upgrade", "abort")
+    assert r.exit_code == 0 and r.stdout.endswith(": aborted.\n")
+    r = llmgw("upgrade", "status", "--watch")  # aborted, nothing in flight: it ends at once
+    assert r.exit_code == 0 and "Aborted: no other host starts" in r.stdout
+
+
+def test_stage_refuses_a_file_that_is_no_package(llmgw: Run, tmp_path: Path) -> None:
+    (tmp_path / "x.deb").write_bytes(b"not a package")
+    r = llmgw("upgrade", "stage", str(tmp_path / "x.deb"))
+    assert r.exit_code != 0 and "neither a .deb (ar archive) nor an .rpm" in r.output
+
+
+def test_status_shows_bytes_steps_versions_and_why() -> None:
+    hosts = [
+        UpgradeHost(name="p1", role="plane", step="done", version="0.2.0"),
+        UpgradeHost(
+            name="n1",
+            role="node",
+            step="fetching",
+            done_bytes=12 << 20,
+            total_bytes=48 << 20,
+            version="0.1.0",
+        ),
+        UpgradeHost(
+            name="n2",
+            role="node",
+            step="failed",
+            version="0.1.0",
+            message="llmgw-upgrade-ab-1.service: exited with status 100",
+        ),
+        UpgradeHost(name="n3", role="node"),
+    ]
+    roll = UpgradeRoll(id="ab", release="0.2.0", state="halted", hosts=hosts, started_at=100.0,
+                       error="n2: llmgw-upgrade-ab-1.service: exited with status 100")  # fmt: skip
+    text = render(UpgradeView(roll=roll), now=160.0)
+    lines = text.splitlines()
+    assert lines[0] == "Roll ab to 0.2.0: halted, started 1m ago, 4 nodes at once"
+    assert lines[2].split()[:3] == ["p1", "plane", "done"] and "0.2.0" in lines[2]
+    assert lines[3].split(maxsplit=2)[2] == "fetching  25%, 12.0 MiB of 48.0 MiB  0.1.0"
+    assert lines[4].split()[2] == "failed" and lines[4].endswith("exited with status 100")
+    assert lines[5].split() == ["n3", "node", "waiting", "-"]
+    assert lines[6] == "Halted: n2: llmgw-upgrade-ab-1.service: exited with status 100"
+    assert "llmgw upgrade resume" in lines[7]

@@ -1,0 +1,200 @@
+"""llmgw upgrade's control-plane side over a real store: packages staged (read from their own
+headers, kept in the mirror's blob store), a roll started, driven by the leader's passes (the
+agents told in order, their reports and releases applied), halted by a failure, resumed,
+aborted; a new leader's driver carries the stored roll on."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import msgspec
+import pytest
+
+from llmgw import wire
+from llmgw.blobstore import BlobStore
+from llmgwd.api.access import peercred_auth
+from llmgwd.api.base import ApiContext
+from llmgwd.api.routes import api_app
+from llmgwd.catalog import Catalog
+from llmgwd.mirror.service import Mirror
+from llmgwd.nodes.state import ClusterState
+from llmgwd.planes import registry
+from llmgwd.store.sqlite import SqliteStore
+from llmgwd.upgrade.driver import Driver
+from tests.llmgw.test_packages import make_deb
+from tests.llmgwd.test_api import FakeNodes, Tokens, call, node, serve
+
+OLD, NEW = "0.1.0", "0.2.0"
+
+
+class FakeCluster:
+    """The leader's ClusterState as the driver sees it: agents' releases, Upgrades sent."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.versions = dict.fromkeys(names, OLD)
+        self.sent: list[tuple[str, wire.Upgrade]] = []
+        self.upgrade_reports: dict[str, wire.UpgradeReport] = {}
+        self.refuse: dict[str, str] = {}
+
+    def nodes(self) -> list[Any]:
+        return [_Node(n, v) for n, v in self.versions.items()]
+
+    def node(self, name: str) -> Any:
+        return _Node(name, self.versions[name]) if name in self.versions else None
+
+    def send_upgrade(self, name: str, msg: wire.Upgrade) -> str:
+        if name in self.refuse:
+            return self.refuse[name]
+        self.sent.append((name, msg))
+        return ""
+
+
+class _Node(msgspec.Struct):
+    name: str
+    version: str
+    connected: bool = True
+
+
+class Cluster:
+    def __init__(self, tmp: Path, store: SqliteStore, client: aiohttp.ClientSession) -> None:
+        self.tmp, self.store, self.client = tmp, store, client
+        self.agents = FakeCluster(["p1", "p2", "n1", "n2", "n3"])
+        self.driver = Driver(store, cast(ClusterState, self.agents), clock=self.clock)
+        self.now = 1000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def planes(self, leader: str, versions: dict[str, str]) -> None:
+        for name, version in versions.items():
+            role: wire.PlaneRole = "leader" if name == leader else "standby"
+            info = wire.PlaneInfo(name, f"https://{name}:7710", role=role, version=version)
+            await self.store.put(registry.SERVERS + name, msgspec.json.encode(info))
+
+    async def stage(self, name: str, version: str = NEW) -> tuple[int, Any]:
+        deb = make_deb(self.tmp / f"{name}.deb", name, version)
+        data = deb.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        async with self.client.put(f"/api/v1/upgrade/packages/{sha}", data=data) as resp:
+            return resp.status, await resp.json()
+
+    async def tick(self, **versions: str) -> dict[str, Any]:
+        self.agents.versions |= versions
+        self.now += 2.0
+        await self.driver.tick()
+        _, view = await call(self.client, "GET", "/upgrade")
+        return cast(dict[str, Any], view["roll"])
+
+    def report(self, name: str, step: wire.UpgradeStep, message: str = "") -> None:
+        msg = [m for n, m in self.agents.sent if n == name][-1]
+        report = wire.UpgradeReport(msg.roll, msg.attempt, step, 1, 2, message)
+        self.agents.upgrade_reports[name] = report
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    store = await SqliteStore.open(":memory:")
+    catalog = Catalog(store)
+    await catalog.load()
+    nodes = FakeNodes()
+    nodes.items = [node(n) for n in ("p1", "n1", "n2", "n3")]
+    # the handlers use the mirror's blob store only
+    mirror = cast(Mirror, type("M", (), {"store": BlobStore(tmp_path / "mirror")})())
+    ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=Tokens(), join_url="", mirror=mirror)
+    async with serve(api_app(ctx, peercred_auth("llmgw")), tmp_path / "d.sock") as client:
+        c = Cluster(tmp_path, store, client)
+        await c.planes("p1", {"p1": OLD, "p2": OLD})
+        yield c
+    await store.close()
+
+
+def steps(roll: dict[str, Any]) -> dict[str, str]:
+    return {h["name"]: h["step"] for h in roll["hosts"]}
+
+
+async def test_stage_reads_the_package_and_keeps_it_by_sha256(cluster: Cluster) -> None:
+    status, staged = await cluster.stage("llmgw-agentd")
+    assert status == 201, staged
+    assert (staged["name"], staged["version"], staged["release"]) == ("llmgw-agentd", NEW, NEW)
+    assert staged["filename"] == f"llmgw-agentd_{NEW}_amd64.deb"
+    assert BlobStore(cluster.tmp / "mirror").has(staged["sha256"])
+    _, view = await call(cluster.client, "GET", "/upgrade")
+    assert [p["name"] for p in view["staged"]] == ["llmgw-agentd"] and view["roll"] is None
+    status, answer = await cluster.stage("not-ours")
+    assert status == 400 and "not-ours is not one of llmgw, llmgw-agentd, llmgwd" in str(answer)
+
+
+async def test_a_roll_goes_plane_by_plane_leader_last_then_nodes(cluster: Cluster) -> None:
+    await cluster.stage("llmgw-agentd")
+    await cluster.stage("llmgwd")
+    status, roll = await call(cluster.client, "POST", "/upgrade/start",
+                              {"parallel": 2, "nodes": ["n1", "n2", "n3"]})  # fmt: skip
+    assert status == 200, roll
+    assert [h["name"] for h in roll["hosts"]] == ["p1", "p2", "n1", "n2", "n3"]
+    roll = await cluster.tick()
+    assert [n for n, _ in cluster.agents.sent] == ["p2"]  # a standby first
+    _, msg = cluster.agents.sent[0]
+    assert msg.release == NEW and {p.name for p in msg.packages} == {"llmgw-agentd", "llmgwd"}
+    cluster.report("p2", "fetching")
+    roll = await cluster.tick()
+    p2 = roll["hosts"][1]
+    assert (p2["step"], p2["done_bytes"], p2["total_bytes"]) == ("fetching", 1, 2)
+    await cluster.planes("p1", {"p1": OLD, "p2": NEW})  # its llmgwd back on the release
+    roll = await cluster.tick()
+    assert steps(roll)["p2"] == "done" and [n for n, _ in cluster.agents.sent] == ["p2", "p1"]
+    await cluster.planes("p2", {"p1": NEW, "p2": NEW})  # the leader's host last
+    roll = await cluster.tick()
+    assert [n for n, _ in cluster.agents.sent][2:] == ["n1", "n2"]  # two at once
+    roll = await cluster.tick(n1=NEW)
+    assert [n for n, _ in cluster.agents.sent][4:] == ["n3"]
+    roll = await cluster.tick(n2=NEW, n3=NEW)
+    assert roll["state"] == "done" and set(steps(roll).values()) == {"done"}
+
+
+async def test_a_failure_halts_and_says_why_resume_and_abort(cluster: Cluster) -> None:
+    await cluster.stage("llmgw-agentd")
+    await call(cluster.client, "POST", "/upgrade/start", {"nodes": []})
+    await cluster.tick()
+    cluster.report("p2", "failed", "llmgw-upgrade-x-1.service: exited with status 100")
+    roll = await cluster.tick()
+    assert roll["state"] == "halted"
+    assert roll["error"] == "p2: llmgw-upgrade-x-1.service: exited with status 100"
+    await cluster.tick()
+    assert len(cluster.agents.sent) == 1  # nothing else started
+    status, answer = await call(cluster.client, "POST", "/upgrade/start", {})
+    assert status == 409 and "resume or abort it" in answer["error"]["message"]
+    status, roll = await call(cluster.client, "POST", "/upgrade/resume")
+    assert status == 200 and roll["state"] == "running"
+    await cluster.tick()
+    assert [(n, m.attempt) for n, m in cluster.agents.sent] == [("p2", 1), ("p2", 2)]
+    status, roll = await call(cluster.client, "POST", "/upgrade/abort")
+    assert roll["state"] == "aborted"
+    await cluster.planes("p1", {"p1": OLD, "p2": NEW})
+    roll = await cluster.tick()
+    assert steps(roll) == {"p1": "waiting", "p2": "done"}  # p2 finished; p1 never started
+    assert len(cluster.agents.sent) == 2
+
+
+async def test_a_plane_host_without_an_agent_fails_saying_so(cluster: Cluster) -> None:
+    await cluster.stage("llmgwd")
+    await call(cluster.client, "POST", "/upgrade/start", {"nodes": []})
+    del cluster.agents.versions["p2"]
+    cluster.agents.refuse["p2"] = "its agent is not connected"
+    roll = await cluster.tick()
+    assert roll["state"] == "halted"
+    assert "a control plane's host is upgraded through its agent" in roll["error"]
+
+
+async def test_a_new_leader_carries_the_stored_roll_on(cluster: Cluster) -> None:
+    await cluster.stage("llmgw-agentd")
+    await call(cluster.client, "POST", "/upgrade/start", {"nodes": ["n1"]})
+    await cluster.tick()
+    await cluster.planes("p1", {"p1": OLD, "p2": NEW})
+    # the old leader is gone; another process's driver reads the roll from the store
+    cluster.driver = Driver(cluster.store, cast(ClusterState, cluster.agents), clock=cluster.clock)
+    roll = await cluster.tick()
+    assert steps(roll) == {"p2": "done", "p1": "fetching", "n1": "waiting"}
