@@ -18,6 +18,22 @@ from llmgw.cli.session import session_key
 API = "/api/v1"
 T = TypeVar("T")
 
+# The commands that act on this host (its llmgwd or agent, its files, the CLI's own config)
+# whatever the context, with why; every other command works over the local socket and over a
+# context's HTTPS alike (tests/llmgw/test_cli_every_command.py runs each one over HTTPS).
+HOST_LOCAL: dict[str, str] = {
+    "plane init": "writes this host's server.yaml and starts its llmgwd",
+    "plane join": "makes this host's llmgwd and etcd member a control plane",
+    "plane leave": "takes this host's control plane out and stops its units",
+    "plane migrate": "moves this host's SQLite store into its own etcd member",
+    "node join": "joins this host's llmgw-agentd (its Unix socket)",
+    "restore": "writes a fresh control plane's state on this host (llmgwd restore)",
+    "context add": "the CLI's own contexts file on this machine",
+    "context list": "the CLI's own contexts file on this machine",
+    "context remove": "the CLI's own contexts file on this machine",
+    "context use": "the CLI's own contexts file on this machine",
+}
+
 # Exit codes a script can tell apart (2 is click's usage error).
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
