@@ -143,8 +143,8 @@ def test_model_commands(daemon: Daemon) -> None:
     assert r.exit_code == 0, r.output
     assert "llmgw model serve smol --replicas 1" in r.stdout
     assert rows(daemon.cli("models").stdout) == [
-        ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "SOURCE"],
-        ["smol", "llama.cpp", "0/0", "default", "stopped", "file:/m/smol.gguf"],
+        ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "REPLICAS", "SOURCE"],
+        ["smol", "llama.cpp", "0/0", "default", "stopped", "default 0", "file:/m/smol.gguf"],
     ]
 
     r = daemon.cli("model", "serve", "smol", "--replicas", "2")

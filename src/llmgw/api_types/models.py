@@ -58,6 +58,8 @@ class ContextIn(msgspec.Struct, forbid_unknown_fields=True):
     """PUT /api/v1/models/{name}/context"""
 
     context: Context
+    # the longest answer set with it, never past it (None: kept; 0: the context)
+    max_tokens: Context | None = None
 
 
 class MaxTokensIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -187,6 +189,7 @@ class PlanView(msgspec.Struct, kw_only=True):
     parked: bool
     profiles: list[ProfilePlan]
     failed_on: list[str]  # nodes where the model failed to start
+    max_tokens: int = 0  # the model's longest answer, the reply reply_time.py times (0: none)
 
 
 class ModelRemoved(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -23,7 +23,16 @@ from llmgw.api_types import (
     Verdict,
 )
 from llmgw.cli import complete, progress, wait
-from llmgw.cli.common import API, Refused, Settings, api_path, call, decoded, pass_settings
+from llmgw.cli.common import (
+    API,
+    NotFound,
+    Refused,
+    Settings,
+    api_path,
+    call,
+    decoded,
+    pass_settings,
+)
 from llmgw.cli.output import (
     Listing,
     confirm,
@@ -35,6 +44,7 @@ from llmgw.cli.output import (
     when,
     yes_option,
 )
+from llmgw.reply_time import slow
 
 
 @click.group()
@@ -160,6 +170,11 @@ def _summary(answer: Any) -> str:
 @click.option(
     "--replicas", type=click.IntRange(min=0), required=True, help="How many replicas to run."
 )
+@click.option(
+    "--cpu-ok",
+    is_flag=True,
+    help="Serve it though a reply would take minutes on the CPUs placement would use.",
+)
 @wait.wait_options
 @json_option
 @pass_settings
@@ -167,12 +182,16 @@ def serve(
     settings: Settings,
     name: str,
     replicas: int,
+    cpu_ok: bool,
     wait_done: bool,
     wait_timeout: float,
     as_json: bool,
 ) -> None:
-    """Run N replicas of model NAME; the scheduler places them on nodes. With --wait, until
-    N are ready and no other is starting or stopping."""
+    """Run N replicas of model NAME; the scheduler places them on nodes. Where a reply would
+    take minutes (`llmgw model plan` says so), only with --cpu-ok. With --wait, until N are
+    ready and no other is starting or stopping."""
+    if replicas and not cpu_ok:
+        _refuse_slow(settings, name)
     answer = call(settings, "POST", api_path("models", name, "serve"), ServeIn(replicas=replicas))
     if as_json:
         echo_json(answer)
@@ -180,6 +199,18 @@ def serve(
         click.echo(_summary(answer))
     if wait_done:
         wait.wait_served(settings, name, wait_timeout)
+
+
+def _refuse_slow(settings: Settings, name: str) -> None:
+    """Refuse to serve model NAME where its plan says a reply takes minutes on CPUs (the
+    console's serve form asks first by the same rule); a plan not read says nothing."""
+    try:
+        plan = decoded(call(settings, "GET", api_path("models", name, "plan")), PlanView)
+    except (Refused, NotFound):
+        return  # no scheduler here, or no such model: the serve call says
+    late = slow(plan, plan.max_tokens)
+    if late:
+        raise Refused(f"{late[0].warning()}: serve it with --cpu-ok to serve it anyway")
 
 
 @model.command()
@@ -308,18 +339,37 @@ def replicas(
 
 @model.command()
 @click.argument("name", shell_complete=complete.models)
-@click.argument("tokens", type=click.IntRange(min=0))
+@click.argument("tokens", type=click.IntRange(min=0), required=False)
+@click.option(
+    "--max-output",
+    type=click.IntRange(min=0),
+    metavar="TOKENS",
+    help="The longest answer a request may ask for (0: the context); alone it restarts "
+    "nothing, as `llmgw model max-tokens`.",
+)
 @json_option
 @pass_settings
-def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
+def context(
+    settings: Settings, name: str, tokens: int | None, max_output: int | None, as_json: bool
+) -> None:
     """Give model NAME's replicas a context of TOKENS (0: as trained, where it fits): they
-    are replaced one at a time to take it, as by `llmgw model restart`."""
-    answer = call(settings, "PUT", api_path("models", name, "context"), ContextIn(context=tokens))
+    are replaced one at a time to take it, as by `llmgw model restart`. With --max-output,
+    the longest answer is set with it (never past it); --max-output alone changes only
+    that, and no replica starts again."""
+    if tokens is None:
+        if max_output is None:
+            raise click.UsageError("give TOKENS, --max-output, or both")
+        _set_max_tokens(settings, name, max_output, as_json)
+        return
+    body = ContextIn(context=tokens, max_tokens=max_output)
+    answer = call(settings, "PUT", api_path("models", name, "context"), body)
     if as_json:
         echo_json(answer)
-    else:
-        click.echo(f"Model {name}: context {tokens or 'as trained'}.")
-        _echo_rollout(answer)
+        return
+    click.echo(f"Model {name}: context {tokens or 'as trained'}.")
+    if max_output is not None:
+        _echo_longest(name, max_output)
+    _echo_rollout(answer)
 
 
 @model.command("max-tokens")
@@ -330,13 +380,23 @@ def context(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
 def max_tokens(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
     """Let a request to model NAME ask for at most TOKENS of answer (0: its context); its
     next requests are bound by it, with no replica started again."""
+    _set_max_tokens(settings, name, tokens, as_json)
+
+
+def _set_max_tokens(settings: Settings, name: str, tokens: int, as_json: bool) -> None:
+    """PUT /models/{name}/max_tokens: what `model max-tokens` and `model context
+    --max-output` alone send."""
     body = MaxTokensIn(max_tokens=tokens)
     answer = call(settings, "PUT", api_path("models", name, "max_tokens"), body)
     if as_json:
         echo_json(answer)
     else:
-        longest = f"{tokens} tokens" if tokens else "its context"
-        click.echo(f"Model {name}: longest answer {longest}.")
+        _echo_longest(name, tokens)
+
+
+def _echo_longest(name: str, tokens: int) -> None:
+    longest = f"{tokens} tokens" if tokens else "its context"
+    click.echo(f"Model {name}: longest answer {longest}.")
 
 
 @model.command()
@@ -435,6 +495,8 @@ def plan(
             )
         headers = ["NODE", "PLACE", "FITS", "CONTEXT", "SLOTS", "MEMORY", "TOKENS/S", "WHY"]
         echo_table(headers, [_verdict_row(v) for v in p.verdicts], "  No nodes.")
+    for b in slow(view, view.max_tokens):
+        click.echo(f"Warning: {b.warning()}: `llmgw model serve` asks for --cpu-ok.")
 
 
 def status_of(m: ModelView) -> str:
@@ -477,7 +539,8 @@ def models(settings: Settings, out: Listing) -> None:
     One line a model: engine, replicas ready of wanted, context length, status (stopped,
     starting, ready, stopping, parked for an on-demand model without requests, rolling to
     new settings after a restart or a context change, its roll halted with why, or failed
-    with the first failure's reason) and source; -o wide adds the longest answer in tokens,
+    with the first failure's reason), the replicas wanted on each profile (cards and CPUs
+    under one name: "gpu 7, cpu 4") and source; -o wide adds the longest answer in tokens,
     the price per million prompt/completion tokens, whether it runs on demand, its files
     and when it was added.
     """
@@ -491,11 +554,18 @@ def models(settings: Settings, out: Listing) -> None:
             f"{m.ready}/{m.replicas}",
             m.context or "default",
             status_of(m),
+            _per_profile(m),
             m.source,
             *_wide(m),
         ]
         for m in decoded(answer, list[ModelView])
     ]
-    headers = ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "SOURCE"]
+    headers = ["NAME", "ENGINE", "READY", "CONTEXT", "STATUS", "REPLICAS", "SOURCE"]
     headers += ["MAX TOKENS", "PRICE", "ON DEMAND", "FILES", "ADDED"]
-    out.table(headers, rows, "No models yet: add one with `llmgw model add`.", shown=6)
+    out.table(headers, rows, "No models yet: add one with `llmgw model add`.", shown=7)
+
+
+def _per_profile(m: ModelView) -> str:
+    """The replicas wanted on each profile: "gpu 7, cpu 4" (highest priority first)."""
+    ordered = sorted(m.profiles, key=lambda p: -p.priority)
+    return ", ".join(f"{p.name} {p.replicas}" for p in ordered) or "-"

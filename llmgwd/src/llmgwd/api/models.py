@@ -344,19 +344,28 @@ async def set_profile_replicas(request: web.Request) -> web.Response:
 
 
 async def set_context(request: web.Request) -> web.Response:
-    """PUT /models/{name}/context {context}: tokens (0: as the model was trained); the
-    reconciler replaces the replicas one at a time to take it (placement/rolling.py)."""
+    """PUT /models/{name}/context {context, max_tokens?}: tokens (0: as the model was
+    trained), and with it the longest answer, set together; the reconciler replaces the
+    replicas one at a time to take the context (placement/rolling.py)."""
     ctx = api_context(request)
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
     body = await read_body(request, ContextIn)
     if not 0 <= body.context <= MAX_CONTEXT:
         raise bad_field("context", f"must be between 0 and {MAX_CONTEXT}")
-    if model.max_tokens and body.context and model.max_tokens > body.context:
-        raise bad_field("context", f"is below the model's max_tokens ({model.max_tokens})")
-    model = await _update(ctx, name, context=body.context)
+    longest = model.max_tokens if body.max_tokens is None else body.max_tokens
+    if body.max_tokens is None and longest and body.context and longest > body.context:
+        raise bad_field("context", f"is below the model's max_tokens ({longest})")
+    _check_max_tokens(longest, body.context)
+    model = await _update(ctx, name, context=body.context, max_tokens=longest)
     log.info("model %s: context %d, by %s", name, body.context, caller(request))
     return json_response(_view(ctx, model))
+
+
+def _check_max_tokens(max_tokens: int, context: int) -> None:
+    """The longest answer a request may ask for: 0 (the context) up to the context."""
+    if not 0 <= max_tokens <= (context or MAX_CONTEXT):
+        raise bad_field("max_tokens", "must be between 0 (the context) and the model's context")
 
 
 async def set_max_tokens(request: web.Request) -> web.Response:
@@ -366,8 +375,7 @@ async def set_max_tokens(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     model = _model_or_404(ctx, name)
     body = await read_body(request, MaxTokensIn)
-    if not 0 <= body.max_tokens <= (model.context or MAX_CONTEXT):
-        raise bad_field("max_tokens", "must be between 0 (the context) and the model's context")
+    _check_max_tokens(body.max_tokens, model.context)
     model = await _update(ctx, name, max_tokens=body.max_tokens)
     log.info("model %s: max_tokens %d, by %s", name, body.max_tokens, caller(request))
     return json_response(_view(ctx, model))

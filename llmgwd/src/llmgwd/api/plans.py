@@ -61,6 +61,7 @@ def plan_view(ctx: ApiContext, model: Model) -> PlanView:
         parked=_parked(ctx, model),
         profiles=profiles,
         failed_on=sorted(f.node for f in sched.failures() if f.model == model.name),
+        max_tokens=model.max_tokens,
     )
 
 

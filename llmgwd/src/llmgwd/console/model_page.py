@@ -5,15 +5,15 @@ the model routes (add, serve, context, replicas, stop, remove) the person may se
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import msgspec
 from aiohttp import web
 
-from llmgw.api_types import ModelIn, ModelView, PlanView, ReplicaView, Verdict
+from llmgw.api_types import ModelIn, ModelView, PlanView, ReplicaView
 from llmgw.errors import ApiError
+from llmgw.reply_time import best
 from llmgwd.api.models import validate_model
 from llmgwd.console import forms, inproc
 from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render, see_other
@@ -22,45 +22,9 @@ from llmgwd.console.pages import live, read
 from llmgwd.console.signin import required
 from llmgwd.people.directory import Directory
 
-REPLY_TOKENS = 1024  # a reply's length where the model sets no longest answer (max_tokens)
-SLOW_S = 60.0  # a reply slower than this: the serve form asks before it is sent
 POLL_S = 5  # the model card's live part (its profiles and replicas)
 # The serve form's inputs, as ModelIn (POST /models) names them.
 INPUTS = ("name", "source", "engine", "context", "max_tokens", "on_demand")
-
-
-@dataclass(frozen=True, slots=True)
-class Best:
-    """Where one more replica of a profile would go: the place that fits with the longest
-    context (None: none fits), and how long a reply takes there on CPUs (0.0: on cards)."""
-
-    profile: str
-    kind: str
-    verdict: Verdict | None
-    reply_tokens: int
-
-    @property
-    def reply_s(self) -> float:
-        """Seconds a reply of reply_tokens takes at the place's tokens/s (0.0: not told)."""
-        v = self.verdict
-        return self.reply_tokens / v.tokens_per_s if v is not None and v.tokens_per_s else 0.0
-
-    @property
-    def slow(self) -> bool:
-        """Whether a reply would take minutes."""
-        return self.reply_s > SLOW_S
-
-
-def best(plan: PlanView, max_tokens: int) -> list[Best]:
-    """Per profile of plan, the place that fits with the longest context (the reduced
-    placement's choice; at its full context every fitting place holds the same), of those
-    the one with most slots."""
-    out = []
-    for p in plan.profiles:
-        fits = [v for v in p.verdicts if v.fits]
-        top = max(fits, key=lambda v: (v.context, v.slots), default=None)
-        out.append(Best(p.name, p.kind, top, max_tokens or REPLY_TOKENS))
-    return out
 
 
 async def _try_read(request: web.Request, person: Person, plain: str, name: str) -> tuple[int, Any]:
