@@ -62,7 +62,7 @@ class MembershipView(msgspec.Struct, kw_only=True):
     role: PersonRole
     set_by: Literal["hand", "group"] = "hand"  # a group's rule never rewrites a hand's
     group: str = ""  # the group whose rule set it
-    sources: dict[Literal["oidc", "scim"], PersonRole] = {}  # each group source's role
+    sources: dict[Literal["oidc", "scim", "ldap"], PersonRole] = {}  # each group source's role
     updated_at: float = 0.0
 
 

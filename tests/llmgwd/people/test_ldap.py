@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
-from llmgw.config import GroupRule, Ldap, Oidc
+from llmgw.config import ClientPort, ClusterPort, GroupRule, Ldap, Oidc, ServerConfig
+from llmgwd.daemon import Daemon
 from llmgwd.people.directory import Directory
 from llmgwd.people.ldap import LdapGroups
 from llmgwd.people.records import Scope
@@ -179,6 +181,40 @@ async def test_a_sign_in_and_the_timer_read_the_directory(
         assert await d.role_in(ada.id, "acme") == "manager"  # the timer's
     finally:
         timer.cancel()
+
+
+async def test_llmgwd_keeps_the_directorys_groups_on_its_timer(
+    directory: slapd.Slapd, tmp_path: Path
+) -> None:
+    cluster = ClusterPort(listen="127.0.0.1:0", advertise="https://127.0.0.1:17710")
+    config = ServerConfig(
+        state_dir=str(tmp_path / "state"), socket=str(tmp_path / "sock"),
+        client=ClientPort(listen="127.0.0.1:0"), cluster=cluster, oidc=Oidc(rules=RULES),
+        ldap=settings(directory, tmp_path, refresh_s=1),
+    )  # fmt: skip
+    daemon = Daemon(config)
+    await daemon.start()
+    try:
+        people = Directory(daemon.store)
+        await people.create_org("acme")
+        ada = await people.create_user("ada")
+        directory.add_person("ada")
+        directory.set_group("ml-leads", "ada")
+        for _ in range(100):
+            if await people.role_in(ada.id, "acme") == "manager":
+                break
+            await asyncio.sleep(0.1)
+        assert await people.role_in(ada.id, "acme") == "manager"
+        local = aiohttp.UnixConnector(config.socket)
+        async with (
+            aiohttp.ClientSession(connector=local) as http,
+            http.get("http://llmgwd/api/v1/orgs/acme/members") as r,
+        ):
+            assert r.status == 200, await r.text()
+            (shown,) = await r.json()  # as `llmgw org members acme` shows it
+        assert (shown["role"], shown["sources"]) == ("manager", {"ldap": "manager"})
+    finally:
+        await daemon.stop()
 
 
 def test_a_plain_directory_is_refused_off_the_loopback() -> None:
