@@ -110,6 +110,13 @@ SETTINGS = {
         "after 60), with plain HTTP still answered on the port; `llmgw status` prints the "
         "CA's fingerprint for `llmgw context add --ca-fingerprint`."
     ),
+    "server.client.plain_http": (
+        "With llmgwd's own certificate (no tls_cert), whether plain HTTP is answered on the "
+        "client port beside TLS, told apart by a connection's first byte: true for the "
+        "http:// clients a site has; false makes the port TLS only, as a site's certificate "
+        "always does (a plain-HTTP request gets no answer). Read at start (a change waits "
+        "for a restart)."
+    ),
     "server.client.tls_key": (
         "The PEM private key of tls_cert; empty: the key is in tls_cert's file."
     ),

@@ -53,6 +53,8 @@ class ClientPort(Strict):
     max_uploads_in_flight: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 16
     tls_cert: str = ""
     tls_key: str = ""
+    # With llmgwd's own certificate, plain HTTP beside TLS on the port (false: TLS only)
+    plain_http: bool = True
     head_timeout_s: Seconds = 10.0
     body_timeout_s: Seconds = 30.0
     body_grace_s: Seconds = 60.0

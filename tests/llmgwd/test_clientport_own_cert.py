@@ -60,6 +60,20 @@ async def test_a_site_certificate_wins_and_is_tls_only(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / "pki" / "client.pem").exists()
 
 
+async def test_plain_http_false_makes_the_own_certificate_port_tls_only(tmp_path: Path) -> None:
+    async with llmgwd(tmp_path, plain_http=False) as port:
+        ca = (tmp_path / "state" / "pki" / "ca.pem").read_bytes()
+        trust = ssl.create_default_context(cadata=ca.decode())
+        url = f"https://127.0.0.1:{port.port}/v1/models"
+        async with aiohttp.ClientSession() as s, s.get(url, ssl=trust) as r:
+            assert (r.status, r.headers["Server"]) == (401, "llmgw")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port.port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+    assert not answer.startswith(b"HTTP/1.1")  # no plain HTTP answered on the port
+
+
 def test_the_certificate_is_made_again_when_due(tmp_path: Path) -> None:
     ca = pki.make_ca()
     names: list[str] = ["a.example"]

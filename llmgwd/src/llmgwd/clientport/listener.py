@@ -300,8 +300,8 @@ class ClientServer(web.Server):
         self.settings = settings
         self.tls = tls_context(settings) or own_tls
         # With llmgwd's own certificate, plain HTTP is still served on the port (its first
-        # byte tells); a site's own certificate is TLS only.
-        self.plain_too = own_tls is not None and not settings.tls_cert
+        # byte tells) unless client.plain_http is false; a site's own certificate is TLS only.
+        self.plain_too = own_tls is not None and not settings.tls_cert and settings.plain_http
         self.gate = ConnectionGate(
             settings.max_connections_per_address, settings.uncapped_addresses
         )
@@ -411,7 +411,8 @@ async def serve(
     own_tls: ssl.SSLContext | None = None,
 ) -> ClientRunner:
     """Serve app (its sub-apps added) on the client port; the caller cleans the runner up.
-    With own_tls (llmgwd's own certificate) and no site certificate, TLS and plain HTTP both."""
+    With own_tls (llmgwd's own certificate) and no site certificate, TLS and plain HTTP both
+    (TLS only with settings.plain_http false)."""
     preflight, on_prepare = cors(settings.cors_origins)
     # With no origin listed there is no preflight to answer: one middleware less a request.
     app.middlewares[:0] = [errors_outside, preflight] if settings.cors_origins else [errors_outside]
