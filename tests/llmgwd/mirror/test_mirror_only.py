@@ -1,6 +1,7 @@
 """llmgwd with `mode: mirror`, run as the llmgwd command: huggingface_hub downloads from its /hf
 over its own TLS, /v1 says it is a mirror only, no cluster port listens, and a second llmgwd (a
-whole control plane) uses it as its mirror.upstream, fetching nothing from the hub itself."""
+whole control plane) uses it as its mirror.upstream, or one with no way out as a peer, fetching
+nothing from the hub itself."""
 
 from __future__ import annotations
 
@@ -188,3 +189,28 @@ async def test_a_cluster_uses_the_mirror_alone_as_its_upstream(
     finally:
         await stop(cluster)
     assert hub.sent == ["tiny.Q4_1.gguf"]  # the cluster's copy came from the mirror alone
+
+
+async def test_a_cluster_with_no_way_out_copies_from_the_mirror_alone_as_a_peer(
+    alone: tuple[Llmgwd, str], tmp_path: Path, hub: Hub
+) -> None:
+    mirror, key = alone
+    (tmp_path / "key").write_text(key + "\n")
+    nowhere = "http://127.0.0.1:9/hf"  # the hub cannot be reached from the GPU network
+    cluster = await start(tmp_path / "cluster-c", "cluster", nowhere, SSL_CERT_FILE=str(mirror.ca))
+    try:
+        rc, out, err = await cluster.llmgw(
+            "mirror", "add-peer", mirror.hf, "--token-file", str(tmp_path / "key")
+        )
+        assert rc == 0, out + err
+        for _ in range(100):
+            status = json.loads((await cluster.llmgw("mirror", "status", "--json"))[1])
+            if status["files_held"]:
+                break
+            await asyncio.sleep(0.1)
+        assert (status["files_held"], status["bytes_held"]) == (1, GGUF.stat().st_size)
+        rc, out, err = await cluster.llmgw("model", "add", "tiny", "--from", f"hf:{UP_REPO}")
+        assert rc == 0, out + err  # the copied set serves the add, the hub not asked
+    finally:
+        await stop(cluster)
+    assert hub.sent == ["tiny.Q4_1.gguf"]
