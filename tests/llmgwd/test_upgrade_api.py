@@ -21,6 +21,7 @@ from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
 from llmgwd.mirror.service import Mirror
+from llmgwd.nodes import members
 from llmgwd.nodes.state import ClusterState
 from llmgwd.planes import registry
 from llmgwd.store.sqlite import SqliteStore
@@ -198,3 +199,13 @@ async def test_a_new_leader_carries_the_stored_roll_on(cluster: Cluster) -> None
     cluster.driver = Driver(cluster.store, cast(ClusterState, cluster.agents), clock=cluster.clock)
     roll = await cluster.tick()
     assert steps(roll) == {"p2": "done", "p1": "fetching", "n1": "waiting"}
+
+
+async def test_a_standby_plans_the_nodes_the_store_knows(cluster: Cluster) -> None:
+    """A standby's cluster state holds no agents: the members recorded in the store count."""
+    for name, removed in (("n9", False), ("gone", True)):
+        member = members.Member(name=name, serials=["1"], removed=removed)
+        await cluster.store.put(members.NODES + name, msgspec.json.encode(member))
+    await cluster.stage("llmgw")
+    _, roll = await call(cluster.client, "POST", "/upgrade/start", {})
+    assert [h["name"] for h in roll["hosts"]] == ["p1", "p2", "n1", "n2", "n3", "n9"]

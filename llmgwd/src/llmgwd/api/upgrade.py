@@ -17,6 +17,7 @@ from llmgw.errors import ApiError
 from llmgwd.api.base import ApiContext, api_context, bad_field, caller, json_response, read_body
 from llmgwd.mirror import imports
 from llmgwd.mirror.service import Mirror
+from llmgwd.nodes.members import Members
 from llmgwd.planes import registry
 from llmgwd.upgrade import records, roll
 
@@ -95,7 +96,10 @@ async def start(request: web.Request) -> web.Response:
     store = ctx.catalog.store
     release = _release(await records.staged(store), body.release)
     planes, _ = await registry.read(store)
-    nodes = [n.name for n in ctx.nodes.nodes()]
+    # The members the store knows (a standby's cluster state holds no agents), and any
+    # connected here that joined before membership records were kept.
+    known = set(await Members(store).active()) | {n.name for n in ctx.nodes.nodes()}
+    nodes = sorted(known)
     if body.nodes is not None:
         unknown = sorted(set(body.nodes) - set(nodes))
         if unknown:

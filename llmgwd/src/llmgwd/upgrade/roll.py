@@ -78,8 +78,9 @@ def reported(roll: UpgradeRoll, name: str, report: wire.UpgradeReport, now: floa
     """An agent's report of its part in this roll (another roll's, or a host done, is
     ignored)."""
     h = host(roll, name)
-    stale = report.roll != roll.id or report.attempt != h.attempt if h is not None else True
-    if h is None or stale or h.step in ("done", "waiting", "failed"):
+    if h is None or h.step in ("done", "waiting", "failed"):
+        return roll
+    if report.roll != roll.id or report.attempt != h.attempt:  # an earlier try's
         return roll
     if report.step == "failed":
         return failed(roll, name, report.message or "failed", now)
