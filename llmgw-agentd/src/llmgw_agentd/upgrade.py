@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 
 UNIT_PREFIX = "llmgw-upgrade-"
 INSTALL_LIMIT_S = 1800  # the install unit's RuntimeMaxSec
-# What apt-get and dnf are run with: no question asked, a changed configuration file kept.
-APT = ("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold")
-DNF = ("dnf", "install", "-y")
+# What apt-get and dnf are run with (by absolute path, as a transient unit's ExecStart is
+# given): no question asked, a changed configuration file kept.
+APT = ("/usr/bin/apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold")
+DNF = ("/usr/bin/dnf", "install", "-y")
 
 Report = Callable[[wire.UpgradeReport], None]
 Installed = Callable[[str, str], Awaitable[bool]]  # (kind, package name) -> installed here
