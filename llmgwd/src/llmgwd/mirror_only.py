@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from llmgw import localsock, pki, sdnotify
 from llmgw.config import ServerConfig
@@ -21,7 +23,7 @@ from llmgwd.accounting.levels import Levels
 from llmgwd.api import login
 from llmgwd.api.access import key_auth, peercred_auth
 from llmgwd.api.base import API_PREFIX, ApiContext, NodeInfo
-from llmgwd.api.routes import api_app, api_subapp
+from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.clientport import listener
 from llmgwd.daemon import Daemon, Pki, advertise_url, load_pki, split_listen
@@ -56,6 +58,29 @@ def v1_app(name: str) -> web.Application:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", refuse)
+    return app
+
+
+# What would place a replica: a mirror alone runs none, and says so rather than store it.
+PLACING = re.compile(r"^/api/v1/models/[^/]+/(serve|replicas|restart)$")
+
+
+@web.middleware
+async def nothing_placed(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse serving a model here (409 mirror_only); anything else goes on."""
+    if request.method == "POST" and PLACING.match(request.path):
+        raise ApiError(
+            409, "this llmgwd is a model mirror only (mode: mirror): it runs no model; serve "
+            "it on a cluster's control plane, whose mirror fetches it from here",
+            "invalid_request_error", "mirror_only",
+        )  # fmt: skip
+    return await handler(request)
+
+
+def api(ctx: ApiContext, auth: Middleware) -> web.Application:
+    """/api/v1, guarded by auth, with serving refused."""
+    app = api_subapp(ctx, auth)
+    app.middlewares.append(nothing_placed)  # after auth: a caller with no right gets 401/403
     return app
 
 
@@ -114,7 +139,7 @@ class MirrorOnly(Daemon):
         route = cfg.network.route(os.environ)
         after = self._ldap_groups()
         app.add_subapp(login.PREFIX, login.login_app(self.catalog, cfg.oidc, route, after))
-        app.add_subapp(API_PREFIX, api_subapp(ctx, key_auth(self.catalog)))
+        app.add_subapp(API_PREFIX, api(ctx, key_auth(self.catalog)))
         allows = Meter(levels=self.levels).allows  # a key sees the sets of its models
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog, allows))
         app.add_subapp(scim.PREFIX, scim.scim_app(ScimContext(self.catalog, cfg.oidc.rules)))
@@ -128,7 +153,9 @@ class MirrorOnly(Daemon):
         path = Path(self.config.socket)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # noqa: ASYNC240 (a socket left by a killed llmgwd)
-        runner = web.AppRunner(api_app(ctx, peercred_auth(self.config.socket_group)))
+        app = web.Application()
+        app.add_subapp(API_PREFIX, api(ctx, peercred_auth(self.config.socket_group)))
+        runner = web.AppRunner(app)
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()
         localsock.secure_socket(str(path), self.config.socket_group)
