@@ -2,7 +2,7 @@
 which decodes requests into them and answers them, and the llmgw command, which sends them and
 decodes the answers; every name is importable from here (`from llmgw.api_types import X`)."""
 
-from llmgw.api_types.backup import BUNDLE_FORMAT, BackupBundle
+from llmgw.api_types.backup import BUNDLE_FORMAT, BackupBundle, SiteFile
 from llmgw.api_types.common import (
     NAME_PATTERN,
     NAME_RULE,
@@ -254,6 +254,7 @@ __all__ = [
     "SetState",
     "SetStatus",
     "Sha256",
+    "SiteFile",
     "SlurmNodeView",
     "SlurmSettingsIn",
     "SlurmView",

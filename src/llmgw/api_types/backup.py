@@ -8,6 +8,17 @@ import msgspec
 BUNDLE_FORMAT = 1
 
 
+class SiteFile(msgspec.Struct, frozen=True, kw_only=True):
+    """A file the settings name outside the state dir (the OIDC client secret, the client
+    port's certificate and key, LDAP's bind password), as it was on the control plane."""
+
+    path: str  # absolute
+    data: bytes
+    mode: int  # its permission bits
+    owner: str  # its user's name (a number where it had none)
+    group: str  # its group's name (likewise)
+
+
 class BackupBundle(msgspec.Struct, frozen=True, kw_only=True):
     """POST /backup (admins only): everything `llmgw restore` brings a cluster back from.
     Secret as a whole: the CLI seals it before it touches a disk, and no log shows it."""
@@ -27,3 +38,4 @@ class BackupBundle(msgspec.Struct, frozen=True, kw_only=True):
     ca_key_pem: str
     secret: bytes  # the cluster secret (engine keys, Slurm's munge key derive from it)
     settings: str  # the control plane's server.yaml, as YAML
+    files: tuple[SiteFile, ...] = ()  # the files the settings name (planes/site_files.py)

@@ -78,9 +78,10 @@ def backup(settings: Settings, file: Path, passphrase_file: str, force: bool) ->
     """Back the cluster up into FILE, sealed with a passphrase (admins only).
 
     FILE holds the store (SQLite's online backup on one control plane; on etcd every key at
-    one revision), the cluster CA and its key, the cluster secret and the answering control
-    plane's settings, encrypted and authenticated (scrypt, AES-256-GCM): keep the passphrase
-    apart from it. `llmgw restore FILE` brings the cluster back on a fresh host. Back up after
+    one revision), the cluster CA and its key, the cluster secret, the answering control
+    plane's settings and the files they name (the OIDC client secret, the client port's
+    certificate and key, LDAP's bind password: restored with their modes and owners),
+    encrypted and authenticated (scrypt, AES-256-GCM): keep the passphrase apart from it. `llmgw restore FILE` brings the cluster back on a fresh host. Back up after
     every change of models, keys, people or settings, and daily for usage.
     """
     if file.exists() and not force:

@@ -1,5 +1,6 @@
 """A control plane's whole state in one bundle (the store, the cluster CA and secret, the
-settings) and its restore on a fresh host as a one-plane cluster on SQLite."""
+settings and the files they name) and its restore on a fresh host as a one-plane cluster on
+SQLite."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from llmgw import config, package_version, pki
 from llmgw.api_types import BackupBundle
 from llmgw.config import ServerConfig
-from llmgwd.planes import etcd_member, migrate
+from llmgwd.planes import etcd_member, migrate, site_files
 from llmgwd.store import Store, schema
 from llmgwd.store.open import SQLITE_FILE
 from llmgwd.store.sqlite import SqliteStore
@@ -23,6 +24,10 @@ from llmgwd.store.sqlite import SqliteStore
 log = logging.getLogger(__name__)
 
 SECRET_FILE = "secret"  # noqa: S105 (a file name: the cluster secret, daemon.load_secret)
+
+
+class BackupFailed(Exception):
+    """No backup could be made; the message says why."""
 
 
 class RestoreRefused(Exception):
@@ -58,6 +63,10 @@ async def _store_file(store: Store) -> tuple[bytes, int]:
 async def make(src: Source) -> BackupBundle:
     """The bundle of everything `llmgw restore` brings the cluster back from."""
     started = time.monotonic()
+    try:
+        files = site_files.read(src.cfg)
+    except site_files.SiteFileError as e:
+        raise BackupFailed(str(e)) from None
     data, keys = await _store_file(src.store)
     found = await schema.stored(src.store)
     bundle = BackupBundle(
@@ -65,9 +74,10 @@ async def make(src: Source) -> BackupBundle:
         schema=found[0].schema if found else schema.SCHEMA, backend=src.cfg.store.backend,
         keys=keys, store=data, ca_cert_pem=src.ca.cert_pem.decode(),
         ca_key_pem=src.ca.key_pem.decode(), secret=src.secret, settings=config.dump(src.cfg),
+        files=files,
     )  # fmt: skip
-    log.info("backup made: %d keys, %d bytes of store, in %.2f s", keys, len(data),
-             time.monotonic() - started)  # fmt: skip
+    log.info("backup made: %d keys, %d bytes of store, %d named files, in %.2f s", keys,
+             len(data), len(files), time.monotonic() - started)  # fmt: skip
     return bundle
 
 
@@ -125,12 +135,16 @@ def restore(
     owner: tuple[int, int] | None,
 ) -> ServerConfig:
     """Write the bundle's store, CA, secret and settings for a control plane on this fresh
-    host (in state_dir, None: the settings'; owned by owner, uid and gid, where given); its
-    settings. RestoreRefused, with nothing written, when the host is not fresh or this
-    llmgwd cannot run the store."""
+    host (in state_dir, None: the settings'; owned by owner, uid and gid, where given), and
+    the files the settings name with their modes and owners; its settings. RestoreRefused,
+    with nothing written, when the host is not fresh or this llmgwd cannot run the store."""
     cfg = restored_config(bundle, state_dir)
     state_dir = Path(cfg.state_dir)
     _check_fresh(state_dir, config_path)
+    try:
+        named = site_files.plan(bundle.files)
+    except site_files.SiteFileError as e:
+        raise RestoreRefused(f"{e}; nothing was written") from None
     state_dir.mkdir(parents=True, exist_ok=True)
     staged = state_dir / f".{SQLITE_FILE}.restoring"
     with _removed_on_error(staged):
@@ -141,6 +155,7 @@ def restore(
             os.fsync(f.fileno())
         asyncio.run(_check_store(staged))
         _write_keys(bundle, state_dir)
+        site_files.write(named)
         _write_settings(config_path, cfg)
         os.replace(staged, state_dir / SQLITE_FILE)
     if owner is not None:

@@ -193,6 +193,8 @@ def restore(file: Path, passphrase_file: str, config_path: Path, socket_path: st
     except backup.RestoreRefused as e:
         raise Refused(str(e)) from None
     progress(f"Wrote {config_path}, the store, the cluster CA and secret under {cfg.state_dir}")
+    if bundle.files:
+        progress("Wrote the files the settings name: " + ", ".join(f.path for f in bundle.files))
     where = daemon.advertise_url(cfg)
     if not no_start and systemd_running():
         systemctl("enable", LLMGWD_UNIT)
