@@ -14,6 +14,8 @@ from click.testing import Result
 from llmgw import wire
 from llmgw.api_types import UpgradeHost, UpgradeRoll, UpgradeView
 from llmgw.blobstore import BlobStore
+from llmgw.cli import upgrade
+from llmgw.cli.common import Settings, Unreachable
 from llmgw.cli.upgrade import render
 from llmgwd.api.base import ApiContext
 from llmgwd.catalog import Catalog
@@ -105,3 +107,23 @@ def test_status_shows_bytes_steps_versions_and_why() -> None:
     assert lines[5].split() == ["n3", "node", "waiting", "-"]
     assert lines[6] == "Halted: n2: llmgw-upgrade-ab-1.service: exited with status 100"
     assert "llmgw upgrade resume" in lines[7]
+
+
+def test_watch_waits_out_llmgwd_restarting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a roll llmgwd restarts onto the new release: --watch asks again, saying why."""
+    answers: list[object] = [Unreachable("cannot reach llmgwd at /run/llmgw/llmgwd.sock"), {}]
+
+    def call(*_: object) -> object:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(upgrade, "call", call)
+    monkeypatch.setattr(upgrade, "WATCH_EVERY_S", 0.0)
+    assert upgrade._view_waiting(cast(Settings, None)) == UpgradeView()
+    assert capsys.readouterr().err == (
+        "cannot reach llmgwd at /run/llmgw/llmgwd.sock; asking again\n"
+    )

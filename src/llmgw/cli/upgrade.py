@@ -10,11 +10,12 @@ from pathlib import Path
 import click
 
 from llmgw.api_types import StagedPackage, UpgradeHost, UpgradeRoll, UpgradeStartIn, UpgradeView
-from llmgw.cli.common import API, Settings, call, decoded, pass_settings
+from llmgw.cli.common import API, Settings, Unreachable, call, decoded, pass_settings
 from llmgw.cli.mirror import put_file
 from llmgw.cli.output import ago, echo_json, json_option, size, table
 
 WATCH_EVERY_S = 2.0
+RESTART_WAIT_S = 300.0  # how long --watch waits for an llmgwd that cannot be reached
 
 
 @click.group()
@@ -87,24 +88,40 @@ def start(
 @pass_settings
 def status(settings: Settings, watch: bool, as_json: bool) -> None:
     """What is staged, and each host's step (fetching bytes of total, installing,
-    restarting, done, failed and why) and release. With --watch, exit status 1 when the roll
-    halts on a failure."""
+    restarting, done, failed and why) and release. With --watch, llmgwd's own restart onto
+    the new release is waited out, and the exit status is 1 when the roll halts."""
+    if not watch:
+        answer = call(settings, "GET", f"{API}/upgrade")
+        if as_json:
+            echo_json(answer)
+        else:
+            click.echo(render(decoded(answer, UpgradeView)))
+        return
     said = ""
     while True:
-        answer = call(settings, "GET", f"{API}/upgrade")
-        if as_json and not watch:
-            echo_json(answer)
-            return
-        view = decoded(answer, UpgradeView)
+        view = _view_waiting(settings)
         text = render(view)
         if text != said:
             click.echo(text)
             said = text
-        if not watch or view.roll is None or _settled(view.roll):
+        if view.roll is None or _settled(view.roll):
             break
         time.sleep(WATCH_EVERY_S)
-    if watch and view.roll is not None and view.roll.state == "halted":
+    if view.roll is not None and view.roll.state == "halted":
         raise SystemExit(1)
+
+
+def _view_waiting(settings: Settings) -> UpgradeView:
+    """GET /upgrade, asked again while llmgwd cannot be reached (it restarts in a roll)."""
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while True:
+        try:
+            return decoded(call(settings, "GET", f"{API}/upgrade"), UpgradeView)
+        except Unreachable as e:
+            if time.monotonic() > deadline:
+                raise
+            click.echo(f"{e.message}; asking again", err=True)
+            time.sleep(WATCH_EVERY_S)
 
 
 def _settled(r: UpgradeRoll) -> bool:
