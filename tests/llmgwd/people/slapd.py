@@ -98,7 +98,15 @@ def start(d: Path) -> Slapd:
     conf.write_text(CONF.format(d=d, suffix=SUFFIX, admin=ADMIN, password=PASSWORD))
     port = _free_port()
     proc = subprocess.Popen(
-        [SLAPD, "-d", "0", "-f", str(conf), "-h", f"ldap://127.0.0.1:{port}/"],
+        [
+            SLAPD,
+            "-d",
+            "0",
+            "-f",
+            str(conf),
+            "-h",
+            f"ldap://127.0.0.1:{port}/ ldap://127.0.0.2:{port}/",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

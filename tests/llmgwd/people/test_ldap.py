@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw import pki
 from llmgw.config import ClientPort, ClusterPort, GroupRule, Ldap, Oidc, ServerConfig
 from llmgwd.daemon import Daemon
 from llmgwd.people.directory import Directory
@@ -158,6 +159,28 @@ async def test_a_wrong_password_is_not_logged_and_changes_nothing(
         assert not await groups.refresh(ada)
     assert "not-the-password-XYZ" not in caplog.text and "cannot be reached" in caplog.text
     assert await d.role_in(ada.id, "acme") == "member"
+
+
+async def test_a_directory_whose_certificate_does_not_check_is_not_believed(
+    directory: slapd.Slapd,
+    tmp_path: Path,
+    people: tuple[SqliteStore, Directory],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    directory.add_person("ada")
+    directory.set_group("ml", "ada")
+    other = tmp_path / "other-ca.pem"
+    other.write_bytes(pki.make_ca("another").cert_pem)
+    another_ca = settings(directory, tmp_path, ca_file=str(other))
+    not_its_name = settings(directory, tmp_path, url=f"ldap://127.0.0.2:{directory.port}")
+    for wrong in (another_ca, not_its_name):  # its certificate names localhost and 127.0.0.1
+        with caplog.at_level(logging.WARNING, logger="llmgwd.ldap"):
+            assert not await LdapGroups(store, wrong, Oidc(rules=RULES)).refresh(ada)
+        assert "certificate" in caplog.text
+        caplog.clear()
+    assert await d.members("acme") == []
 
 
 async def test_a_sign_in_and_the_timer_read_the_directory(

@@ -6,6 +6,7 @@ reached keeps what was known, and says so once until it answers again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from pathlib import Path
@@ -65,7 +66,8 @@ class Reader:
                 conn.start_tls()
             conn.bind()
         except BaseException:
-            conn.unbind()
+            with contextlib.suppress(LDAPException, OSError):  # the first failure is the one
+                conn.unbind()
             raise
         return conn
 
