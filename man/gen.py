@@ -117,6 +117,14 @@ SETTINGS = {
         "always does (a plain-HTTP request gets no answer). Read at start (a change waits "
         "for a restart)."
     ),
+    "server.client.trusted_proxies": (
+        "Reverse proxies in front of the client port (addresses or CIDR networks) whose "
+        "X-Forwarded-For is believed: for a request whose connection comes from one, the "
+        "header's right-most address not listed here is the client, in the access line "
+        "(client=) and for the cap: such a client holds at most max_connections_per_address "
+        "requests at once, and the proxy's own connections are not capped. From any other "
+        "peer the header is ignored. Read at start."
+    ),
     "server.client.tls_key": (
         "The PEM private key of tls_cert; empty: the key is in tls_cert's file."
     ),

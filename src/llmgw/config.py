@@ -61,6 +61,7 @@ class ClientPort(Strict):
     body_min_bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 4096
     max_connections_per_address: Annotated[int, msgspec.Meta(ge=0)] = 256
     uncapped_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    trusted_proxies: tuple[str, ...] = ()  # reverse proxies whose X-Forwarded-For is believed
     cors_origins: tuple[str, ...] = ()
     prefix_balancing: bool = True  # requests go where their prompt's prefix is (router/prefix.py)
     # Whose requests may reuse an engine's cached prompt (router/isolation.py): those of one
@@ -77,12 +78,12 @@ class ClientPort(Strict):
         if self.cache_isolation not in ("org", "key", "none"):
             why = f"cache_isolation: {self.cache_isolation!r} is none of org, key, none"
             raise ValueError(why)
-        for net in self.uncapped_addresses:
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                why = f"uncapped_addresses: {net!r} is not an address or network"
-                raise ValueError(why) from None
+        for name in ("uncapped_addresses", "trusted_proxies"):
+            for net in getattr(self, name):
+                try:
+                    ipaddress.ip_network(net, strict=False)
+                except ValueError:
+                    raise ValueError(f"{name}: {net!r} is not an address or network") from None
         url = urlsplit(self.public_url)
         if self.public_url and (
             url.scheme not in ("http", "https") or not url.netloc or url.path or url.query

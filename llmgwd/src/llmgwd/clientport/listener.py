@@ -21,6 +21,7 @@ from aiohttp.web_protocol import RequestHandler
 from llmgw.config import ClientPort
 from llmgw.errors import ANTHROPIC, API_V1, HF, SCIM
 from llmgwd.api.base import API_PREFIX
+from llmgwd.clientport.forwarded import CLIENT, TrustedProxies, client_address, forwarded_for
 from llmgwd.clientport.gate import (
     SERVER,
     ConnectionGate,
@@ -263,10 +264,11 @@ class ClientProtocol(RequestHandler):
             raise ConnectionError("an answer was sent already; the connection closes")
         error = own_error(status, exc, self.max_field_size)
         if status >= 500 and exc is not None:
-            log.error("%s from %s failed: %s", status, request.remote, safe_trace(exc))
+            log.error("%s from %s failed: %s", status, client_address(request), safe_trace(exc))
         else:
             kind = type(exc).__name__ if exc is not None else "?"
-            log.info("refused a request from %s: %s (%d)", request.remote, kind, error.status)
+            who = client_address(request)
+            log.info("refused a request from %s: %s (%d)", who, kind, error.status)
         # A request aiohttp could not parse comes as its ERROR message (path "/"): the path of
         # the request line read (kept only to choose the error's shape) picks the shape.
         path = self._target if request.method == "UNKNOWN" else request.path
@@ -288,7 +290,11 @@ class ClientServer(web.Server):
     """aiohttp's Server, making ClientProtocol connections that share one gate."""
 
     def __init__(
-        self, base: web.Server, settings: ClientPort, own_tls: ssl.SSLContext | None = None
+        self,
+        base: web.Server,
+        settings: ClientPort,
+        own_tls: ssl.SSLContext | None = None,
+        gate: ConnectionGate | None = None,
     ) -> None:
         # The same handler, request factory and protocol arguments as the app's own Server.
         super().__init__(
@@ -302,9 +308,7 @@ class ClientServer(web.Server):
         # With llmgwd's own certificate, plain HTTP is still served on the port (its first
         # byte tells) unless client.plain_http is false; a site's own certificate is TLS only.
         self.plain_too = own_tls is not None and not settings.tls_cert and settings.plain_http
-        self.gate = ConnectionGate(
-            settings.max_connections_per_address, settings.uncapped_addresses
-        )
+        self.gate = gate or connection_gate(settings)
 
     # asyncio's server calls this at each TCP accept; with TLS, what it makes is the TLS layer,
     # which counts the connection from then on and hands the HTTP protocol its decrypted side.
@@ -325,6 +329,39 @@ class ClientServer(web.Server):
         return CountedTLS(http, self.tls, self.gate, self.settings.head_timeout_s)
 
 
+def connection_gate(settings: ClientPort) -> ConnectionGate:
+    """The cap on each client's connections; a trusted proxy's own are not capped (it brings
+    many clients: behind_proxies holds each of them to the cap on requests at once)."""
+    uncapped = (*settings.uncapped_addresses, *settings.trusted_proxies)
+    return ConnectionGate(settings.max_connections_per_address, uncapped)
+
+
+def behind_proxies(proxies: TrustedProxies, gate: ConnectionGate) -> Middleware:
+    """Each request's client address (forwarded.CLIENT: X-Forwarded-For's when its peer is a
+    trusted proxy); a client that a proxy brings holds at most the cap of requests at once,
+    counted by the connections' gate as its own connections would be."""
+
+    @web.middleware
+    async def client(request: web.Request, handler: Handler) -> web.StreamResponse:
+        peer = request.remote or ""
+        address = request[CLIENT] = proxies.client(peer, forwarded_for(request))
+        if address == peer:
+            return await handler(request)
+        counted = gate.admit(address)
+        if counted is None:
+            why = (f"Too many requests at once from your address (the limit is {gate.cap}); "
+                   f"wait for some to finish.")  # fmt: skip
+            refused = errors.ApiError(429, why, "requests", code="too_many_connections",
+                                      headers={"Retry-After": "1"})  # fmt: skip
+            return answer(request.path, refused)
+        try:
+            return await handler(request)
+        finally:
+            gate.release(counted)
+
+    return client
+
+
 class ClientRunner(web.AppRunner):
     """An AppRunner whose server is a ClientServer."""
 
@@ -338,9 +375,11 @@ class ClientRunner(web.AppRunner):
         super().__init__(app, **kwargs)
         self.settings = settings
         self.own_tls = own_tls
+        self.gate = connection_gate(settings)
 
     async def _make_server(self) -> web.Server:
-        return ClientServer(await super()._make_server(), self.settings, self.own_tls)
+        base = await super()._make_server()
+        return ClientServer(base, self.settings, self.own_tls, self.gate)
 
 
 # The application's side: CORS, the Server header, and errors outside /v1 and /api/v1.
@@ -418,6 +457,9 @@ async def serve(
     app.middlewares[:0] = [errors_outside, preflight] if settings.cors_origins else [errors_outside]
     app.on_response_prepare.append(on_prepare)
     runner = ClientRunner(app, settings, own_tls, access_log=None, shutdown_timeout=10.0)
+    if settings.trusted_proxies:  # else no middleware: a request's client is its peer
+        app.middlewares.insert(0, behind_proxies(TrustedProxies(settings.trusted_proxies),
+                                                 runner.gate))  # fmt: skip
     await runner.setup()
     # TLS, when configured, is the ClientServer's own (CountedTLS), not the site's.
     site = web.TCPSite(runner, host, port, backlog=BACKLOG)

@@ -14,6 +14,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from llmgw.errors import ApiError as ApiError
+from llmgwd.clientport.forwarded import client_address
 from llmgwd.router.exchange import EXCHANGE, Exchange
 
 log = logging.getLogger("llmgwd.router")
@@ -171,7 +172,7 @@ def model_busy(message: str, retry_after_s: int) -> ApiError:
 
 def max_tokens_too_large(param: str, value: int, cap: int) -> ApiError:
     """400: max_tokens (or max_completion_tokens) over what the model allows (the catalog's
-    max_tokens or context, else its replicas' smallest context)."""
+    max_tokens, else the context its replicas hold: token_bounds.held_context)."""
     return invalid_value(
         param,
         f"{param} is too large: {value}. This model supports at most {cap} completion tokens, "
@@ -358,11 +359,11 @@ def _log_request(
         return
     duration = time.perf_counter() - ex.started
     rid, replica, model, key_id = ex.request_id, ex.replica, ex.model, ex.key_id
-    # never the query string: a key might have been put there. client: the TCP peer (a
-    # reverse proxy's address when one is in front; no X-Forwarded-For is believed).
+    # never the query string: a key might have been put there. client: the TCP peer, or
+    # X-Forwarded-For's right-most address not of client.trusted_proxies when the peer is one.
     line = (
         f"{request.method} {request.path} status={status} ms={duration * 1000:.0f} "
-        f"client={request.remote or '-'} "
+        f"client={client_address(request) or '-'} "
         f"model={quote('-' if model is None else model)} key={'-' if key_id is None else key_id} "
         f"replica={replica or '-'} rid={rid}"
     )
