@@ -324,9 +324,14 @@ class Daemon:
         sign-in through what this returns; None when there is no directory."""
         if not self.config.ldap.url:
             return None
-        groups = LdapGroups(self.catalog.store, self.config.ldap, self.config.oidc)
+        leading = self._leads
+        groups = LdapGroups(self.catalog.store, self.config.ldap, self.config.oidc, leading)
         self._spawn(groups.run())
         return groups.signed_in
+
+    def _leads(self) -> bool:
+        """Whether this control plane leads now (the one that reads the directory on a timer)."""
+        return self.election.leading
 
     def _own_tls(self, keys: Pki) -> ssl.SSLContext | None:
         """The client port's certificate from the cluster CA, renewed while llmgwd runs, when

@@ -148,6 +148,10 @@ class MirrorOnly(Daemon):
         self.client_runner = await listener.serve(app, cfg.client, host, port, own_tls)
         self._runners.append(self.client_runner)
 
+    def _leads(self) -> bool:
+        """A mirror alone is the only one of its kind: it reads the LDAP directory itself."""
+        return True
+
     async def _serve_mirror_local(self, ctx: ApiContext) -> None:
         """/api/v1 on the local socket, its peers' credentials the authentication."""
         path = Path(self.config.socket)

@@ -16,6 +16,7 @@ import pytest
 from llmgw import pki
 from llmgw.config import ClientPort, ClusterPort, GroupRule, Ldap, Oidc, ServerConfig
 from llmgwd.daemon import Daemon
+from llmgwd.people import ldap
 from llmgwd.people.directory import Directory
 from llmgwd.people.ldap import LdapGroups
 from llmgwd.people.records import Scope
@@ -202,6 +203,34 @@ async def test_a_sign_in_and_the_timer_read_the_directory(
                 break
             await asyncio.sleep(0.1)
         assert await d.role_in(ada.id, "acme") == "manager"  # the timer's
+    finally:
+        timer.cancel()
+
+
+async def test_only_the_leading_control_plane_reads_the_directory_on_its_timer(
+    directory: slapd.Slapd,
+    tmp_path: Path,
+    people: tuple[SqliteStore, Directory],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, d = people
+    monkeypatch.setattr(ldap, "LEAD_CHECK_S", 0.1)
+    ada = await d.create_user("ada")
+    directory.add_person("ada")
+    directory.set_group("ml", "ada")
+    leads = False
+    groups = LdapGroups(store, settings(directory, tmp_path, refresh_s=600), Oidc(rules=RULES),
+                        leading=lambda: leads)  # fmt: skip
+    timer = asyncio.create_task(groups.run())
+    try:
+        await asyncio.sleep(1.0)
+        assert await d.members("acme") == []  # a standby: the leader reads it
+        leads = True  # it leads now: it reads at once, not after refresh_s
+        for _ in range(50):
+            if await d.role_in(ada.id, "acme") == "member":
+                break
+            await asyncio.sleep(0.1)
+        assert await d.role_in(ada.id, "acme") == "member"
     finally:
         timer.cancel()
 

@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,6 +27,7 @@ from llmgwd.store import Store
 log = logging.getLogger("llmgwd.ldap")
 
 DN_ATTRIBUTES = ("member", "uniquemember")  # these hold a member's DN; any other their name
+LEAD_CHECK_S = 5.0  # how often a control plane that does not lead looks whether it leads now
 
 
 class Unreachable(Exception):
@@ -99,8 +102,11 @@ class Reader:
 class LdapGroups:
     """The directory's groups of each active user kept as their memberships (source ldap)."""
 
-    def __init__(self, store: Store, settings: Ldap, oidc: Oidc) -> None:
+    def __init__(
+        self, store: Store, settings: Ldap, oidc: Oidc, leading: Callable[[], bool] = lambda: True
+    ) -> None:
         self._settings = settings
+        self._leading = leading  # the timer's reads on the leader only (sign-ins: everywhere)
         self._reader = Reader(settings)
         self._people = Directory(store)
         self._signin = SignIn(store, Oidc(rules=oidc.rules))  # groups by oidc.rules
@@ -133,10 +139,13 @@ class LdapGroups:
                 return
 
     async def run(self) -> None:
-        """refresh_all at once, then every refresh_s."""
+        """refresh_all at once, then every refresh_s, while this control plane leads."""
+        due = 0.0
         while True:
-            try:
-                await self.refresh_all()
-            except Exception:  # the store, say: tried again next time
-                log.exception("reading the LDAP directory's groups failed")
-            await asyncio.sleep(self._settings.refresh_s)
+            if self._leading() and time.monotonic() >= due:
+                due = time.monotonic() + self._settings.refresh_s
+                try:
+                    await self.refresh_all()
+                except Exception:  # the store, say: tried again next time
+                    log.exception("reading the LDAP directory's groups failed")
+            await asyncio.sleep(min(self._settings.refresh_s, LEAD_CHECK_S))
