@@ -499,6 +499,12 @@ def render_llmgw() -> str:
         ".TP\n\\fBLLMGW_PLANE_TOKEN\\fR",
         "The token of \\fBllmgw plane join\\fR, as its \\fB\\-\\-token\\fR "
         "(\\fBLLMGW_SERVER_TOKEN\\fR, its old name, is read too).",
+        ".TP\n\\fBHTTPS_PROXY\\fR, \\fBNO_PROXY\\fR",
+        "A context's connections (\\fBllmgw login\\fR's too) go through HTTPS_PROXY "
+        "(HTTP_PROXY where it is unset; http://[USER:PASSWORD@]HOST:PORT, by CONNECT, the "
+        "TLS end to end and the pinned CA checked as ever) unless NO_PROXY names the host: a "
+        "name and the names under it, an address, a CIDR network, :PORT, or *. The local "
+        "sockets never do.",
         ".SH FILES",
         f".TP\n\\fI{esc(str(config.SERVER_CONFIG))}\\fR\nllmgwd's configuration, written by "
         "\\fBllmgw plane init\\fR; see \\fBllmgw.yaml\\fR(5).",

@@ -1,10 +1,13 @@
 """The CLI's HTTPS transport to a control plane's client port: TLS trusting the context's
-pinned CA only (or the system's CAs when none is pinned), the key as a bearer token."""
+pinned CA only (or the system's CAs when none is pinned), the key as a bearer token, through
+HTTPS_PROXY (a CONNECT tunnel) unless NO_PROXY names the host, as llmgw.proxy selects."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
+import os
 import socket
 import ssl
 from dataclasses import dataclass
@@ -12,8 +15,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+from yarl import URL
 
-from llmgw import ipc, pki
+from llmgw import ipc, pki, proxy
 
 _ENCODING_DER = 2  # _ssl.ENCODING_DER, for the private chain's certificates
 _NAME_MISMATCH = (62, 64)  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
@@ -40,6 +44,46 @@ def _address(url: str) -> tuple[str, int]:
     return parts.hostname or "", parts.port or 443
 
 
+def proxy_for(url: str) -> str:
+    """The proxy a connection to url goes through ("": straight): HTTPS_PROXY/HTTP_PROXY and
+    NO_PROXY of the environment, read as the daemons read them (llmgw.proxy.resolve); one
+    that is no http://HOST:PORT is an IpcError naming it without its credentials."""
+    try:
+        return proxy.resolve("", (), os.environ).proxy_for(url)
+    except ValueError as e:
+        raise ipc.IpcError(f"HTTPS_PROXY/HTTP_PROXY: {e}") from None
+
+
+def through(url: str) -> str:
+    """ " (through proxy http://****@host:3128)" for an error about url, or ""."""
+    via = proxy_for(url)
+    return f" (through proxy {proxy.redact(via)})" if via else ""
+
+
+def _tunnelled(conn: http.client.HTTPConnection, url: str, via: str) -> None:
+    """Make conn, made to the proxy via, CONNECT to url's host and port (the proxy's user
+    and password, if any, as Proxy-Authorization to the proxy alone)."""
+    host, port = _address(url)
+    u, headers = URL(via), {}
+    if u.user:
+        pair = f"{u.user}:{u.password or ''}".encode()
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    conn.set_tunnel(host, port, headers)
+
+
+def _socket(url: str, timeout: float) -> socket.socket:
+    """A TCP connection to url's host and port, or a tunnel to them through the proxy."""
+    via = proxy_for(url)
+    if not via:
+        return socket.create_connection(_address(url), timeout=timeout)
+    u = URL(via)
+    conn = http.client.HTTPConnection(u.host or "", u.port, timeout=timeout)
+    _tunnelled(conn, url, via)
+    conn.connect()  # the CONNECT, answered 200 (else OSError "Tunnel connection failed")
+    sock, conn.sock = conn.sock, None
+    return sock
+
+
 def tls_context(ca_pem: bytes | None) -> ssl.SSLContext:
     """A verifying client context: only ca_pem as trust anchor, or the system's CAs."""
     if ca_pem is None:
@@ -52,15 +96,15 @@ def offered_chain(url: str, timeout: float = ipc.DEFAULT_TIMEOUT_S) -> list[byte
     be matched against a fingerprint the person gave, never trusted as they come."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    host, port = _address(url)
+    host = _address(url)[0]
     try:
         with (
-            socket.create_connection((host, port), timeout=timeout) as raw,
+            _socket(url, timeout) as raw,
             ctx.wrap_socket(raw, server_hostname=host) as tls,
         ):
             return _chain(tls)
     except (OSError, ssl.SSLError) as e:
-        raise ipc.IpcError(f"cannot reach {url}: {e.strerror or e}") from None
+        raise ipc.IpcError(f"cannot reach {url}{through(url)}: {e.strerror or e}") from None
 
 
 def _chain(tls: ssl.SSLSocket) -> list[bytes]:
@@ -99,17 +143,17 @@ def pinned_ca(url: str, pin: str) -> bytes:
 
 def system_trusts(url: str, timeout: float = ipc.DEFAULT_TIMEOUT_S) -> bool:
     """Whether the server at url has a certificate for its name from a CA this system trusts."""
-    host, port = _address(url)
+    host = _address(url)[0]
     try:
         with (
-            socket.create_connection((host, port), timeout=timeout) as raw,
+            _socket(url, timeout) as raw,
             ssl.create_default_context().wrap_socket(raw, server_hostname=host),
         ):
             return True
     except ssl.SSLCertVerificationError:
         return False
     except (OSError, ssl.SSLError) as e:
-        raise ipc.IpcError(f"cannot reach {url}: {e.strerror or e}") from None
+        raise ipc.IpcError(f"cannot reach {url}{through(url)}: {e.strerror or e}") from None
 
 
 def offered_ca(url: str) -> bytes | None:
@@ -143,11 +187,16 @@ def _mismatch(remote: Remote) -> PinMismatch:
 
 
 def connection(remote: Remote, timeout: float) -> http.client.HTTPSConnection:
-    """A connection to remote that trusts its pinned CA only (or the system's CAs)."""
-    host, port = _address(remote.url)
-    return http.client.HTTPSConnection(
-        host, port, timeout=timeout, context=tls_context(remote.ca_pem)
-    )
+    """A connection to remote that trusts its pinned CA only (or the system's CAs), made
+    through the proxy (a CONNECT tunnel, the TLS end to end) unless NO_PROXY names it."""
+    via, context = proxy_for(remote.url), tls_context(remote.ca_pem)
+    if not via:
+        host, port = _address(remote.url)
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+    u = URL(via)
+    conn = http.client.HTTPSConnection(u.host or "", u.port, timeout=timeout, context=context)
+    _tunnelled(conn, remote.url, via)
+    return conn
 
 
 def auth_headers(remote: Remote) -> dict[str, str]:
@@ -177,7 +226,9 @@ def request(
         raise _mismatch(remote) from None
     except (OSError, http.client.HTTPException) as e:
         why = getattr(e, "strerror", None) or e or type(e).__name__
-        raise ipc.IpcError(f"cannot reach llmgwd at {remote.url}: {why}") from None
+        raise ipc.IpcError(
+            f"cannot reach llmgwd at {remote.url}{through(remote.url)}: {why}"
+        ) from None
     finally:
         conn.close()
     try:

@@ -1,6 +1,7 @@
 """The one JSON call `llmgw login` makes to llmgwd's client port (no key: it signs in to get
-one), over TLS trusting a context's pinned CA where it has one; a refusal or an unreachable
-server ends the command with the server's message."""
+one), over TLS trusting a context's pinned CA where it has one, through the proxy
+cli.https.proxy_for selects; a refusal or an unreachable server ends the command with the
+server's message."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Any
 
 import msgspec
 
+from llmgw import ipc
 from llmgw.api_types import ErrorAnswer
+from llmgw.cli import https
 from llmgw.cli.common import Refused, Unreachable
 
 
@@ -26,7 +29,15 @@ def call(
     req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http(s) only)
     req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=tls) as resp:  # noqa: S310 (http(s) only)
+        via = https.proxy_for(url)  # urllib's own choice reads NO_PROXY otherwise
+    except ipc.IpcError as e:
+        raise Unreachable(str(e)) from None
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({"https": via, "http": via} if via else {}),
+        urllib.request.HTTPSHandler(context=tls),
+    )
+    try:
+        with opener.open(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
         try:
@@ -35,4 +46,4 @@ def call(
             message = f"the server answered HTTP {e.code}"
         raise Refused(message) from None
     except (urllib.error.URLError, OSError) as e:
-        raise Unreachable(f"{url}: {getattr(e, 'reason', e)}") from None
+        raise Unreachable(f"{url}{https.through(url)}: {getattr(e, 'reason', e)}") from None
