@@ -123,6 +123,7 @@ class MirrorOnly(Daemon):
             join_url="",
             ca_fingerprint=pki.ca_fingerprint(keys.ca.cert_pem),
             name=cfg.name,
+            mode=MODE,
             mirror=self.mirror,
         )
         await self._serve_mirror_client(ctx, keys)

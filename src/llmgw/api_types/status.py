@@ -53,3 +53,4 @@ class StatusView(msgspec.Struct, kw_only=True):
     # None: this llmgwd does not count /v1's requests (client.request_metrics = false)
     traffic: TrafficView | None = None
     ca_fingerprint: str = ""  # the cluster CA's sha256: `llmgw context add --ca-fingerprint`
+    mode: str = "cluster"  # server.yaml's mode: cluster, or mirror (the model mirror alone)

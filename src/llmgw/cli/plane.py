@@ -235,6 +235,12 @@ def status(settings: Settings, as_json: bool) -> None:
         return
     s = decoded(answer, StatusView)
     click.echo(f"{s.name}: llmgwd {s.version}, up {int(s.uptime_s)} s")
+    if s.mode == "mirror":
+        click.echo("mode:     a model mirror alone (no nodes, nothing served; /hf for clusters)")
+        click.echo(f"models:   {s.models.total} in its catalog")
+        if s.ca_fingerprint:
+            click.echo(f"CA sha256: {s.ca_fingerprint}")
+        return
     click.echo(f"nodes:    {s.nodes.connected}/{s.nodes.total} connected")
     click.echo(f"models:   {s.models.served}/{s.models.total} served")
     click.echo(f"replicas: {s.replicas.ready}/{s.replicas.wanted} ready")

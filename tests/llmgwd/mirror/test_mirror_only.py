@@ -168,6 +168,9 @@ async def test_huggingface_hub_downloads_from_a_mirror_alone_and_v1_is_refused(
             status, answer = r.status, await r.json()
     assert status == 404 and answer["error"]["code"] == "mirror_only"
     assert "mirror only" in answer["error"]["message"]
+    rc, out, err = await daemon.llmgw("status")
+    assert rc == 0 and "a model mirror alone" in out and "models:   1 in its catalog" in out
+    assert "join URL" not in out, out  # nodes join a cluster's control plane
     rc, out, err = await daemon.llmgw("model", "serve", "tiny", "--replicas", "1")
     assert rc != 0 and "mirror only" in err, out + err  # nothing is placed here
     with pytest.raises(OSError):  # no cluster port: nodes have nothing to join

@@ -154,6 +154,7 @@ class ApiContext:
     ca_fingerprint: str = ""  # sha256 of the cluster CA's DER (what a context pins)
     token_ttl_s: float = 3600.0
     name: str = "llmgw"
+    mode: str = "cluster"  # server.yaml's: cluster, or mirror (llmgwd.mirror_only)
     version: str = field(default_factory=package_version)
     started_at: float = field(default_factory=time.time)
     usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts

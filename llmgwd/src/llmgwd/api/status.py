@@ -29,6 +29,7 @@ async def get_status(request: web.Request) -> web.Response:
         models=ModelCounts(total=len(models), served=sum(m.replicas > 0 for m in models)),
         replicas=ReplicaCounts(wanted=sum(m.replicas for m in models), ready=ready),
         traffic=_traffic(ctx),
+        mode=ctx.mode,
     )
     return json_response(view)
 
