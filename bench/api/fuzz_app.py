@@ -22,6 +22,7 @@ from llmgwd.mirror.service import Mirror, Settings
 from llmgwd.placement.profiles import Profile
 from llmgwd.placement.reconciler import Failure, NodeFlags
 from llmgwd.placement.scheduler import Placement, Verdict
+from llmgwd.providers.credentials import Credentials
 from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.sqlite import SqliteStore
 
@@ -95,6 +96,7 @@ async def _start(
         remove_node=_no_node,
         slurm=SettingsStore(store),
         slurm_status=lambda: [],
+        credentials=Credentials(b"fuzz-cluster-secret"),  # providers' credentials sealed
     )
     app = web.Application()
     app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
