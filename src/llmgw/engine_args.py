@@ -28,12 +28,23 @@ KV cache's type and size (the profile and the memory estimate), how weights are 
 agent: safetensors only), and the prefix cache's hash (the router's per-account cache_salt
 relies on sha256). vLLM reads `--max_num_seqs` as `--max-num-seqs` too; a dotted JSON field
 (`--compilation-config.mode`) or `-O3` is not on the list. No environment variable is taken
-from a model or a site: an engine gets only those its agent sets (threads, caches, offline).
+from a model or a site: an engine gets only those its agent sets (threads, caches, offline),
+save FreeToken's own FREETOKEN_NAME=VALUE settings among a model's args (none naming a path
+or one the agent sets: environment() gives them apart).
+
+The list for FreeToken was read from freetoken 0.2.1's `ft serve` parser (freetoken/server/
+args.py of PyPI's wheel). It holds the MoE offload strategy and expert cache, batching, the KV
+cache's pages, attention backends and parsers by name, sampling defaults. It leaves out what
+reads files or fetches (--mmproj, --model-source, media paths and domains, JSON overrides),
+and what is llmgw's: the model, its served name, host, port, key and card (the agent), the
+context (`--max-seq-len-override`: the scheduler), tensor parallelism and the memory ratio
+(the placement), and the default answer length (the router).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -374,10 +385,87 @@ VLLM_REFUSED: dict[tuple[str, ...], str] = {
     ("--grpc",): _OWNED,
 }
 
+# FreeToken's `ft serve`, read from freetoken 0.2.1's freetoken/server/args.py (PyPI's wheel;
+# tests/llmgw_agentd/freetoken/README.md says how): MoE offload and its expert cache,
+# batching, the KV cache's pages, attention backends and parsers by name, sampling defaults.
+FREETOKEN: Table = (
+    (("--dtype",), _one_of("auto", "float16", "bfloat16", "float32")),
+    (("--max-running-requests",), _int(1, 4096)),
+    (("--disable-pynccl",), None),
+    (("--cuda-graph-max-bs", "--graph"), _int(0, 4096)),
+    (("--num-tokenizer", "--tokenizer-count"), _int(0, 64)),
+    (("--max-prefill-length", "--max-extend-length"), _int(1)),
+    (("--decode-log-interval",), _int(1)),
+    (("--num-pages",), _int(1)),
+    (("--num-tokens",), _int(1)),
+    (("--page-size",), _int(1, 4096)),
+    (("--attention-backend", "--attn"), TEXT),  # one of FreeToken's backends, by name
+    (("--cache-type",), _one_of("naive", "radix")),
+    (("--text-model-only",), None),
+    (("--image-min-tokens",), _int(1)),
+    (("--image-max-tokens",), _int(1)),
+    (("--mm-embed-cache-device",), _one_of("cpu", "cuda")),
+    (("--mm-encoder-weights",), _one_of("gpu", "host")),
+    (("--enable-cache-report",), None),
+    (("--anthropic-inline-system",), _one_of("auto", "preserve", "fold")),
+    (("--sampling-defaults",), _one_of("model", "none")),
+    (("--tool-call-parser",), TEXT),
+    (("--reasoning-parser",), TEXT),
+    (("--moe-strategy",), _one_of("auto", "fused", "offload", "cpu", "hybrid")),
+    (("--quant-backend",), TEXT),
+    (("--ple-backend",), _one_of("pinned", "disk")),
+    (("--embed-weights",), _one_of("gpu", "host")),
+    (("--swa-decoder-replay",), _one_of("bounded", "exact")),
+    (("--expert-load",), _one_of("auto", "serial", "parallel")),
+    (("--moe-cache-size",), _int(0)),
+    (("--moe-cache-rate",), _float(0, 1)),
+    (("--moe-cache-mem",), TEXT),  # "12GiB": FreeToken parses it
+    (("--moe-cache-auto",), None),
+    (("--kv-reserve-tokens",), _int(0)),
+    (("--moe-cache-scope",), _one_of("unified", "per-layer")),
+    (("--moe-cache-split",), TEXT),
+    (("--moe-cache-policy",), _one_of("lru")),
+    (("--moe-cpu-threads",), _int(0, 4096)),
+    (("--moe-cpu-layers",), TEXT),
+    (("--moe-hybrid-max-fetch",), _int(0)),
+    (("--moe-locked-fetch",), _float(0)),
+    (("--moe-locked-max-fetch",), _int(0)),
+    (("--disable-moe-prefill-overlap",), None),
+    (("--enable-special-token-ckpt",), None),
+    (("--moe-collect-stats",), None),
+    (("--moe-prefill-hit-d2d",), None),
+)
+FREETOKEN_REFUSED: dict[tuple[str, ...], str] = {
+    ("--model-path", "--model"): "the agent sets it from the model's source",
+    ("--served-model-name",): "the agent sets it to the model's name",
+    ("--host",): "the agent sets it (the node's cluster address, or loopback)",
+    ("--port",): "the agent sets it from its port range",
+    ("--api-key",): "the agent gives the engine its key (never on the command line)",
+    ("--gpu",): _PLACEMENT,
+    ("--tensor-parallel-size", "--tp-size"): _PLACEMENT,
+    ("--memory-ratio",): _PLACEMENT,
+    ("--max-seq-len-override",): "the scheduler sets the context (llmgw model context)",
+    ("--max-output-tokens",): "the router sets each request's max_tokens",
+    ("--model-source",): _FETCHES,
+    ("--allowed-media-domains",): _FETCHES,
+    ("--mmproj",): _FILES,
+    ("--allowed-local-media-path",): _FILES,
+    ("--hf-overrides",): "it can change which code the model runs",
+    ("--mm-processor-kwargs",): _CONFIGS,
+    ("--dummy-weight",): "the model's weights are its set's",
+    ("--shell-mode",): _OWNED,
+    ("--cors-origins",): _OWNED,
+}
+# FreeToken's own settings in its environment (FREETOKEN_NAME=VALUE among a model's args):
+# never one naming a path (a directory, a file, the vision tower) or one the agent sets.
+FREETOKEN_ENV_OWNED = ("FREETOKEN_API_KEY", "FREETOKEN_HOST", "FREETOKEN_DAEMON_")
+FREETOKEN_ENV_PATHS = ("_DIR", "_PATH", "_FILE", "_ROOT", "MMPROJ")
+
 # Engine -> (what may pass, why some of what may not)
 ENGINES: dict[str, tuple[Table, dict[tuple[str, ...], str]]] = {
     "llama.cpp": (LLAMA_CPP, LLAMA_CPP_REFUSED),
     "vllm": (VLLM, VLLM_REFUSED),
+    "freetoken": (FREETOKEN, FREETOKEN_REFUSED),
 }
 
 
@@ -472,6 +560,10 @@ def check(engine: str, args: Sequence[str]) -> list[str]:
         arg = args[i]
         if "\0" in arg:
             raise EngineArgError("an argument holds a NUL character")
+        if engine == "freetoken" and arg.startswith("FREETOKEN_"):
+            out.append(_freetoken_env(arg))
+            i += 1
+            continue
         name, inline = spelling(arg)
         written = arg.partition("=")[0]
         if not name.startswith("-") or name in ("-", "--"):
@@ -497,8 +589,41 @@ def check(engine: str, args: Sequence[str]) -> list[str]:
     return out
 
 
+def _freetoken_env(arg: str) -> str:
+    """A FreeToken setting for its environment, FREETOKEN_NAME=VALUE, or EngineArgError: none
+    naming a path or set by the agent, its value plain (no path, no `$` for systemd)."""
+    name, eq, value = arg.partition("=")
+    if not eq or not re.fullmatch(r"FREETOKEN_[A-Z0-9_]+", name):
+        raise EngineArgError(f"argument {name}: give FreeToken's variable as FREETOKEN_NAME=VALUE")
+    if name.startswith(FREETOKEN_ENV_OWNED):
+        raise EngineArgError(f"variable {name} is not allowed: {_OWNED}")
+    if name.endswith(FREETOKEN_ENV_PATHS) or not re.fullmatch(r"[A-Za-z0-9.,:+_-]{0,256}", value):
+        raise EngineArgError(f"variable {name} is not allowed: it names a path on the node")
+    return arg
+
+
+def environment(engine: str, checked: Sequence[str]) -> tuple[list[str], list[str]]:
+    """check()'s answer split in two: FreeToken's FREETOKEN_NAME=VALUE settings (for its
+    environment), and the options its command line gets."""
+    env: list[str] = []
+    options: list[str] = []
+    index = _INDEXES.get(engine, {})
+    i = 0
+    while i < len(checked):
+        arg = checked[i]
+        found = index.get(arg)
+        takes = 2 if found is not None and found[1] is not None else 1
+        (env if engine == "freetoken" and found is None else options).extend(checked[i : i + takes])
+        i += takes
+    return env, options
+
+
 # The option that sets how many requests an engine serves at once (its slots).
-SLOTS_OPTION = {"llama.cpp": "--parallel", "vllm": "--max-num-seqs"}
+SLOTS_OPTION = {
+    "llama.cpp": "--parallel",
+    "vllm": "--max-num-seqs",
+    "freetoken": "--max-running-requests",
+}
 
 
 def slots_named(engine: str, args: Sequence[str]) -> int:

@@ -21,6 +21,11 @@ Where each figure comes from:
   7.0; its wheels and PyPI's torch (2.13.0, 2.14.0) are built with CUDA 13.0 (they pull
   nvidia-cuda-runtime 13.0.96), whose floor is 7.5, and whose driver must support CUDA 13.0
   (580.65.06 or later).
+- FreeToken (freetoken 0.2.1, PyPI's wheel: x86-64 only): its kernels are compiled for the
+  card when loaded with the CUDA 13 toolkit, and it ran on the seed's Ampere and later
+  only: on a Quadro RTX 6000 (7.5) 0.2.1 had no kernel image for the first prefill, and in
+  fp16 hit an illegal memory access on its first request. 8.0 and up, a driver for CUDA 13.0
+  (580 or later); the agent offers it only on x86-64 with a CUDA 13 toolkit (inventory.py).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Needs(NamedTuple):
 LLAMA_CPP_FLOOR = (5, 0)  # its default CUDA architectures' lowest (50-virtual)
 VLLM_FLOOR = (7, 0)  # vLLM's documentation
 VLLM_CUDA = "13.0"  # the CUDA of PyPI's vLLM wheels and their torch
+FREETOKEN_FLOOR = (8, 0)  # seen failing on 7.5 (above)
+FREETOKEN_CUDA = "13.0"  # the toolkit it compiles its kernels with; a 580 driver's CUDA
 
 
 def version(s: str) -> tuple[int, int]:
@@ -60,6 +67,9 @@ def written(v: tuple[int, int]) -> str:
 
 def needs(engine: str, engine_version: str = "", cuda_toolkit: str = "") -> Needs:
     """What engine (at engine_version; llama.cpp built with the node's cuda_toolkit) needs."""
+    if engine == "freetoken":
+        name = f"FreeToken {engine_version}".rstrip()
+        return Needs(FREETOKEN_FLOOR, FREETOKEN_CUDA, f"{name} (CUDA {FREETOKEN_CUDA})")
     if engine == "vllm":
         floor = max(VLLM_FLOOR, CUDA_FLOOR[version(VLLM_CUDA)[0]])
         name = f"vLLM {engine_version}".rstrip()

@@ -25,7 +25,8 @@ FIXED = 512 * MIB  # besides the estimate and its quarter
 # three Python processes with torch (API server, engine core, worker), measured here at
 # 4.1-4.3 GB PSS serving SmolLM2-135M (260 MB of weights) with 1 GiB of KV cache on CPUs;
 # llama-server's is inside the estimate's margin.
-RUNTIME_BYTES: dict[str, int] = {"llama.cpp": 0, "vllm": 3 << 30}
+# FreeToken is torch too (its workers and tokenizer processes): taken as vLLM's, not measured.
+RUNTIME_BYTES: dict[str, int] = {"llama.cpp": 0, "vllm": 3 << 30, "freetoken": 3 << 30}
 LLAMA_CPP_CACHE_MAX_MIB = 8192  # llama-server's own default for --cache-ram
 
 

@@ -16,7 +16,7 @@ OLDEST_AGENT_PROTOCOL = 1
 # "stopping": told to stop, its unit not gone yet (it takes no new request; a lent node
 # waits for it). An agent reports it only to a control plane whose Desired says `stopping`.
 ReplicaState = Literal["starting", "ready", "failed", "stopped", "stopping"]
-Engine = Literal["llama.cpp", "vllm"]
+Engine = Literal["llama.cpp", "vllm", "freetoken"]
 
 
 class Disk(msgspec.Struct, frozen=True):

@@ -230,7 +230,7 @@ def test_command_refuses_files_a_dynamic_user_cannot_reach(open_dir: Path) -> No
 
 def test_an_unknown_engine_is_refused() -> None:
     s = spec()
-    s = msgspec.structs.replace(s, engine="freetoken")  # a newer control plane's engine
+    s = msgspec.structs.replace(s, engine="strata")  # a newer control plane's engine
     with pytest.raises(EngineError, match="not supported"):
         engines.check(s)
 

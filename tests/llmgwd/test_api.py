@@ -178,7 +178,7 @@ async def test_duplicate_model_is_a_conflict(client: aiohttp.ClientSession) -> N
         ({"name": "-x"}, "name"),
         ({"source": "file:models/smol.gguf"}, "source"),
         ({"source": "hf:org/repo"}, "source"),
-        ({"engine": "freetoken"}, "engine"),
+        ({"engine": "strata"}, "engine"),
         ({"engine": "vllm"}, "source"),  # vllm serves a safetensors set from the mirror
         ({"engine": "vllm", "source": "hf:o/r", "args": ["--trust-remote-code"]}, "args"),
         ({"context": -1}, "context"),

@@ -160,7 +160,7 @@ async def test_the_request_schemas_say_what_the_handlers_check(
         schemas = (await resp.json())["components"]["schemas"]
     name = schemas["ModelIn"]["properties"]["name"]
     assert name["pattern"] == "^[a-z0-9][a-z0-9._-]{0,63}$"
-    assert schemas["ModelIn"]["properties"]["engine"]["enum"] == ["llama.cpp", "vllm"]
+    assert schemas["ModelIn"]["properties"]["engine"]["enum"] == ["freetoken", "llama.cpp", "vllm"]
     assert schemas["ServeIn"]["properties"]["replicas"] == {
         "type": "integer", "minimum": 0, "maximum": 1024
     }  # fmt: skip

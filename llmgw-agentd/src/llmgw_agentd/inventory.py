@@ -6,12 +6,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from llmgw import engine_cards
 from llmgw.wire import Disk, Gpu, Inventory
 from llmgw_agentd.engines import llamacpp
 from llmgw_agentd.gpus import GpuReader
@@ -95,12 +97,35 @@ def installed_toolkit() -> str:
     return cuda_toolkit(find_nvcc())
 
 
+FREETOKEN_DRIVER = 580  # the driver series CUDA 13.0 asks for (engine_cards.py)
+
+
+def freetoken_runs(gpus: list[Gpu], toolkit: str, driver: str, machine: str) -> bool:
+    """Whether FreeToken can run here: PyPI has it for x86-64 only, it compiles its kernels
+    with a CUDA 13 toolkit, and asks a driver of the 580 series or later and a card of
+    compute capability 8.0 or more (the scheduler passes over the others: engine_cards)."""
+    floor = engine_cards.FREETOKEN_FLOOR
+    return (
+        machine == "x86_64"
+        and engine_cards.version(toolkit)[0] >= 13
+        and engine_cards.version(driver)[0] >= FREETOKEN_DRIVER
+        and any(engine_cards.version(g.compute_capability) >= floor for g in gpus)
+    )
+
+
 def engines(
-    gpus: list[Gpu], toolkit: str, vllm: bool, *, can_build: bool | None = None
+    gpus: list[Gpu],
+    toolkit: str,
+    vllm: bool,
+    *,
+    can_build: bool | None = None,
+    driver: str = "",
+    machine: str | None = None,
 ) -> list[str]:
     """The engines this node runs, "ENGINE:cpu" or "ENGINE:gpu": llama.cpp on CPUs always; on
     its cards where a CUDA build is here or can be made (the toolkit and cmake); vLLM on its
-    cards (or CPUs, without cards) where the agent's configuration allows it."""
+    cards (or CPUs, without cards) where the agent's configuration allows it; FreeToken on
+    its cards where freetoken_runs (the driver's version given, "": not known, none)."""
     out = ["llama.cpp:cpu"]
     if gpus and toolkit:  # a CUDA build runs on the toolkit's own libraries
         capabilities = [g.compute_capability for g in gpus]
@@ -111,6 +136,8 @@ def engines(
             out.append("llama.cpp:gpu")
     if vllm:
         out.append("vllm:gpu" if gpus else "vllm:cpu")
+    if freetoken_runs(gpus, toolkit, driver, machine or platform.machine()):
+        out.append("freetoken:gpu")
     return out
 
 
@@ -150,5 +177,5 @@ def collect(
         memory_bandwidth_bytes_s=bandwidth.all_cores if bandwidth else 0,
         memory_bandwidth_one_core_bytes_s=bandwidth.one_core if bandwidth else 0,
         cuda_toolkit=toolkit,
-        engines=engines(cards, toolkit, vllm),
+        engines=engines(cards, toolkit, vllm, driver=report.driver_version if report else ""),
     )

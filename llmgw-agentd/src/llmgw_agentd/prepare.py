@@ -32,10 +32,13 @@ async def ensure(
     spec: ReplicaSpec, config: AgentConfig, inventory: Inventory, progress: once.Progress
 ) -> None:
     """Make spec's engine software ready on this node; raises EngineError saying why not."""
-    if spec.engine == "vllm" and not config.engines.vllm.env:
-        engine = "vllm:gpu" if spec.devices else "vllm:cpu"
+    if spec.engine in ("vllm", "freetoken"):
+        engine = f"{spec.engine}:{'gpu' if spec.devices else 'cpu'}"
+        site = install.site_of(config, engine)
+        if site.env:
+            return
         try:
-            await install.ensure_env(engine, config.engines.vllm.version, config, progress)
+            await install.ensure_env(engine, site.version, config, progress)
         except install.InstallError as e:
             raise EngineError(str(e)) from None
         return

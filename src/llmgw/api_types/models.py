@@ -28,7 +28,7 @@ class ModelIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: Name
     # hf:ORG/REPO[@REV][:PATTERN], or file: and an absolute path (no control character)
     source: Annotated[str, msgspec.Meta(pattern=SOURCE_PATTERN, description=SOURCE_RULE)]
-    engine: Literal["llama.cpp", "vllm"]
+    engine: Literal["llama.cpp", "vllm", "freetoken"]
     args: list[str] = []
     context: Context = 0
     max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -76,7 +76,7 @@ class PriceIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 # GET /models and the model routes: a model, its profiles and its replicas.
-Engine = Literal["llama.cpp", "vllm"]
+Engine = Literal["llama.cpp", "vllm", "freetoken"]
 Kind = Literal["gpu", "cpu"]
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl", "fp8"]
 

@@ -67,7 +67,7 @@ def model() -> None:
 )
 @click.option(
     "--engine",
-    type=click.Choice(["llama.cpp", "vllm"]),
+    type=click.Choice(["llama.cpp", "vllm", "freetoken"]),
     default="llama.cpp",
     show_default=True,
     help="The engine that serves it.",
@@ -443,7 +443,7 @@ def _verdict_row(v: Verdict) -> list[Any]:
 )
 @click.option(
     "--engine",
-    type=click.Choice(["llama.cpp", "vllm"]),
+    type=click.Choice(["llama.cpp", "vllm", "freetoken"]),
     default="llama.cpp",
     show_default=True,
     help="With --from: the engine that would serve it.",

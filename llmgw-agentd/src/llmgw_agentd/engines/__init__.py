@@ -10,7 +10,9 @@ from pathlib import Path
 from llmgw.config import AgentConfig
 from llmgw.wire import ReplicaSpec
 
-HEALTH_PATH = "/health"  # every engine answers 200 here when ready, 503 while loading
+# Every engine answers 200 here when ready, 503 while loading; FreeToken 200 from the start,
+# its body's status "loading" until it serves (replicas/health.py: health_code).
+HEALTH_PATH = "/health"
 PROPS_PATH = "/props"  # llama.cpp: its total_slots and a slot's n_ctx (key needed)
 MODELS_PATH = "/v1/models"  # vLLM: ready once it lists the model (key needed)
 METRICS_PATH = "/metrics"  # Prometheus' text: the requests an engine holds (key needed)
@@ -39,17 +41,23 @@ def check(spec: ReplicaSpec) -> None:
         vllm.check_source(spec)
         vllm.validate_args(spec.args)
         return
+    if spec.engine == "freetoken":
+        from llmgw_agentd.engines import freetoken
+
+        freetoken.check_source(spec)
+        freetoken.validate_args(spec.args)
+        return
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
 
 def local_source(spec: ReplicaSpec, set_dir: Path) -> str:
     """The file: source an engine loads an hf: set from, once the cache holds it in set_dir:
-    llama.cpp's GGUF file, vLLM's directory."""
+    llama.cpp's GGUF file, vLLM's and FreeToken's directory."""
     if spec.engine == "llama.cpp":
         from llmgw_agentd.engines import llamacpp
 
         return f"file:{set_dir / llamacpp.gguf_in(spec.files)}"
-    if spec.engine == "vllm":
+    if spec.engine in ("vllm", "freetoken"):
         return f"file:{set_dir}"
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
@@ -86,6 +94,12 @@ def command(
         python = vllm.env_dir(config, spec) / "bin" / "python"
         check_reachable(python, "vLLM's python", execute=True)
         return vllm.command(spec, python=str(python), host=host, port=port, key_file=key_file)
+    if spec.engine == "freetoken":
+        from llmgw_agentd.engines import freetoken
+
+        python = freetoken.env_dir(config) / "bin" / "python"
+        check_reachable(python, "FreeToken's python", execute=True)
+        return freetoken.command(spec, python=str(python), host=host, port=port, key_file=key_file)
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
 
 

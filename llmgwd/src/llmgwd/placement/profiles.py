@@ -55,15 +55,17 @@ def by_priority(profiles: list[Profile]) -> list[Profile]:
 def single(engine: Engine, args: list[str], replicas: int, context: int = 0) -> list[Profile]:
     """The one profile a model without profiles has: the single-node slice's llama.cpp on
     CPUs, with the model's own engine, arguments, replicas and context, one core reserved
-    for each replica (so a node takes as many as it has cores, as before profiles)."""
+    for each replica (so a node takes as many as it has cores, as before profiles).
+    FreeToken runs on cards only: its one profile is a card a replica."""
+    on_cards = engine == "freetoken"
     return [
         Profile(
             name=DEFAULT,
-            kind="cpu",
+            kind="gpu" if on_cards else "cpu",
             engine=engine,
             args=args,
             replicas=replicas,
             context=context,
-            cores=1,
+            cores=0 if on_cards else 1,
         )
     ]

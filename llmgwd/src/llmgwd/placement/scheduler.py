@@ -55,6 +55,7 @@ from llmgwd.placement.estimate import (
     kv_bytes,
     margin_bytes,
     memory_bytes,
+    on_card,
     runtime_bytes,
     shard_bytes,
     slots_that_fit,
@@ -240,9 +241,11 @@ class _Need:
     )
 
     def __init__(self, d: Demand) -> None:
-        p, s = d.profile, d.shape
-        self.d = d
+        p = d.profile
         self.gpu = p.kind == "gpu"
+        if self.gpu:  # FreeToken's experts stay in RAM
+            d = msgspec.structs.replace(d, shape=on_card(d.shape, p.engine))
+        self.d, s = d, d.shape
         self.shards = max(p.gpus, 1) if self.gpu else 1
         self.cache = p.cache_type
         self.cores = p.cores
