@@ -65,7 +65,10 @@ async def health_names(tmp_path: Path) -> set[str]:
     cert.write_bytes(pki.make_ca().cert_pem)
     store = await SqliteStore.open(":memory:")
     series = budgets.BudgetSeries(list, list, Levels(), store)
-    series.budgets = (budgets.Budget("key", "k1", "tokens", "day", 1000.0, 10.0),)
+    series.budgets = (
+        budgets.Budget("key", "k1", "tokens", "day", 1000.0, 10.0),
+        budgets.Budget("org", "acme", "spend", "month", 20.0, 4.5),
+    )
     collectors: list[Snapshotting] = [series, StoreHealth(None), Certificates({"ca": cert})]
     text = await Scraper(CollectorRegistry(), collectors).render()
     await store.close()
@@ -92,7 +95,9 @@ async def test_every_series_the_rules_read_is_one_llmgwd_serves(tmp_path: Path) 
     assert {"up", "llmgw_nodes", "llmgw_replicas", "llmgw_engine_restarts_total",
             "llmgw_replicas_wanted", "llmgw_replicas_ready",
             "llmgw_refusals_total"} <= wanted  # fmt: skip
-    assert {"llmgw_budget_used", "llmgw_budget_limit", "llmgw_store_quorum",
+    assert {"llmgw_budget_tokens_used", "llmgw_budget_tokens_limit",
+            "llmgw_budget_spend_currency_units_used", "llmgw_budget_spend_currency_units_limit",
+            "llmgw_store_quorum",
             "llmgw_store_voters", "llmgw_store_voters_healthy",
             "llmgw_certificate_expiry_timestamp_seconds"} <= wanted  # fmt: skip
     served = await served_names() | await health_names(tmp_path)

@@ -56,19 +56,23 @@ async def test_each_budget_shows_its_use_and_limit_at_its_level(tmp_path: Path) 
         today = day_id(time.time())
         d.usage.add((today, key.id, "m"), 600, 300, to_pico(4.5))
         await d.health.budgets.refresh()
-        assert of(await scrape(port.url), "llmgw_budget_used", name=key.id) == 0  # not stored
+        # not stored yet
+        assert of(await scrape(port.url), "llmgw_budget_tokens_used", name=key.id) == 0
         await d.usage.flush()
         await d.health.budgets.refresh()
         samples = await scrape(port.url)
-    tokens = {"level": "key", "name": key.id, "budget": "tokens", "period": "day"}
-    assert of(samples, "llmgw_budget_limit", **tokens) == 1000
-    assert of(samples, "llmgw_budget_used", **tokens) == 900
-    spend = {"level": "org", "name": "acme", "budget": "spend", "period": "month"}
-    assert of(samples, "llmgw_budget_limit", **spend) == 20.0
-    assert of(samples, "llmgw_budget_used", **spend) == pytest.approx(4.5)
-    # A key with no budget, and the levels without one (the user's), have no series.
-    assert {dict(ls)["name"] for (n, ls) in samples if n == "llmgw_budget_limit"} == {
-        key.id, "acme"}  # fmt: skip
+    tokens = {"level": "key", "name": key.id, "period": "day"}
+    assert of(samples, "llmgw_budget_tokens_limit", **tokens) == 1000
+    assert of(samples, "llmgw_budget_tokens_used", **tokens) == 900
+    spend = {"level": "org", "name": "acme", "period": "month"}
+    assert of(samples, "llmgw_budget_spend_currency_units_limit", **spend) == 20.0
+    assert of(samples, "llmgw_budget_spend_currency_units_used", **spend) == pytest.approx(4.5)
+    # A key with no budget, and the levels without one (the user's), have no series; a
+    # budget is in the series of its own unit only.
+    limits = {(n, dict(ls)["name"]) for (n, ls) in samples if n.endswith("_limit")}
+    assert {(n, name) for n, name in limits if n.startswith("llmgw_budget_")} == {
+        ("llmgw_budget_tokens_limit", key.id),
+        ("llmgw_budget_spend_currency_units_limit", "acme")}  # fmt: skip
 
 
 async def test_sqlite_is_one_healthy_member_with_its_quorum(tmp_path: Path) -> None:

@@ -1,12 +1,17 @@
-"""/metrics' names as Prometheus' conventions have them: a counter's unit in its name (spend in
-units of the prices' currency), and counters that never go down."""
+"""/metrics' names as Prometheus' conventions have them: a counter's or a budget's unit in its
+name (spend in units of the prices' currency), and counters that never go down."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from llmgw.wire import Inventory, ReplicaStatus
+from llmgwd.metrics import budgets
 from llmgwd.metrics.cluster import ClusterCollector
 from llmgwd.nodes.pool import Endpoint
 from llmgwd.nodes.state import NodeInfo
@@ -76,3 +81,29 @@ def test_engine_restarts_and_scheduler_passes_never_go_down() -> None:
     for reconciler, total in (((5, 0.5), 5), (None, 5), ((2, 0.25), 7), ((4, 0.5), 9)):
         read(r("r2", "m", "ready", restarts=1), reconciler=reconciler)
         assert exposition(registry)["llmgw_scheduler_passes_total{}"] == total
+
+
+def test_a_budgets_unit_is_in_its_series_name_not_in_a_label() -> None:
+    acme = [
+        budgets.Budget("org", "acme", "tokens", "month", 1000.0, 950.0),
+        budgets.Budget("org", "acme", "spend", "month", 20.0, 4.5),
+    ]
+    registry = CollectorRegistry()
+    registry.register(Collected(list(budgets.families(tuple(acme)))))
+    labels = "{'level': 'org', 'name': 'acme', 'period': 'month'}"
+    assert exposition(registry) == {
+        f"llmgw_budget_tokens_limit{labels}": 1000.0,
+        f"llmgw_budget_tokens_used{labels}": 950.0,
+        f"llmgw_budget_spend_currency_units_limit{labels}": 20.0,
+        f"llmgw_budget_spend_currency_units_used{labels}": 4.5,
+    }
+
+
+class Collected(Collector):
+    """Fixed families, as a collector."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families

@@ -138,14 +138,31 @@ class BudgetSeries:
         return Fixed(families, self.budgets)
 
 
+# Each budget's pair of series by what it counts: the unit in the name (tokens, or whole
+# units of the prices' currency, as llmgw_spend_currency_units_total), not in a label.
+_NAMES = {
+    "tokens": ("llmgw_budget_tokens", "tokens"),
+    "spend": ("llmgw_budget_spend_currency_units", "whole units of the prices' currency"),
+}
+
+
 def families(budgets: tuple[Budget, ...]) -> Iterator[Metric]:
-    """llmgw_budget_limit and llmgw_budget_used, one series of each per budget."""
-    labels = ["level", "name", "budget", "period"]
-    limit = GaugeMetricFamily("llmgw_budget_limit", "A budget's limit per period: tokens, or "
-                              "money in the prices' currency.", labels=labels)  # fmt: skip
-    used = GaugeMetricFamily("llmgw_budget_used", "What the budget's current period (UTC) has "
-                             "used of it, as its limit counts.", labels=labels)  # fmt: skip
+    """llmgw_budget_tokens_limit and _used, llmgw_budget_spend_currency_units_limit and _used:
+    one series of each pair per budget of that kind."""
+    pairs = {what: _pair(name, unit) for what, (name, unit) in _NAMES.items()}
     for b in budgets:
-        limit.add_metric([b.level, b.name, b.budget, b.period], b.limit)
-        used.add_metric([b.level, b.name, b.budget, b.period], b.used)
-    yield from (limit, used)
+        limit, used = pairs[b.budget]
+        limit.add_metric([b.level, b.name, b.period], b.limit)
+        used.add_metric([b.level, b.name, b.period], b.used)
+    for limit, used in pairs.values():
+        yield from (limit, used)
+
+
+def _pair(name: str, unit: str) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """A kind of budget's limit and use, each by level, name and period."""
+    labels = ["level", "name", "period"]
+    limit = GaugeMetricFamily(f"{name}_limit", f"A budget's limit per period, in {unit}.",
+                              labels=labels)  # fmt: skip
+    used = GaugeMetricFamily(f"{name}_used", "What the budget's current period (UTC) has used "
+                             f"of it, in {unit}.", labels=labels)  # fmt: skip
+    return limit, used
