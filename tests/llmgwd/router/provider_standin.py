@@ -39,7 +39,8 @@ class Seen:
 class StandIn:
     """Both APIs under /v1, taking one credential. fail: answer that status with that recorded
     body (and Retry-After: retry_after) instead; gate: hold answers until it is set; stall:
-    send headers and then nothing."""
+    send headers and then nothing; pause: hold a stream after its first event until it is set
+    (a provider's stream goes on whether or not llmgw's client stays)."""
 
     credential: str
     seen: list[Seen] = field(default_factory=list)
@@ -47,6 +48,8 @@ class StandIn:
     retry_after: str = ""
     gate: asyncio.Event | None = None
     stall: bool = False
+    pause: asyncio.Event | None = None
+    finished: int = 0  # streams sent to their end
     url: str = ""
 
     def app(self) -> web.Application:
@@ -105,9 +108,12 @@ class StandIn:
         await out.prepare(request)
         if self.stall:
             await asyncio.sleep(3600)
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if i == 1 and self.pause is not None:
+                await self.pause.wait()
             await out.write(chunk)
         await out.write_eof()
+        self.finished += 1
         return out
 
 

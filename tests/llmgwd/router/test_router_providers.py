@@ -290,3 +290,30 @@ async def test_a_credential_sealed_for_another_model_does_not_open(s: Setup) -> 
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(model="copy", messages=HI)
     assert not s.stand_in.seen
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "usage"),
+    [("chat/completions", GPT, OPENAI_USAGE), ("messages", CLAUDE, ANTHROPIC_USAGE)],
+)
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_leaves_is_charged_what_the_upstream_reports(
+    s: Setup, path: str, model: str, usage: tuple[int, int], stream: bool
+) -> None:
+    s.stand_in.pause = asyncio.Event()
+    body = {"model": model, "messages": HI, "max_tokens": 50, "stream": stream}
+    headers = {"Authorization": f"Bearer {USER_SECRET}"}
+    async with aiohttp.ClientSession() as http:
+        request = asyncio.create_task(http.post(f"{s.url}/v1/{path}", json=body, headers=headers))
+        async with asyncio.timeout(5):
+            while not s.stand_in.seen:  # noqa: ASYNC110 (the stand-in's list, polled)
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # its first event reached the router
+        request.cancel()  # the client leaves
+    s.stand_in.pause.set()  # the upstream goes on to its end, its usage last
+    async with asyncio.timeout(5):
+        while not (await s.usage()).get(model):  # noqa: ASYNC110 (settled after the drain)
+            await asyncio.sleep(0.05)
+    counts = (await s.usage())[model]
+    assert s.stand_in.finished == 1
+    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (1, *usage)
