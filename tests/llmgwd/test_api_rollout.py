@@ -43,7 +43,8 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     nodes = FakeNodes(*request.param)
     if len(request.param) == 1:
         nodes.by_name["a"].inventory = ONE_CORE  # no room for a second replica
-    rec = Reconciler(store, catalog, nodes, b"s" * 32, clock=Clock())
+    clock = Clock()
+    rec = Reconciler(store, catalog, nodes, b"s" * 32, clock=clock)
     await rec.load()
     ctx = ApiContext(
         catalog=catalog,
@@ -55,6 +56,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     async with test_api.serve(api_app(ctx, peercred_auth("llmgw")), tmp_path / "d.sock") as api:
         c = Cluster(api, rec, nodes)
         await c.settle()
+        clock.now += 61  # past the reconciler's grace after start: rolls step
         yield c
     await store.close()
 

@@ -155,8 +155,10 @@ async def test_stopping_a_model_empties_its_node(store: SqliteStore) -> None:
 async def test_a_restart_changes_every_replica_s_fingerprint_where_it_runs(
     store: SqliteStore,
 ) -> None:
-    nodes = FakeNodes("a", "b")
-    rec = await start(store, nodes, smol(replicas=2))
+    nodes, clock = FakeNodes("a", "b"), Clock()
+    rec = await start(store, nodes, smol(replicas=2), clock=clock)
+    nodes.report("starting")  # not serving yet: restarted in place, not replaced beside
+    clock.now += 61  # past the grace after start: a roll steps
     before = {s.id: (n, s.fingerprint()) for n, specs in nodes.desired.items() for s in specs}
     await rec._catalog.update_model("m", generation=1)  # POST /models/m/restart
     await rec.reconcile()

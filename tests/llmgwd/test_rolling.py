@@ -18,6 +18,7 @@ from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_reconciler import GIB, Clock, FakeNodes, smol, start
 
 ONE_CORE = Inventory(cores=1, memory_bytes=16 * GIB, memory_free_bytes=12 * GIB)
+GRACE_S = 60  # the reconciler's in test_reconciler.start
 
 
 class Agents:
@@ -65,13 +66,15 @@ async def settled(
     model: Model,
     fails: Callable[[ReplicaSpec], bool] = lambda s: False,
 ) -> tuple[Reconciler, Agents]:
-    """A reconciler and agents with model's replicas all ready."""
-    rec = await start(store, nodes, model, clock=Clock())
+    """A reconciler past its grace after start, and agents with model's replicas all ready."""
+    clock = Clock()
+    rec = await start(store, nodes, model, clock=clock)
     agents = Agents(nodes, fails)
     for _ in range(3):
         agents.round()
         await rec.reconcile()
     assert agents.ready() == model.replicas
+    clock.now += GRACE_S + 1  # every node has reported since: rolls may step
     return rec, agents
 
 
@@ -178,9 +181,11 @@ async def test_a_profile_short_of_room_rolls_the_replicas_it_has(store: SqliteSt
     nodes = FakeNodes("a", "b")
     for n in nodes.by_name.values():
         n.inventory = ONE_CORE
-    rec = await start(store, nodes, smol(replicas=3), clock=Clock())  # room for 2 of 3
+    clock = Clock()
+    rec = await start(store, nodes, smol(replicas=3), clock=clock)  # room for 2 of 3
     agents = Agents(nodes, lambda s: False)
     await roll(rec, agents, rounds=3)
+    clock.now += GRACE_S + 1
     assert agents.ready() == 2
     await rec._catalog.update_model("m", generation=1)
     readies = await roll(rec, agents)
@@ -199,3 +204,43 @@ async def test_profiles_roll_one_at_a_time(store: SqliteStore) -> None:
     readies = await roll(rec, agents)
     assert min(readies) == 1 and readies[-1] == 2  # never both profiles' replicas down
     assert agents.generations() == [1, 1]
+
+
+async def test_a_roll_waits_for_nodes_it_does_not_hear_from(store: SqliteStore) -> None:
+    nodes = FakeNodes("a", "b", "c")
+    rec, agents = await settled(store, nodes, smol(replicas=3))
+    old = {p.id for p in rec.placements()}
+    await rec._catalog.update_model("m", context=2048)
+    await rec.reconcile()  # the first new one placed beside
+    for n in nodes.by_name.values():  # every node drops for a moment: nothing is known
+        n.connected, n.silent_s = False, 5.0
+    await rec.reconcile()
+    assert old <= {p.id for p in rec.placements()}  # the old ones are not stopped unseen
+    for n in nodes.by_name.values():
+        n.connected, n.silent_s = True, 0.0
+    readies = await roll(rec, agents, rounds=30)
+    assert min(readies) == 3 and readies[-1] == 3
+    assert [s.context for specs in nodes.desired.values() for s in specs] == [2048] * 3
+
+
+async def test_a_new_leader_mid_roll_waits_to_hear_from_the_nodes(store: SqliteStore) -> None:
+    names = ("a", "b", "c", "d")
+    rec, agents = await settled(store, FakeNodes(*names), smol(replicas=4))
+    await rec._catalog.update_model("m", generation=1)
+    await rec.reconcile()  # the first new one placed beside
+    agents.round()
+    # llmgwd restarts (or another control plane leads): its nodes connect, not reported yet
+    agents.nodes = again = FakeNodes(*names)
+    clock = Clock()
+    rec2 = Reconciler(store, rec._catalog, again, b"s" * 32, grace_s=GRACE_S, clock=clock)
+    await rec2.load()
+    readies = []
+    for n in range(50):
+        await rec2.reconcile()
+        agents.round()
+        readies.append(agents.ready())
+        if n * 5 < GRACE_S:  # within its grace after start: no step, the one new one stays
+            assert agents.generations() == [0, 0, 0, 0, 1]
+        clock.now += 5
+    assert min(readies) >= 4 and readies[-1] == 4  # never fewer than wanted
+    assert agents.generations() == [1, 1, 1, 1]

@@ -592,7 +592,11 @@ class Reconciler:
 
     async def _roll(self, models: list[Model], wanted: dict[str, list[Demand]], roll: Roll) -> None:
         """One step of each awake model's roll to its new settings, per profile (a halted
-        roll waits for new settings)."""
+        roll waits for new settings). Within the grace after start nothing steps: the nodes
+        may not have reported their replicas yet."""
+        if self._clock() - self._started < self._grace_s:
+            self._hold_rolls(models, wanted, roll)
+            return
         names = {m.name for m in models}
         for name in [n for n in self._rolls if n not in names]:
             await self._save_roll(name, None)
@@ -615,6 +619,15 @@ class Reconciler:
                     continue  # one profile at a time: the model has one replica down at most
                 await self._take(m, d, s, roll)
                 busy = busy or s.action == "surge"
+
+    def _hold_rolls(self, models: list[Model], wanted: dict[str, list[Demand]], roll: Roll) -> None:
+        """Within the grace: a stale replica standing beside its replacement stays (the
+        scheduler counts it out), and no roll steps."""
+        for m in models:
+            for d in wanted[m.name]:
+                s = self._step(m, d, roll)
+                if s.outgoing is not None:
+                    roll.outgoing.add(s.outgoing.id)
 
     def _old_settings(self, m: Model, target: dict[str, Started]) -> dict[str, Started]:
         """By profile: the settings of a replica of m that runs older ones than target."""

@@ -4,8 +4,9 @@ A replica is stale when what it was started with (Placement.started: the model's
 generation, the context wanted, the profile's engine flags and KV cache type) differs from
 the model's now (`llmgw model restart`, `llmgw model context`). The reconciler asks step()
 each pass, per profile, what to do next:
-- a stale replica that is not ready (starting, failed, not heard from) serves nothing: it is
-  started again with the new settings at once;
+- a stale replica its node reports not ready (starting, failed) serves nothing: it is
+  started again with the new settings at once; one not heard from (its node silent, or not
+  reported since llmgwd started) may be serving: the roll waits for word of it;
 - else, while every replica of the new settings is ready and no replacement is being placed,
   one stale replica is replaced: a new one is started beside it where placement has room
   (surge 1: the ready count never drops), else the stale one is stopped and its replacement
@@ -89,8 +90,9 @@ def step(
     placing: bool = False,
 ) -> Step:
     """The next step of one profile's roll (the module's docstring says which). mine: the
-    profile's placements; state: a replica's state by id; failing: whether one failed to
-    start (as the reconciler counts failures); placing: a stale one was stopped for a
+    profile's placements; state: a replica's state by id ("" where its node has not
+    reported it: then it waits, never restarts it); failing: whether one failed to start
+    (as the reconciler counts failures); placing: a stale one was stopped for a
     replacement not placed yet."""
     stale = sorted((p for p in mine if p.started != now), key=lambda p: p.id)
     fresh = [p for p in mine if p.started == now]
@@ -99,10 +101,11 @@ def step(
     bad = [p for p in fresh if failing(p.id)]
     if bad:
         return Step("halt", (bad[0],))
-    idle = tuple(p for p in stale if state(p.id) != "ready")
+    idle = tuple(p for p in stale if state(p.id) not in ("", "ready"))
     if idle:
         return Step("restart", idle)
-    waiting = any(state(p.id) != "ready" for p in fresh)
+    unheard = any(not state(p.id) for p in stale)  # its node silent or not reported yet
+    waiting = unheard or any(state(p.id) != "ready" for p in fresh)
     if len(mine) == want + 1:
         return Step("wait" if waiting else "retire", (stale[0],), outgoing=stale[0])
     if len(mine) > want or waiting or placing:
