@@ -40,9 +40,10 @@ class FakeCluster:
         self.sent: list[tuple[str, wire.Upgrade]] = []
         self.upgrade_reports: dict[str, wire.UpgradeReport] = {}
         self.refuse: dict[str, str] = {}
+        self.addresses: dict[str, str] = {}
 
     def nodes(self) -> list[Any]:
-        return [_Node(n, v) for n, v in self.versions.items()]
+        return [_Node(n, v, address=self.addresses.get(n, "")) for n, v in self.versions.items()]
 
     def node(self, name: str) -> Any:
         return _Node(name, self.versions[name]) if name in self.versions else None
@@ -58,6 +59,7 @@ class _Node(msgspec.Struct):
     name: str
     version: str
     connected: bool = True
+    address: str = ""
 
 
 class Cluster:
@@ -146,9 +148,11 @@ async def test_a_roll_goes_plane_by_plane_leader_last_then_nodes(cluster: Cluste
     assert (p2["step"], p2["done_bytes"], p2["total_bytes"]) == ("fetching", 1, 2)
     await cluster.planes("p1", {"p1": OLD, "p2": NEW})  # its llmgwd back on the release
     roll = await cluster.tick()
+    assert steps(roll)["p2"] == "fetching"  # its agent not back on it yet
+    roll = await cluster.tick(p2=NEW)
     assert steps(roll)["p2"] == "done" and [n for n, _ in cluster.agents.sent] == ["p2", "p1"]
     await cluster.planes("p2", {"p1": NEW, "p2": NEW})  # the leader's host last
-    roll = await cluster.tick()
+    roll = await cluster.tick(p1=NEW)
     assert [n for n, _ in cluster.agents.sent][2:] == ["n1", "n2"]  # two at once
     roll = await cluster.tick(n1=NEW)
     assert [n for n, _ in cluster.agents.sent][4:] == ["n3"]
@@ -175,7 +179,7 @@ async def test_a_failure_halts_and_says_why_resume_and_abort(cluster: Cluster) -
     status, roll = await call(cluster.client, "POST", "/upgrade/abort")
     assert roll["state"] == "aborted"
     await cluster.planes("p1", {"p1": OLD, "p2": NEW})
-    roll = await cluster.tick()
+    roll = await cluster.tick(p2=NEW)
     assert steps(roll) == {"p1": "waiting", "p2": "done"}  # p2 finished; p1 never started
     assert len(cluster.agents.sent) == 2
 
@@ -197,7 +201,7 @@ async def test_a_new_leader_carries_the_stored_roll_on(cluster: Cluster) -> None
     await cluster.planes("p1", {"p1": OLD, "p2": NEW})
     # the old leader is gone; another process's driver reads the roll from the store
     cluster.driver = Driver(cluster.store, cast(ClusterState, cluster.agents), clock=cluster.clock)
-    roll = await cluster.tick()
+    roll = await cluster.tick(p2=NEW)
     assert steps(roll) == {"p2": "done", "p1": "fetching", "n1": "waiting"}
 
 
@@ -209,3 +213,27 @@ async def test_a_standby_plans_the_nodes_the_store_knows(cluster: Cluster) -> No
     await cluster.stage("llmgw")
     _, roll = await call(cluster.client, "POST", "/upgrade/start", {})
     assert [h["name"] for h in roll["hosts"]] == ["p1", "p2", "n1", "n2", "n3", "n9"]
+
+
+async def test_a_plane_named_by_its_address_is_upgraded_through_that_hosts_agent(
+    cluster: Cluster,
+) -> None:
+    """A control plane is named by its advertised host (an address, say); its host's agent by
+    the host's name: the Upgrade goes to the node at that address, whose reports are the
+    plane's, and the node is then done as already on the release."""
+    await cluster.store.delete(registry.SERVERS + "p2")
+    await cluster.store.delete(registry.SERVERS + "p1")
+    await cluster.planes("10.0.0.9", {"10.0.0.9": OLD})
+    cluster.agents.versions["vm"] = OLD
+    cluster.agents.addresses["vm"] = "10.0.0.9"
+    await cluster.stage("llmgwd")
+    _, roll = await call(cluster.client, "POST", "/upgrade/start", {"nodes": ["n1"]})
+    roll = await cluster.tick()
+    assert [n for n, _ in cluster.agents.sent] == ["vm"]
+    assert roll["hosts"][0]["agent"] == "vm"
+    cluster.report("vm", "installing")
+    roll = await cluster.tick()
+    assert steps(roll) == {"10.0.0.9": "installing", "n1": "waiting"}
+    await cluster.planes("10.0.0.9", {"10.0.0.9": NEW})
+    roll = await cluster.tick(vm=NEW)
+    assert steps(roll) == {"10.0.0.9": "done", "n1": "fetching"}

@@ -35,6 +35,9 @@ class UpgradeHost(msgspec.Struct, frozen=True, kw_only=True):
     role: HostRole
     step: UpgradeStep = "waiting"
     attempt: int = 0  # times it was told to upgrade in this roll
+    # The node whose agent upgrades it: a control plane's host is named by its advertised
+    # address, its agent by the host's name ("": the same as name).
+    agent: str = ""
     done_bytes: int = 0
     total_bytes: int = 0
     version: str = ""  # the release it was last seen on

@@ -5,6 +5,7 @@ compare-and-set (an abort or a resume written meanwhile wins; the next pass sees
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -58,17 +59,35 @@ class Driver:
             return
         planes, _ = await registry.read(self._store)
         leader = next((p.name for p in planes if p.role == "leader"), "")
-        versions = {n.name: n.version for n in self._cluster.nodes() if n.connected}
-        versions |= {p.name: p.version for p in planes}  # a plane's host: its llmgwd's
+        versions = self._versions(current, planes)
         now = self._clock()
         new = current
-        for name, report in reports.items():
+        for node, report in reports.items():
+            name = roll.reporter(new, node)
             self._heard[name] = now
             new = roll.reported(new, name, report, now)
         new = roll.observed(new, versions, now)
         new = await self._start_due(new, leader, versions, now)
         if new != current and await records.put_if(self._store, new, revision):
             _log_changes(current, new)
+
+    def _versions(self, r: UpgradeRoll, planes: list[wire.PlaneInfo]) -> dict[str, str]:
+        """Each host's release as seen: a node's agent's; a control plane's host's llmgwd's
+        once its agent (if it has one) says the same, "" while that agent is away."""
+        out = {n.name: n.version for n in self._cluster.nodes() if n.connected}
+        of_plane = {p.name: p.version for p in planes}
+        for h in r.hosts:
+            if h.role != "plane":
+                continue
+            plane = of_plane.get(h.name, "")
+            agent = self._cluster.node(h.agent or h.name)
+            if agent is None:  # none: upgraded by hand, its llmgwd says
+                out[h.name] = plane
+            elif not agent.connected:
+                out[h.name] = ""
+            else:
+                out[h.name] = plane if agent.version == plane else agent.version
+        return out
 
     async def _start_due(
         self, r: UpgradeRoll, leader: str, versions: dict[str, str], now: float
@@ -78,12 +97,24 @@ class Driver:
             if versions.get(name) == r.release:
                 r = roll.already(r, name, now)
                 continue
-            r = roll.started(r, name, now)
+            r = roll.started(r, name, now, agent=self._agent_of(r, name))
             r = self._tell(r, name, staged, now)
         for h in r.hosts:  # in flight and silent: told again (an agent restarted meanwhile)
             if h.step in ("fetching", "installing") and now - self._heard.get(h.name, 0) > RESEND_S:
                 r = self._tell(r, h.name, staged, now)
         return r
+
+    def _agent_of(self, r: UpgradeRoll, name: str) -> str:
+        """The node whose agent upgrades a host: a node itself; a control plane's host, named
+        by its advertised address, the node of that name, else the node at that address,
+        else the node named by its first label (cp1 for cp1.example.org)."""
+        h = roll.host(r, name)
+        if h is None or h.role == "node" or self._cluster.node(name) is not None:
+            return name
+        nodes = self._cluster.nodes()
+        at = [n.name for n in nodes if n.address == name]
+        short = [n.name for n in nodes if n.name == name.split(".", 1)[0] and not _is_ip(name)]
+        return (at or short or [name])[0]
 
     def _tell(
         self, r: UpgradeRoll, name: str, staged: Sequence[StagedPackage], now: float
@@ -91,9 +122,10 @@ class Driver:
         h = roll.host(r, name)
         attempt = h.attempt if h is not None else 0
         msg = wire.Upgrade(r.id, attempt, r.release, [_wire(p) for p in staged])
-        why = self._cluster.send_upgrade(name, msg)
+        agent = (h.agent if h is not None else "") or name
+        why = self._cluster.send_upgrade(agent, msg)
         self._heard[name] = now
-        if why and h is not None and h.role == "plane" and self._cluster.node(name) is None:
+        if why and h is not None and h.role == "plane" and self._cluster.node(agent) is None:
             why = (
                 "no llmgw-agentd of this name has registered: a control plane's host is "
                 "upgraded through its agent; install the packages there by hand (apt-get or "
@@ -102,6 +134,14 @@ class Driver:
         if why:
             return roll.failed(r, name, why, now)
         return r
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _wire(p: StagedPackage) -> wire.UpgradePackage:

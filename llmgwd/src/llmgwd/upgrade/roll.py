@@ -59,11 +59,19 @@ def host(roll: UpgradeRoll, name: str) -> UpgradeHost | None:
     return next((h for h in roll.hosts if h.name == name), None)
 
 
-def started(roll: UpgradeRoll, name: str, now: float) -> UpgradeRoll:
-    """The host was told to upgrade."""
+def started(roll: UpgradeRoll, name: str, now: float, agent: str = "") -> UpgradeRoll:
+    """The host was told to upgrade (through agent's node, where that is another name)."""
     h = host(roll, name)
     attempt = (h.attempt if h is not None else 0) + 1
-    return _set(roll, name, step="fetching", message="", done_bytes=0, since=now, attempt=attempt)
+    return _set(roll, name, step="fetching", message="", done_bytes=0, since=now,
+                attempt=attempt, agent=agent if agent != name else "")  # fmt: skip
+
+
+def reporter(roll: UpgradeRoll, node: str) -> str:
+    """The host a node's report is of: the one in flight through that node's agent, else the
+    node itself."""
+    through = [h.name for h in roll.hosts if h.agent == node and h.step in IN_FLIGHT]
+    return through[0] if through else node
 
 
 def failed(roll: UpgradeRoll, name: str, why: str, now: float) -> UpgradeRoll:
