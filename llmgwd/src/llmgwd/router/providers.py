@@ -208,8 +208,13 @@ class Providers:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # trust_env off: the egress proxy is the site's setting, passed per request
-            self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=False)
+            # trust_env off: the egress proxy is the site's setting, passed per request. No cap
+            # on connections: one waiting for a pooled one would wait unbounded (total=None);
+            # the keys' limits and the client port's connection caps bound them instead.
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, trust_env=False
+            )
         return self._session
 
 
