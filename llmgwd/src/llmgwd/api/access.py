@@ -3,6 +3,8 @@ guard, which lets in only the principals its rule (llmgwd.auth) passes."""
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
@@ -24,6 +26,21 @@ def _deny(status: int, message: str, code: str) -> NoReturn:
     if status == 401:
         raise ApiError(401, message, "authentication_error", code, headers=_CHALLENGE)
     raise ApiError(status, message, "permission_error", code)
+
+
+def private_path(request: web.Request) -> bool:
+    """Whether what a request carries stays off the network: it came over TLS, the Unix
+    socket, or from this host (loopback). Where the client port also answers plain HTTP
+    (llmgwd's own certificate), a route handing out secrets asks for one of these."""
+    if request.secure:
+        return True
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None and sock.family == socket.AF_UNIX:
+        return True
+    try:
+        return ipaddress.ip_address(request.remote or "").is_loopback
+    except ValueError:
+        return False
 
 
 def peercred_auth(group: str) -> Middleware:
