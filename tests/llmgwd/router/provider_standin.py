@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class StandIn:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/messages", self._messages)
         return app
 
@@ -94,6 +96,16 @@ class StandIn:
         if isinstance(body, web.Response):
             return body
         return _json(200, recorded("openai_embeddings.json"))
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._take(request, anthropic=False)
+        if isinstance(body, web.Response):
+            return body
+        chunks = events("openai_responses_stream.txt")
+        if not body.get("stream"):  # the whole answer: the completed event's response
+            last = chunks[-1].split(b"data: ", 1)[1]
+            return _json(200, json.dumps(json.loads(last)["response"]).encode())
+        return await self._stream(request, chunks)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await self._take(request, anthropic=True)

@@ -47,8 +47,8 @@ GPT, CLAUDE = "gpt", "claude"  # the catalog's names
 GPT_UPSTREAM, CLAUDE_UPSTREAM = "gpt-4o-mini", "claude-opus-4-6"  # the upstreams'
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 HI_A: list[MessageParam] = [{"role": "user", "content": "hi"}]
-# The recordings' usage (provider_answers/): OpenAI's stream, Anthropic's stream.
-OPENAI_USAGE, ANTHROPIC_USAGE = (19, 10), (25, 15)
+# The recordings' usage (provider_answers/): OpenAI's chat stream, Anthropic's, Responses'.
+OPENAI_USAGE, ANTHROPIC_USAGE, RESPONSES_USAGE = (19, 10), (25, 15), (37, 11)
 
 
 def provider(name: str, protocol: ProviderProtocol, url: str, upstream: str, sealed: str) -> Model:
@@ -141,6 +141,25 @@ async def test_openai_stream_is_metered_whether_or_not_the_client_asks_usage(s: 
     assert s.stand_in.seen[0].body["stream_options"] == {"include_usage": True}
     counts = (await s.usage())[GPT]
     assert (counts.prompt_tokens, counts.completion_tokens) == OPENAI_USAGE
+
+
+async def test_openai_responses_whole_and_streamed(s: Setup) -> None:
+    async with s.openai() as client:
+        whole = await client.responses.create(model=GPT, input="hi")
+        stream = await client.responses.create(model=GPT, input="hi", stream=True)
+        kinds = [event.type async for event in stream]
+    assert whole.output_text == "Hi there! How can I assist you today?"
+    assert whole.model == GPT and whole.usage is not None
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == RESPONSES_USAGE
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    for sent in s.stand_in.seen:
+        assert sent.path == "/v1/responses" and sent.body["model"] == GPT_UPSTREAM
+    counts = (await s.usage())[GPT]
+    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (
+        2,
+        2 * RESPONSES_USAGE[0],
+        2 * RESPONSES_USAGE[1],
+    )
 
 
 async def test_anthropic_messages_whole_and_streamed(s: Setup) -> None:
