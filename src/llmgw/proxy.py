@@ -25,8 +25,9 @@ ENV_NAMES = frozenset({"https_proxy", "http_proxy", "all_proxy", "no_proxy"})
 
 
 def redact(text: str) -> str:
-    """Every URL's user:password@ in text replaced by ****@."""
-    return re.sub(r"(?<=://)[^/@\s]+@", "****@", text)
+    """Every URL's user:password@ in text replaced by ****@: all up to the last @ of the word,
+    so that a password holding "@" or "/" (unencoded, as people write them) shows nothing."""
+    return re.sub(r"(?<=://)\S*@", "****@", text)
 
 
 def check_url(url: str) -> None:

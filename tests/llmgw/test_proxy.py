@@ -182,6 +182,12 @@ def test_redact_hides_every_url_password() -> None:
     assert text == "via http://****@p:3128 and https://****@idx/simple"
 
 
+@pytest.mark.parametrize("password", ["S3cr@tP@ss", "a/b@c", "p:w@rd"])
+def test_redact_hides_a_password_holding_at_signs_or_slashes(password: str) -> None:
+    text = proxy.redact(f"proxy 'http://svc:{password}@proxy:3128' refused")
+    assert text == "proxy 'http://****@proxy:3128' refused"
+
+
 @pytest.mark.parametrize("main", [llmgwd_main.main, agentd_main.main])
 def test_a_daemon_with_an_unusable_environment_proxy_exits_78_without_its_password(
     main: Callable[[list[str] | None], None],
