@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """On a machine with an NVIDIA card (scripts/gpu-check runs it): SmolLM2's GGUF on llama.cpp
-with CUDA, and with --vllm-env the SmolLM2 safetensors set on vLLM, each served on the card
+with CUDA, with --vllm-env the SmolLM2 safetensors set on vLLM, and with --freetoken-env a
+mixture of experts (--moe, scripts/make-test-moe's) on FreeToken, each served on the card
 through llmgwd in a private systemd; prints first token, tokens per second, and the memory
 used (on the card by nvidia-smi, in RAM by the unit) against the placement's estimate.
 
     .venv/bin/python bench/estimates/gpu_serve.py --llama-server BIN [--vllm-env DIR
-        --safetensors DIR] [--vllm-index URL]
+        --safetensors DIR] [--freetoken-env DIR --moe DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from run import number, unit_pids  # type: ignore[import-not-found]  # noqa: E402
 
 VLLM_INSIDE = "/var/cache/llmgw/vllm-gpu"
+FREETOKEN_INSIDE = "/var/cache/llmgw/freetoken"
 ST_REPO = "local/SmolLM2-135M-Instruct"
+MOE_REPO = "local/tiny-moe"
 
 
 def estimate_of(memory_max: int) -> int:
@@ -124,18 +127,43 @@ def serve_and_measure(node: Node, key: str, name: str, start_s: float) -> dict[s
     return figures
 
 
+def engines_bound(args: argparse.Namespace) -> tuple[list[harness.Bind], str]:
+    """What the private systemd binds in (the checkout, the llama-server build cache, the
+    engines' environments and sets, read-only) and agent.yaml's engine lines for them."""
+    binds = harness.binds()
+    extra = ""
+    if args.vllm_env:
+        binds += [harness.Bind(Path(args.vllm_env), Path(VLLM_INSIDE), readonly=True),
+                  harness.Bind(Path(args.safetensors), readonly=True)]  # fmt: skip
+        extra += f"  vllm:\n    env: {VLLM_INSIDE}\n"
+    if args.freetoken_env:
+        binds += [harness.Bind(Path(args.freetoken_env), Path(FREETOKEN_INSIDE), readonly=True),
+                  harness.Bind(Path(args.moe), readonly=True)]  # fmt: skip
+        extra += f"  freetoken:\n    env: {FREETOKEN_INSIDE}\n"
+    return binds, extra
+
+
+def serve_set(
+    node: Node, key: str, src: str, repo: str, name: str, engine: str, start_s: float
+) -> dict[str, Any]:
+    """A safetensors set imported into the mirror as repo, served as name on engine (ready
+    within start_s)."""
+    node.ps.run(["cp", "-rL", src, f"/srv/{name}"])
+    node.llmgw("mirror", "import", f"/srv/{name}", "--as", repo)
+    node.llmgw("model", "add", name, "--from", f"hf:{repo}", "--engine", engine,
+               "--context", "4096")  # fmt: skip
+    return serve_and_measure(node, key, name, start_s)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", required=True, help="llama-server built with CUDA")
     ap.add_argument("--vllm-env", help="an environment with vLLM (CUDA) installed")
     ap.add_argument("--safetensors", help="the SmolLM2 safetensors set (make-test-safetensors)")
+    ap.add_argument("--freetoken-env", help="an environment with FreeToken installed")
+    ap.add_argument("--moe", help="a mixture of experts' safetensors set (make-test-moe)")
     args = ap.parse_args()
-    binds = harness.binds()  # the checkout and the llama-server build cache, read-only
-    extra = ""
-    if args.vllm_env:
-        binds += [harness.Bind(Path(args.vllm_env), Path(VLLM_INSIDE), readonly=True),
-                  harness.Bind(Path(args.safetensors), readonly=True)]  # fmt: skip
-        extra = f"  vllm:\n    env: {VLLM_INSIDE}\n"
+    binds, extra = engines_bound(args)
     results = []
     with harness.booted("gpu-check", binds=binds) as ps:
         node = Node(ps, 7700, 7710)
@@ -147,11 +175,11 @@ def main() -> int:
                    "llama.cpp", "--context", "4096")  # fmt: skip
         results.append(serve_and_measure(node, key, "smol-gguf", 300))
         if args.vllm_env:
-            ps.run(["cp", "-rL", args.safetensors, "/srv/smol"])
-            node.llmgw("mirror", "import", "/srv/smol", "--as", ST_REPO)
-            node.llmgw("model", "add", "smol-vllm", "--from", f"hf:{ST_REPO}", "--engine",
-                       "vllm", "--context", "4096")  # fmt: skip
-            results.append(serve_and_measure(node, key, "smol-vllm", 600))
+            smol = (args.safetensors, ST_REPO, "smol-vllm", "vllm", 600)
+            results.append(serve_set(node, key, *smol))
+        if args.freetoken_env:  # FreeToken compiles its kernels for the card as it loads
+            moe = (args.moe, MOE_REPO, "moe-freetoken", "freetoken", 1200)
+            results.append(serve_set(node, key, *moe))
     for r in results:
         print(json.dumps(r))
     return 0
