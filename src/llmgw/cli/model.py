@@ -191,7 +191,7 @@ def serve(
     take minutes (`llmgw model plan` says so), only with --cpu-ok. With --wait, until N are
     ready and no other is starting or stopping."""
     if replicas and not cpu_ok:
-        _refuse_slow(settings, name)
+        _refuse_slow(settings, name, None)
     answer = call(settings, "POST", api_path("models", name, "serve"), ServeIn(replicas=replicas))
     if as_json:
         echo_json(answer)
@@ -201,14 +201,15 @@ def serve(
         wait.wait_served(settings, name, wait_timeout)
 
 
-def _refuse_slow(settings: Settings, name: str) -> None:
-    """Refuse to serve model NAME where its plan says a reply takes minutes on CPUs (the
-    console's serve form asks first by the same rule); a plan not read says nothing."""
+def _refuse_slow(settings: Settings, name: str, profile: str | None) -> None:
+    """Refuse to serve model NAME (on one profile, or any) where its plan says a reply takes
+    minutes on CPUs (the console's serve form asks first by the same rule); a plan not read,
+    or a profile not in it yet, says nothing."""
     try:
         plan = decoded(call(settings, "GET", api_path("models", name, "plan")), PlanView)
     except (Refused, NotFound):
         return  # no scheduler here, or no such model: the serve call says
-    late = slow(plan, plan.max_tokens)
+    late = [b for b in slow(plan, plan.max_tokens) if profile in (None, b.profile)]
     if late:
         raise Refused(f"{late[0].warning()}: serve it with --cpu-ok to serve it anyway")
 
@@ -312,6 +313,11 @@ def _removed(name: str, removed: ModelRemoved) -> None:
     type=click.IntRange(1, MAX_CARDS_PER_REPLICA),
     help="A gpu profile's cards a replica, the model split across them.",
 )
+@click.option(
+    "--cpu-ok",
+    is_flag=True,
+    help="Run them though a reply would take minutes on the profile's CPUs.",
+)
 @json_option
 @pass_settings
 def replicas(
@@ -322,9 +328,13 @@ def replicas(
     kind: str | None,
     priority: int | None,
     gpus: int | None,
+    cpu_ok: bool,
     as_json: bool,
 ) -> None:
-    """Run COUNT replicas of model NAME's profile; new ones start before old ones stop."""
+    """Run COUNT replicas of model NAME's profile; new ones start before old ones stop.
+    Where the plan says a reply takes minutes on the profile's CPUs, only with --cpu-ok."""
+    if count and not cpu_ok:
+        _refuse_slow(settings, name, profile)
     # kind "", priority and gpus None: a new profile's defaults, an existing one's kept
     new_kind = cast(Literal["", "cpu", "gpu"], kind or "")
     body = ProfileReplicasIn(
@@ -501,6 +511,8 @@ def plan(
 
 def status_of(m: ModelView) -> str:
     """One word (and the first failure's reason) for how a model is doing."""
+    if m.source.startswith("upstream:"):
+        return "external"  # served by its provider's API (llmgw providers)
     reps = m.replica_status
     ooms = sum(r.oom_kills for r in reps)
     also = f" ({ooms} OOM kill{'s' if ooms != 1 else ''})" if ooms else ""

@@ -122,10 +122,11 @@ def replicas_by_model(nodes: list[NodeInfo]) -> dict[str, list[ReplicaView]]:
 
 def model_view(model: Model, replicas: list[ReplicaView], parked: bool = False) -> ModelView:
     """The API's view of a model and its replicas."""
+    up = model.upstream  # an external provider's model: its API for an engine, no profile
     return ModelView(
         name=model.name,
         source=model.source,
-        engine=model.engine,
+        engine=up.protocol if up is not None else model.engine,
         args=model.args,
         context=model.context,
         max_tokens=model.max_tokens,
@@ -135,7 +136,7 @@ def model_view(model: Model, replicas: list[ReplicaView], parked: bool = False) 
         ready=sum(r.state == "ready" for r in replicas),
         created_at=model.created_at,
         replica_status=sorted(replicas, key=lambda r: r.id),
-        profiles=profiles_of(model),
+        profiles=profiles_of(model) if up is None else [],
         on_demand=model.on_demand,
         idle_s=model.idle_s if model.on_demand else 0,
         parked=parked,
