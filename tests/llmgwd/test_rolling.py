@@ -244,3 +244,34 @@ async def test_a_new_leader_mid_roll_waits_to_hear_from_the_nodes(store: SqliteS
         clock.now += 5
     assert min(readies) >= 4 and readies[-1] == 4  # never fewer than wanted
     assert agents.generations() == [1, 1, 1, 1]
+
+
+async def test_one_replica_without_room_failing_anew_comes_back_on_the_old_settings(
+    store: SqliteStore,
+) -> None:
+    nodes = FakeNodes("a")
+    nodes.by_name["a"].inventory = ONE_CORE
+    rec, agents = await settled(store, nodes, smol(replicas=1), fails=lambda s: s.generation == 1)
+    model = await rec._catalog.update_model("m", generation=1)
+    readies = await roll(rec, agents, rounds=30)
+    assert 0 in readies and readies[-1] == 1  # down while it tried, then up again
+    assert agents.generations() == [0]
+    assert rec.rollout(model).startswith("halted:") and "old settings" in rec.rollout(model)
+
+
+async def test_a_new_leader_brings_back_the_old_settings_too(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    nodes.by_name["a"].inventory = ONE_CORE
+    rec, agents = await settled(store, nodes, smol(replicas=1), fails=lambda s: s.generation == 1)
+    model = await rec._catalog.update_model("m", generation=1)
+    await rec.reconcile()  # the old one stopped for its replacement
+    agents.round()
+    clock = Clock()  # llmgwd restarts before the replacement is ready
+    rec2 = Reconciler(store, rec._catalog, nodes, b"s" * 32, grace_s=GRACE_S, clock=clock)
+    await rec2.load()
+    for _ in range(30):
+        await rec2.reconcile()
+        agents.round()
+        clock.now += 5
+    assert agents.ready() == 1 and agents.generations() == [0]
+    assert rec2.rollout(model).startswith("halted:")

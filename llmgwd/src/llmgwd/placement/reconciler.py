@@ -241,6 +241,9 @@ class Reconciler:
         self._ooms = {kv.key[len(OOM_KILLS) :]: _oom_dec.decode(kv.value) for kv in kvs}
         kvs, _ = await self._store.range(ROLLOUTS, prefix_end(ROLLOUTS))
         self._rolls = {kv.key[len(ROLLOUTS) :]: _roll_dec.decode(kv.value) for kv in kvs}
+        for name, rec in self._rolls.items():  # a replacement for a stopped one, still awaited
+            for profile, count in rec.stopped.items():
+                self._placing[(name, profile)] = (count, self._clock())
         kvs, _ = await self._store.range(LAST_USED, prefix_end(LAST_USED))
         for kv in kvs:
             ago = max(0.0, time.time() - _used_dec.decode(kv.value).at)
@@ -640,19 +643,29 @@ class Reconciler:
         return out
 
     def _step(self, m: Model, d: Demand, roll: Roll) -> rolling.Step:
-        key = (m.name, d.profile.name)
+        """rolling.step for d's profile; placing: a stale one was stopped for a replacement
+        not placed yet (up to REPLACE_TIMEOUT_S); replacing: that replacement, placed, is
+        not ready yet."""
+        key, now = (m.name, d.profile.name), rolling.settings(m, d.profile)
         mine = [p for p in self._placements.values() if (p.model, p.profile) == key]
+
+        def state(rid: str) -> str:
+            return getattr(roll.status.get(rid), "state", "")
+
         count, since = self._placing.get(key, (0, 0.0))
         placing = len(mine) < count and self._clock() - since < REPLACE_TIMEOUT_S
-        if not placing:
+        replacing = key in self._placing and len(mine) >= count
+        replacing = replacing and any(state(p.id) != "ready" for p in mine if p.started == now)
+        if not (placing or replacing):
             self._placing.pop(key, None)
         return rolling.step(
             max(d.profile.replicas, 0),
             mine,
-            rolling.settings(m, d.profile),
-            lambda rid: getattr(roll.status.get(rid), "state", ""),
+            now,
+            state,
             lambda rid: self._failing(roll.status.get(rid)),
             placing,
+            replacing,
         )
 
     def _failing(self, st: ReplicaStatus | None) -> bool:
@@ -684,6 +697,10 @@ class Reconciler:
                 key = (m.name, d.profile.name)
                 have = sum(1 for p in self._placements.values() if (p.model, p.profile) == key)
                 self._placing[key] = (have, self._clock())
+                rec = self._rolls.get(m.name)
+                if rec is not None:
+                    stopped = {**rec.stopped, d.profile.name: have}
+                    await self._save_roll(m.name, msgspec.structs.replace(rec, stopped=stopped))
                 why = "stopped for its replacement with the new settings (no room beside it)"
                 await self._delete(s.replicas[0], why)
 
@@ -716,12 +733,16 @@ class Reconciler:
         the roll waits for new settings."""
         st = roll.status.get(p.id)
         why = st.message if st is not None and st.message else "no reason given"
+        back = any(k[0] == m.name for k in self._placing)  # it replaced an old one stopped
         text = (
             f"halted: replica {p.id} failed to start with the new settings on {p.node} ({why});"
-            " the other replicas keep the old ones until the model is restarted or its"
-            " context changed again"
+            " the replicas run the old settings"
+            + (" (the old one stopped for it is placed again with them)" if back else "")
+            + " until the model is restarted or its context changed again"
         )
         await self._delete(p, "it failed to start with the model's new settings: the roll stops")
+        for key in [k for k in self._placing if k[0] == m.name]:
+            del self._placing[key]
         rec = self._rolls.get(m.name)
         if rec is not None:
             await self._save_roll(m.name, msgspec.structs.replace(rec, halted=text))

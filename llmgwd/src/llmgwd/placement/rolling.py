@@ -15,8 +15,9 @@ each pass, per profile, what to do next:
 - one profile of a model at a time, so the model too has at most one replica down;
 - the stale one beside a new one stops once the new one is ready; the next one then;
 - a replica of the new settings that fails to start halts the roll: it is removed, the old
-  replicas stay (a replica placed while halted runs the old settings), and the model's state
-  says so until its settings change again.
+  replicas stay (a replica placed while halted runs the old settings: so does one placed for
+  an old one stopped for it), and the model's state says so until its settings change again;
+  the roll is not done while a replacement for a stopped one is not ready.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Rollout(msgspec.Struct, frozen=True):
     target: dict[str, Started]  # by profile: the settings rolled to
     old: dict[str, Started] = {}  # by profile: what its replicas ran before
     halted: str = ""  # why it stopped ("" while it goes on)
+    # by profile: its count when an old replica was stopped for a replacement (no room
+    # beside), so a new leader too waits for that replacement, or halts if it fails
+    stopped: dict[str, int] = {}
 
 
 class Step(NamedTuple):
@@ -88,19 +92,23 @@ def step(
     state: Callable[[str], str],
     failing: Callable[[str], bool],
     placing: bool = False,
+    replacing: bool = False,
 ) -> Step:
     """The next step of one profile's roll (the module's docstring says which). mine: the
     profile's placements; state: a replica's state by id ("" where its node has not
     reported it: then it waits, never restarts it); failing: whether one failed to start
     (as the reconciler counts failures); placing: a stale one was stopped for a
-    replacement not placed yet."""
+    replacement not placed yet; replacing: that replacement is placed, not ready yet (the
+    roll is not done until it is: should it fail, the old settings come back)."""
     stale = sorted((p for p in mine if p.started != now), key=lambda p: p.id)
     fresh = [p for p in mine if p.started == now]
-    if not stale or want <= 0:
+    if not (stale or replacing) or want <= 0:
         return Step("done")
     bad = [p for p in fresh if failing(p.id)]
     if bad:
         return Step("halt", (bad[0],))
+    if not stale:
+        return Step("wait")  # the last replacement, not ready yet
     idle = tuple(p for p in stale if state(p.id) not in ("", "ready"))
     if idle:
         return Step("restart", idle)
