@@ -104,6 +104,16 @@ def test_plan_warns_of_a_slow_cpu_reply_and_serve_needs_cpu_ok(
     assert smol.catalog.get("smol").replicas == 1  # type: ignore[union-attr]
 
 
+def test_a_slow_profile_s_replicas_need_cpu_ok_too(timed: Timed, smol: Daemon) -> None:
+    r = smol.cli("model", "replicas", "smol", "2", "--profile", "default")
+    assert r.exit_code == 1 and "4.3 minutes on n1" in r.stderr
+    assert smol.catalog.get("smol").replicas == 0  # type: ignore[union-attr]
+    r = smol.cli("model", "replicas", "smol", "2", "--profile", "default", "--cpu-ok")
+    assert r.exit_code == 0, r.stderr
+    assert smol.catalog.get("smol").replicas == 2  # type: ignore[union-attr]
+    assert smol.cli("model", "replicas", "smol", "0", "--profile", "default").exit_code == 0
+
+
 def test_a_short_longest_answer_or_a_fast_place_needs_no_cpu_ok(
     timed: Timed,
     smol: Daemon,
