@@ -41,6 +41,8 @@ def test_a_provider_added_listed_and_removed(
     listed = daemon.cli("providers", "-o", "json").stdout
     [view] = json.loads(listed)
     assert (view["context"], view["max_tokens"]) == (128000, 4096) and "credential" not in view
+    [_, shown] = rows(daemon.cli("models").stdout)
+    assert (shown[1], shown[2], shown[4], shown[5]) == ("openai", "0/0", "external", "-")
     models = daemon.cli("models", "--json").stdout
     [model] = json.loads(models)
     assert (model["name"], model["source"], model["replicas"]) == ("gpt", f"upstream:{URL}", 0)
