@@ -3,6 +3,7 @@ and placed by what one token reads on the card (its experts stay in RAM)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from llmgw.api_types import ModelIn
@@ -10,6 +11,7 @@ from llmgw.errors import ApiError
 from llmgwd.api.models import validate_model
 from llmgwd.catalog import profiles_of
 from llmgwd.placement.estimate import ModelShape, memory_bytes, on_card
+from llmgwd.placement.profiles import problems
 
 GiB = 1 << 30
 # A mixture of experts of 60 GiB whose token reads 6 GiB (its dense part and 8 experts).
@@ -41,3 +43,13 @@ def test_a_card_holds_what_one_token_reads_of_a_freetoken_moe() -> None:
     dense = ModelShape(**{**{f: getattr(MOE, f) for f in MOE.__struct_fields__},
                           "bytes_per_token": 0})  # fmt: skip
     assert on_card(dense, "freetoken") is dense  # not known: all of it
+
+
+def test_a_freetoken_profile_is_one_card_a_replica() -> None:
+    model = validate_model(ModelIn(name="q", source="hf:Qwen/Q", engine="freetoken"))
+    [default] = profiles_of(model)
+    assert problems([default]) == []
+    split = msgspec.structs.replace(default, gpus=2)
+    on_cpus = msgspec.structs.replace(default, kind="cpu", gpus=1)
+    want = "profile 'default': FreeToken runs a replica on one card (gpus 1)"
+    assert problems([split]) == problems([on_cpus]) == [want]

@@ -28,6 +28,8 @@ def problems(profiles: list[Profile]) -> list[str]:
             out.append(f"profile {p.name!r}: min_context is above context")
         if p.min_compute_capability and not _is_capability(p.min_compute_capability):
             out.append(f"profile {p.name!r}: compute capability is written like 8.0")
+        if p.engine == "freetoken" and (p.kind != "gpu" or p.gpus != 1):
+            out.append(f"profile {p.name!r}: FreeToken runs a replica on one card (gpus 1)")
     return out
 
 
