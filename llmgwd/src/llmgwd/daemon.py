@@ -304,7 +304,9 @@ class Daemon:
         app.add_subapp(login.PREFIX, signin)  # no key
         api = api_subapp(ctx, key_auth(self.catalog))
         app.add_subapp(API_PREFIX, api)
-        tls, url = bool(cfg.tls_cert), cfg.public_url
+        own_tls = self._own_tls(keys)  # None: the site's certificate, or none
+        # Either certificate: the console's cookies are Secure, and plain HTTP is sent to TLS.
+        tls, url = bool(cfg.tls_cert) or own_tls is not None, cfg.public_url
         made = console.make(api, self.catalog, secret, tls=tls, login=signin, public_url=url)
         console.mount(app, made)
         app.add_subapp("/hf", mirror_setup.hub(self.mirror, self.catalog, self.meter.allows))
@@ -315,7 +317,6 @@ class Daemon:
                              (metrics.ENGINES_PATH, self.engine_metrics.render)):  # fmt: skip
             app.router.add_get(path, metrics.client_handler(render, self.catalog, store, open_))
         host, port = split_listen(cfg.listen)
-        own_tls = self._own_tls(keys)  # None: the site's certificate, or none
         self.client_runner = await listener.serve(app, cfg, host, port, own_tls)
         self._runners.append(self.client_runner)
 

@@ -4,15 +4,22 @@ ending the session on the server, and the provider's error in the log."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
+from unittest import mock
 
 import pytest
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import make_mocked_request
 from yarl import URL
 
+from llmgw.config import ClientPort, ClusterPort, ServerConfig
 from llmgwd.console import base, pages
 from llmgwd.console.ended import ENDED
-from llmgwd.console.headers import CSP
+from llmgwd.console.headers import CSP, TLS, to_https
 from llmgwd.console.session import COOKIE, FLASH
+from llmgwd.daemon import Daemon
 from llmgwd.scim.token import SCIM as SCIM_TOKEN
 from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
 
@@ -127,3 +134,57 @@ async def test_the_made_page_sent_again_is_a_409_not_a_second_secret(
     _, html = await browser.get("/console/people")
     [again] = [f for f in Forms(html).forms if f.get("route") == "POST /scim/token"]
     assert again["once"] != form["once"]
+
+
+@pytest.mark.parametrize(
+    ("peer", "where"),
+    [(("10.1.2.3", 5000), "https://llmgw.example:7700/console/models?x=1"), (("127.0.0.1", 1), "")],
+)
+async def test_plain_http_from_another_host_is_sent_to_https_where_the_port_has_tls(
+    peer: tuple[str, int], where: str
+) -> None:
+    app = web.Application()
+    app[TLS] = True
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: {
+        "peername": peer,
+        "socket": mock.Mock(family=socket.AF_INET),
+    }.get(name, default)
+    headers = {"Host": "llmgw.example:7700"}
+    req = make_mocked_request(
+        "GET", "/console/models?x=1", headers=headers, app=app, transport=transport
+    )
+
+    async def page(_r: web.Request) -> web.Response:
+        return web.Response(text="page")
+
+    if where:
+        with pytest.raises(web.HTTPPermanentRedirect) as e:
+            await to_https(req, page)
+        assert str(e.value.location) == where
+    else:
+        answer = await to_https(req, page)
+        assert isinstance(answer, web.Response) and answer.text == "page"
+
+
+async def test_llmgwd_s_own_certificate_makes_the_console_s_cookies_secure(
+    tmp_path: Path,
+) -> None:
+    cfg = ServerConfig(
+        name="site", state_dir=str(tmp_path / "state"), socket=str(tmp_path / "llmgwd.sock"),
+        client=ClientPort(listen="127.0.0.1:0"),
+        cluster=ClusterPort(listen="127.0.0.1:0", advertise="https://127.0.0.1:17711"),
+    )  # fmt: skip
+    d = Daemon(cfg)
+    await d.start()
+    try:
+        assert d.client_runner is not None
+        host, port = d.client_runner.addresses[0][:2]
+        async with ClientSession() as s, s.get(f"http://{host}:{port}/console/login") as r:
+            await r.read()
+            cookies = r.headers.getall("Set-Cookie", [])
+            hsts = r.headers.get("Strict-Transport-Security")
+    finally:
+        await d.stop()
+    assert r.status == 200 and hsts == "max-age=31536000"
+    assert cookies and all("Secure" in c for c in cookies)

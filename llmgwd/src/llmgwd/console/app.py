@@ -33,7 +33,7 @@ from llmgwd.console.base import (
     templates,
 )
 from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, SERVE_FORMS, Routes
-from llmgwd.console.headers import TLS, security_headers
+from llmgwd.console.headers import TLS, security_headers, to_https
 from llmgwd.console.session import Sessions, derived
 
 
@@ -73,7 +73,7 @@ def console_app(ctx: Console) -> web.Application:
     """The console's pages, forms and static files."""
     # error_pages outermost: a failure checking the session or working out the navigation is
     # its error page too.
-    app = web.Application(middlewares=[error_pages, live_sessions, nav.navigation])
+    app = web.Application(middlewares=[to_https, error_pages, live_sessions, nav.navigation])
     app.on_response_prepare.append(security_headers)  # every answer, aiohttp's own 500 too
     app[CONSOLE] = ctx
     app[TLS] = ctx.sessions.secure

@@ -1,9 +1,12 @@
 """The console's security headers: a strict Content-Security-Policy (no inline script or style),
-no sniffing, no referrer, pages never cached, and HSTS where the client port has TLS."""
+no sniffing, no referrer, pages never cached, and HSTS and https:// where the port has TLS."""
 
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgwd.api.access import private_path
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -27,3 +30,14 @@ async def security_headers(request: web.Request, response: web.StreamResponse) -
         response.headers["Strict-Transport-Security"] = HSTS
     if not request.path.startswith("/console/static/"):  # a page holds what this person sees
         response.headers["Cache-Control"] = "no-store"
+
+
+@web.middleware
+async def to_https(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Plain HTTP from another host, where the client port has TLS (llmgwd's own certificate
+    answers plain HTTP on the same port): sent to https://, where the session cookie is
+    Secure and a key typed at sign-in never crosses the network in clear. This host's own
+    browser (loopback) is served as it asks."""
+    if request.config_dict.get(TLS, False) and not private_path(request):
+        raise web.HTTPPermanentRedirect(request.url.with_scheme("https"))
+    return await handler(request)
