@@ -60,6 +60,7 @@ class StandIn:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         return app
 
     async def _take(self, request: web.Request, anthropic: bool) -> dict[str, Any] | web.Response:
@@ -114,6 +115,12 @@ class StandIn:
         if not body.get("stream"):
             return _json(200, recorded("anthropic_message.json"))
         return await self._stream(request, events("anthropic_stream.txt"))
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        body = await self._take(request, anthropic=True)
+        if isinstance(body, web.Response):
+            return body
+        return _json(200, recorded("anthropic_count_tokens.json"))
 
     async def _stream(self, request: web.Request, chunks: list[bytes]) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})

@@ -186,6 +186,16 @@ async def post(s: Setup, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return r.status, await r.json()
 
 
+async def test_anthropic_count_tokens_is_the_upstreams_count_billing_none(s: Setup) -> None:
+    async with s.anthropic() as client:
+        counted = await client.messages.count_tokens(model=CLAUDE, messages=HI_A)
+    assert counted.input_tokens == 2095
+    [sent] = s.stand_in.seen
+    assert sent.path == "/v1/messages/count_tokens" and sent.body["model"] == CLAUDE_UPSTREAM
+    counts = (await s.usage())[CLAUDE]
+    assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (1, 0, 0)
+
+
 async def test_one_budget_is_spent_exactly_across_local_and_external_models(s: Setup) -> None:
     for model in (GPT, MODEL):
         assert (await post(s, {"model": model, "messages": HI}))[0] == 200
