@@ -15,7 +15,7 @@ from llmgwd.placement.reconciler import Reconciler
 from llmgwd.placement.rolling import needs_place
 from llmgwd.placement.scheduler import Started
 from llmgwd.store.sqlite import SqliteStore
-from tests.llmgwd.test_reconciler import GIB, Clock, FakeNodes, smol, start
+from tests.llmgwd.test_reconciler import GIB, SMOL, Clock, FakeNodes, smol, start
 
 ONE_CORE = Inventory(cores=1, memory_bytes=16 * GIB, memory_free_bytes=12 * GIB)
 GRACE_S = 60  # the reconciler's in test_reconciler.start
@@ -275,3 +275,20 @@ async def test_a_new_leader_brings_back_the_old_settings_too(store: SqliteStore)
         clock.now += 5
     assert agents.ready() == 1 and agents.generations() == [0]
     assert rec2.rollout(model).startswith("halted:")
+
+
+async def test_the_room_an_old_replica_leaves_goes_to_its_replacement(
+    store: SqliteStore,
+) -> None:
+    nodes = FakeNodes("n1", "n2", "n3")
+    for n in nodes.by_name.values():
+        n.inventory = ONE_CORE
+    rec, agents = await settled(store, nodes, smol(replicas=3))
+    waiting = Model(name="a", source="file:/a.gguf", shape=SMOL, replicas=1)
+    await rec._catalog.add_model(waiting)  # no room for it: it waits
+    await roll(rec, agents, rounds=2)
+    assert nodes.where("a") == []
+    await rec._catalog.update_model("m", generation=1)
+    readies = await roll(rec, agents, rounds=30)
+    assert min(readies) == 2 and readies[-1] == 3  # m keeps its three
+    assert agents.generations() == [1, 1, 1] and nodes.where("a") == []

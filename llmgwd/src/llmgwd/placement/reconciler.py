@@ -694,15 +694,23 @@ class Reconciler:
                 await self._put(msgspec.structs.replace(new, started=now))
                 roll.outgoing.add(s.replicas[0].id)
             else:
-                key = (m.name, d.profile.name)
-                have = sum(1 for p in self._placements.values() if (p.model, p.profile) == key)
-                self._placing[key] = (have, self._clock())
-                rec = self._rolls.get(m.name)
-                if rec is not None:
-                    stopped = {**rec.stopped, d.profile.name: have}
-                    await self._save_roll(m.name, msgspec.structs.replace(rec, stopped=stopped))
-                why = "stopped for its replacement with the new settings (no room beside it)"
-                await self._delete(s.replicas[0], why)
+                await self._replace(m, d, s.replicas[0], roll)
+
+    async def _replace(self, m: Model, d: Demand, old: Placement, roll: Roll) -> None:
+        """No room beside: old stops and its replacement is placed in this pass, before any
+        other model's demand can take the room it leaves."""
+        key = (m.name, d.profile.name)
+        have = sum(1 for p in self._placements.values() if (p.model, p.profile) == key)
+        self._placing[key] = (have, self._clock())
+        rec = self._rolls.get(m.name)
+        if rec is not None:
+            stopped = {**rec.stopped, d.profile.name: have}
+            await self._save_roll(m.name, msgspec.structs.replace(rec, stopped=stopped))
+        why = "stopped for its replacement with the new settings (no room beside it)"
+        await self._delete(old, why)
+        new = self._surge(d, roll)
+        if new is not None:
+            await self._put(msgspec.structs.replace(new, started=rolling.settings(m, d.profile)))
 
     async def _restart(self, p: Placement, now: Started) -> None:
         """A stale replica that serves nothing: started again with now, in place (placed
