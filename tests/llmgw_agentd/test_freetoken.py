@@ -206,3 +206,9 @@ def test_the_launcher_gives_ft_the_key_from_the_file_and_its_own_argv(tmp_path: 
     printed_key, isa, printed_argv = out.strip().split(" ", 2)
     assert (printed_key, isa) == ("sk-secret", "avx2")
     assert printed_argv == repr(serve_args(got))
+
+
+def test_where_accounts_prompts_are_kept_apart_no_prefix_is_shared() -> None:
+    got = serve_args(argv(spec(isolated_cache=True, args=["--cache-type", "radix"])))
+    assert got[-2:] == ["--cache-type", "naive"]  # argparse: the last one wins
+    assert "naive" not in serve_args(argv(spec(args=["--cache-type", "radix"])))

@@ -78,8 +78,10 @@ def command(
 ) -> list[str]:
     """`ft serve`'s argv for spec: its environment (the agent's, then the model's FREETOKEN_
     settings), the launcher, the model, address, card and served name, the context
-    (--max-seq-len-override) and slots, then the spec's checked options. spec.source is the
-    set's directory in the cache (file:DIR)."""
+    (--max-seq-len-override) and slots, the spec's checked options, and where accounts'
+    prompts are kept apart (client.cache_isolation) FreeToken's naive cache: it has no
+    per-request salt, and its radix cache would share one account's prefix with another's.
+    spec.source is the set's directory in the cache (file:DIR)."""
     if not spec.source.startswith("file:/"):
         raise EngineError(f"source {spec.source!r}: FreeToken needs the set's directory")
     if not spec.devices:
@@ -95,4 +97,7 @@ def command(
         argv += ["--max-seq-len-override", str(spec.context)]
     if spec.slots:  # the placement's: that many contexts' KV cache is what it was given
         argv += ["--max-running-requests", str(spec.slots)]
-    return argv + options
+    argv += options
+    if spec.isolated_cache:  # no salt: no request reuses another's prompt (last flag wins)
+        argv += ["--cache-type", "naive"]
+    return argv

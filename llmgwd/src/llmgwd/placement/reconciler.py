@@ -554,7 +554,7 @@ class Reconciler:
             cores=p.cores,
             gpu_memory_fraction=fraction,
             cache_type=st.cache_type or "",
-            isolated_cache=self._isolated_cache and m.engine == "llama.cpp",
+            isolated_cache=self._isolated_cache and m.engine in ("llama.cpp", "freetoken"),
             generation=st.generation,
             slots=slots,
         )
