@@ -184,8 +184,9 @@ class Counting(Balancer):
         exclude: Collection[str] = (),
         affinity: Affinity | None = None,
         ready: list[Endpoint] | None = None,
+        need: int = 0,
     ) -> Endpoint | None:
-        endpoint = await super().acquire(model, exclude, affinity, ready)
+        endpoint = await super().acquire(model, exclude, affinity, ready, need)
         if endpoint is not None:
             self.sent[endpoint.replica_id] += 1
         return endpoint

@@ -1,6 +1,7 @@
 """A model the catalog gives no context is bounded by its ready replicas' (issue 9, finding
-10): the smallest of them refuses a longer prompt or max_tokens before any engine sees it, and
-is written as max_tokens when the request sets none; 4096 only when no context is known."""
+10): the largest of them refuses a longer prompt or max_tokens before any engine sees it, and
+is written as max_tokens when the request sets none (a prompt only some replicas hold goes to
+one of those: test_router_context_roll.py); 4096 only when no context is known."""
 
 from __future__ import annotations
 
@@ -35,13 +36,13 @@ async def test_max_tokens_over_the_replicas_context_is_refused(m: Metered) -> No
     assert "at most 2048 completion tokens" in answer["error"]["message"]
 
 
-async def test_without_max_tokens_the_engine_gets_the_smallest_replica_context(
+async def test_without_max_tokens_the_engine_gets_the_largest_replica_context(
     m: Metered,
 ) -> None:
-    place(m, 8192, 2048, 0)  # whichever replica the balancer picks, the request fits it
+    place(m, 8192, 2048, 0)  # an answer is cut by its own engine's context only
     status, _, _ = await m.gw.post(CHAT_PATH, {**CHAT, "model": FREE})
     assert status == 200
-    assert m.engine.seen[0].body["max_tokens"] == 2048
+    assert m.engine.seen[0].body["max_tokens"] == 8192
 
 
 async def test_an_answer_of_a_replica_placed_longer_than_4096_is_not_cut_at_4096(

@@ -1,5 +1,6 @@
-"""Choosing a replica: the highest-priority profile with room first, then the replica holding
-the prompt's prefix unless it is much busier, then least outstanding."""
+"""Choosing a replica: among those whose context holds the request, the highest-priority profile
+with room first, then the replica holding the prompt's prefix unless it is much busier, then
+least outstanding."""
 
 from __future__ import annotations
 
@@ -110,23 +111,26 @@ class Balancer:
         exclude: Collection[str] = (),
         affinity: Affinity | None = None,
         ready: list[Endpoint] | None = None,
+        need: int = 0,
     ) -> Endpoint | None:
         """A replica of model with a free slot, that slot already counted (give it back with
         release); waits in line, first come first served, while every replica is full.
-        ready: the pool's ready replicas of model just read by the caller (else read here).
+        ready: the pool's ready replicas of model just read by the caller (else read here);
+        need: the least context a replica must run with to be chosen (a replica whose context
+        is not known is not held back; 0: any, token_bounds.need).
 
         None when no replica outside exclude is ready and in the pool (there is none, or all
         are out for failing); raises waitlist.Busy when the line is full or the wait too long.
         """
         if not self._waitlist.count(model):  # nobody waits before this one
-            endpoint = self._choose(model, exclude, affinity, ready)
+            endpoint = self._choose(model, exclude, affinity, ready, need)
             if endpoint is not None:
                 self._take(endpoint)
                 self._remember(endpoint, affinity)
                 return endpoint
-        if not self._usable(model, exclude):
+        if not self._usable(model, exclude, need):
             return None
-        waiter = self._waitlist.join(model, frozenset(exclude))
+        waiter = self._waitlist.join(model, frozenset(exclude), need)
         served, joined = False, time.perf_counter()
         try:
             endpoint = await self._served(model, waiter)
@@ -154,12 +158,14 @@ class Balancer:
         rid = endpoint.replica_id
         self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
 
-    def _usable(self, model: str, exclude: Collection[str]) -> list[Endpoint]:
-        """Ready replicas of model not in exclude and not out of the pool."""
+    def _usable(self, model: str, exclude: Collection[str], need: int = 0) -> list[Endpoint]:
+        """Ready replicas of model not in exclude, not out of the pool and not too short."""
         return [
             ep
             for ep in self._pool.ready(model)
-            if ep.replica_id not in exclude and not self.ejections.out(ep.replica_id)
+            if ep.replica_id not in exclude
+            and not self.ejections.out(ep.replica_id)
+            and not 0 < ep.context < need
         ]
 
     def _remember(self, endpoint: Endpoint, affinity: Affinity | None) -> None:
@@ -172,8 +178,10 @@ class Balancer:
         exclude: Collection[str],
         affinity: Affinity | None = None,
         ready: list[Endpoint] | None = None,
+        need: int = 0,
     ) -> Endpoint | None:
-        """pick's choice among the usable replicas that have a free slot; None: all full."""
+        """pick's choice among the usable replicas (need: as acquire's) that have a free slot;
+        None: all full."""
         if ready is None:
             ready = self._pool.ready(model)
         if self.prefix is not None:
@@ -181,7 +189,10 @@ class Balancer:
         closed = {
             ep.replica_id
             for ep in ready
-            if ep.replica_id in exclude or self.ejections.out(ep.replica_id) or not self.room(ep)
+            if ep.replica_id in exclude
+            or self.ejections.out(ep.replica_id)
+            or not self.room(ep)
+            or 0 < ep.context < need
         }
         return self._pick(ready, closed, affinity)
 
@@ -197,7 +208,7 @@ class Balancer:
             await asyncio.wait({waiter.future}, timeout=min(left, self._recheck_s))
             if waiter.future.done():
                 break
-            if not self._usable(model, waiter.exclude):
+            if not self._usable(model, waiter.exclude, waiter.need):
                 return None  # its replicas went away (or all failed) while it waited
             self._dispatch(model)  # one may have become ready meanwhile
         return waiter.future.result()
@@ -214,9 +225,9 @@ class Balancer:
         """Give free slots to model's waiters, first come first: each gets a replica it has not
         tried, its slot counted at once so that no request arriving later takes it first."""
         for waiter in self._waitlist.waiting(model):
-            endpoint = self._choose(model, waiter.exclude)
+            endpoint = self._choose(model, waiter.exclude, need=waiter.need)
             if endpoint is None:
-                if not waiter.exclude:
+                if not waiter.exclude and not waiter.need:
                     return  # no free slot at all: none of the later ones can have one either
                 continue
             self._waitlist.leave(model, waiter)

@@ -19,11 +19,11 @@ def check(doc: Document) -> str:
     return request.model
 
 
-def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
+def bound(doc: Document, model: Model, body_bytes: int, context: int = 0) -> Estimate:
     """At most as many prompt tokens as the body has bytes (as for completions), and none of an
-    answer; an input certainly longer than the context (the catalog's, else placed: the
-    smallest of its ready replicas') is refused, as for completions. Each text (or token-id
-    list) of a list counts as one request against a requests-per-minute limit, as each prompt
-    of a completion does."""
-    check_context(doc, model.context or placed, body_bytes)
+    answer; an input certainly longer than context (what the model's replicas hold:
+    token_bounds.held_context) is refused, as for completions. Each text (or token-id list) of
+    a list counts as one request against a requests-per-minute limit, as each prompt of a
+    completion does."""
+    check_context(doc, context, body_bytes)
     return Estimate(prompt=body_bytes, completion=0, requests=fields.inputs("input", doc["input"]))

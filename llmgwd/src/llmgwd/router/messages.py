@@ -157,14 +157,13 @@ def _inline_source(source: Source, param: str) -> None:
         raise fields.refuse_link(f"{param}.{name}", "images", "a source of type 'base64'")
 
 
-def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
+def bound(doc: Document, model: Model, body_bytes: int, context: int = 0) -> Estimate:
     """As a chat's: the prompt at most the body's bytes, the answer max_tokens."""
-    context = model.context or placed
     check_context(doc, context, body_bytes)
     return Estimate(prompt=body_bytes, completion=one_limit(doc, model, context, "max_tokens"))
 
 
-def bound_count(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
+def bound_count(doc: Document, model: Model, body_bytes: int, context: int = 0) -> Estimate:
     """Counting generates nothing, but the engine reads the whole prompt: its bound (the
     body's bytes) is held against the key's tokens per minute, so a prompt larger than that
     limit is refused before an engine tokenizes it. Not billed (Estimate.billed)."""

@@ -194,11 +194,13 @@ class Upstream:
         stream: bool,
         ready: list[Endpoint] | None = None,
         affinity: Affinity | None = None,
+        need: int = 0,
     ) -> web.StreamResponse:
         """Relay body to `{replica}/v1/{route.path}` and its answer back to the client; ready: the
         model's ready replicas as the caller just read them from the pool, if it did;
-        affinity: what ties the request to a replica (router/prefix.py), if anything."""
-        work = self._try_replicas(request, model, route, body, stream, ready, affinity)
+        affinity: what ties the request to a replica (router/prefix.py), if anything; need:
+        the least context a replica must run with to take it (token_bounds.need; 0: any)."""
+        work = self._try_replicas(request, model, route, body, stream, ready, affinity, need)
         return await self._answered(request, work)
 
     async def external(
@@ -234,11 +236,13 @@ class Upstream:
         stream: bool,
         ready: list[Endpoint] | None,
         affinity: Affinity | None,
+        need: int,
     ) -> web.StreamResponse:
-        """One replica after another until one takes the request, each on a free slot (the
-        first choice among ready, the pool read again for each later one)."""
+        """One replica after another until one takes the request, each on a free slot of a
+        replica that holds it (the first choice among ready, the pool read again for each later
+        one)."""
         tried: list[str] = []
-        while (endpoint := await self._acquire(model, tried, affinity, ready)) is not None:
+        while (endpoint := await self._acquire(model, tried, affinity, ready, need)) is not None:
             answer = await self._attempt(request, endpoint, route, body, stream)
             if answer is not None:
                 return answer
@@ -255,10 +259,12 @@ class Upstream:
         tried: list[str],
         affinity: Affinity | None,
         ready: list[Endpoint] | None,
+        need: int,
     ) -> Endpoint | None:
-        """A slot on a replica not tried yet, waited for in line when all are full."""
+        """A slot on a replica not tried yet that runs with at least need tokens of context,
+        waited for in line when all are full."""
         try:
-            return await self._balancer.acquire(model, tried, affinity, ready)
+            return await self._balancer.acquire(model, tried, affinity, ready, need)
         except Busy as e:
             why = "its queue is full" if e.why == "full" else "no slot freed while it waited"
             message = f"The model '{errors.quote(model)}' is busy ({why}); retry later."

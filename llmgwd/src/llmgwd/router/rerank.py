@@ -34,7 +34,7 @@ def check(doc: Document) -> str:
     return fields.checked(doc, RerankRequest).model
 
 
-def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
+def bound(doc: Document, model: Model, body_bytes: int, context: int = 0) -> Estimate:
     """At most as many prompt tokens as the body has bytes, no answer tokens; one request."""
     return Estimate(prompt=body_bytes, completion=0)
 

@@ -155,10 +155,9 @@ def _inline(parts: str | Sequence[Part], param: str) -> None:
             fields.inline_url(part.file_data, f"{at}.file_data", "files")
 
 
-def bound(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
+def bound(doc: Document, model: Model, body_bytes: int, context: int = 0) -> Estimate:
     """As a chat's: the prompt at most the body's bytes, the answer max_output_tokens (written
     in when absent, so the engine holds to what was reserved)."""
-    context = model.context or placed
     check_context(doc, context, body_bytes)
     return Estimate(
         prompt=body_bytes, completion=one_limit(doc, model, context, "max_output_tokens")

@@ -17,7 +17,7 @@ from llmgwd.router.usage_events import Tally
 
 Document = dict[str, Any]
 Check = Callable[[Document], str]  # the body's checks; the model it names
-Bound = Callable[[Document, Model, int, int], Estimate]  # (doc, model, body bytes, placed)
+Bound = Callable[[Document, Model, int, int], Estimate]  # (doc, model, body bytes, context)
 Clean = Callable[[Document, str, Tally], Document | None]  # an answer or event as sent on
 Shape = Callable[[ApiError, int], ApiError]  # an error in the route's shape (events before it)
 Fold = Callable[[list[Document]], Document]  # a stream's events as one whole answer

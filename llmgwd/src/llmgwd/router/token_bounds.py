@@ -12,13 +12,16 @@ Two bounds, each safe in its own direction:
   floor alone passes the context is refused: it is certainly too long, and the engine does not
   spend time tokenizing it.
 
-The context is the catalog's, else the smallest a ready replica of the model runs with (the
-engine's own, as its agent reports it, or the one the scheduler placed it with).
+The context is the catalog's, at most the largest a ready replica of the model runs with (the
+engine's own, as its agent reports it, or the one the scheduler placed it with); with no
+catalog context, that largest. While a roll to a larger context is half done, the old replicas
+hold less: a request is sent only to a replica that holds it (need), and refused in the route's
+own words only when none does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,29 +59,42 @@ class Estimate:
         return self.prompt + self.completion
 
 
-def estimate(doc: Document, model: Model, body_bytes: int, placed: int = 0) -> Estimate:
-    """Check the request against the model's limits and bound its tokens; placed is the
-    smallest context of the model's ready replicas (placed_context; 0: not known).
+def estimate(doc: Document, model: Model, body_bytes: int, context: int = 0) -> Estimate:
+    """Check the request against the model's limits and bound its tokens; context is what a
+    replica it may go to holds (held_context; 0: not known).
 
     doc must have passed the router's body checks (router.fields); it is changed: the completion
     limit reserved is written as max_tokens (and max_completion_tokens, when given), so the
     engine holds to what was reserved.
     """
-    context = model.context or placed
     check_context(doc, context, body_bytes)
     completion = completion_limit(doc, model, context) * choices(doc)
     return Estimate(prompt=body_bytes, completion=completion, requests=fields.prompts(doc))
 
 
-def placed_context(ready: Iterable[Endpoint]) -> int:
-    """The smallest context among these replicas, 0 when none says: a request that fits it
-    fits whichever of them the balancer picks."""
-    return min((e.context for e in ready if e.context > 0), default=0)
+def held_context(model: Model, ready: Sequence[Endpoint]) -> int:
+    """The most tokens a request to model may hold: the catalog's context, at most the largest
+    of its ready replicas' (a prompt longer than any of them holds is refused before an engine
+    sees it); the catalog's, else that largest, when only one is known; 0: neither is."""
+    largest = max((e.context for e in ready), default=0)
+    if model.context and largest:
+        return min(model.context, largest)
+    return model.context or largest
+
+
+def need(ready: Sequence[Endpoint], body_bytes: int, context: int) -> int:
+    """The least context a replica must run with to be sent this request (Balancer.acquire):
+    its prompt's upper bound (the body's bytes), or context (held_context) when that bound is
+    larger, so that only the replicas holding the most take a prompt that may be that long;
+    0 when every ready replica holds it (one context for all: the usual case). A replica
+    whose context is not known (0) is not held back."""
+    least = min(body_bytes, context)
+    return least if any(0 < e.context < least for e in ready) else 0
 
 
 def completion_limit(doc: Document, model: Model, context: int) -> int:
     """The most completion tokens of one choice; 400 when the request asks more than allowed.
-    context is the model's (model.context, else its replicas'; 0: not known)."""
+    context is what its replicas hold (held_context; 0: not known)."""
     cap = model.max_tokens or context
     asked: list[int] = []
     for param in _LIMIT_PARAMS:
@@ -102,8 +118,8 @@ def choices(doc: Document) -> int:
 
 
 def check_context(doc: Document, context: int, body_bytes: int) -> None:
-    """400 when the prompt (or an embedding's input) is certainly longer than context (the
-    model's, else its replicas'; 0: not known, nothing refused)."""
+    """400 when the prompt (or an embedding's input) is certainly longer than context (what
+    the model's replicas hold, held_context; 0: not known, nothing refused)."""
     if not context or body_bytes <= context:
         return  # the upper bound fits already: nothing to count
     param = next((p for p in ("messages", "input") if p in doc), "prompt")

@@ -27,7 +27,7 @@ from llmgwd.router.providers import Providers, upstream_body
 from llmgwd.router.proxy import Upstream
 from llmgwd.router.responses_errors import responses_shape
 from llmgwd.router.route import Route
-from llmgwd.router.token_bounds import Estimate, placed_context
+from llmgwd.router.token_bounds import Estimate, held_context, need
 from llmgwd.router.usage_events import ask_for_usage
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -287,7 +287,8 @@ class Router:
         self._for_engine(request, doc, model, route)
         ready = await self._ready(model)
         read_at = time.monotonic()
-        bounds = bound(doc, model, len(raw), placed_context(ready))
+        context = held_context(model, ready)  # a longer prompt: the route's own 400
+        bounds = bound(doc, model, len(raw), context)
         doc["model"] = model.name
         if model.upstream is not None:
             upstream_body(doc, model)
@@ -313,8 +314,10 @@ class Router:
             body = msgspec.json.encode(doc)
             if model.upstream is not None:
                 return await self._upstream.external(request, model, route, body, stream or fold)
-            forward = self._upstream.forward
-            return await forward(request, model.name, route, body, stream or fold, fresh, affinity)
+            least = need(ready, len(raw), context)  # a replica holding less is not sent it
+            return await self._upstream.forward(
+                request, model.name, route, body, stream or fold, fresh, affinity, least
+            )
         finally:
             reservation.settle()
 

@@ -24,11 +24,14 @@ class Busy(Exception):
 class Waiter:
     """One request in line; its future gets the replica whose slot was kept for it."""
 
-    __slots__ = ("exclude", "future")
+    __slots__ = ("exclude", "future", "need")
 
-    def __init__(self, exclude: frozenset[str], future: asyncio.Future[Endpoint]) -> None:
+    def __init__(
+        self, exclude: frozenset[str], future: asyncio.Future[Endpoint], need: int = 0
+    ) -> None:
         self.exclude = exclude  # replica ids it already tried
         self.future = future
+        self.need = need  # the least context a replica must run with to take it (0: any)
 
 
 class Waitlist:
@@ -42,12 +45,12 @@ class Waitlist:
         """How many requests for model are waiting."""
         return len(self._lines.get(model, ()))
 
-    def join(self, model: str, exclude: frozenset[str]) -> Waiter:
+    def join(self, model: str, exclude: frozenset[str], need: int = 0) -> Waiter:
         """A new waiter at the end of model's line; Busy when the line is full."""
         line = self._lines.setdefault(model, {})
         if len(line) >= self._size:
             raise Busy(model, "full")
-        waiter = Waiter(exclude, asyncio.get_running_loop().create_future())
+        waiter = Waiter(exclude, asyncio.get_running_loop().create_future(), need)
         line[waiter] = None
         return waiter
 
