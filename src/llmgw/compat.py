@@ -11,8 +11,9 @@ from llmgw import wire
 #   the control plane (agents are upgraded after every control plane), is refused;
 # - control planes of two adjacent releases run together on one store: a release reads the
 #   schema of the release before it and its own, and the store's schema is raised only once
-#   every live control plane writes the new one (so an old one never meets data it cannot
-#   read); a store whose schema is newer than an llmgwd's is refused by that llmgwd.
+#   every joined control plane (running or not: a stopped one may come back on the old
+#   release) writes the new one, so an old one never meets data it cannot read; a store
+#   whose schema is newer than an llmgwd's is refused by that llmgwd.
 
 
 def agent_refusal(

@@ -219,7 +219,10 @@ class Daemon:
         cfg = self.config
         name = server_name(url)
         self.session = Session(self.store, cfg.leader_ttl_s, on_new_lease=self._announce)
-        self.announcer = registry.Announcer(self.store, name, url, lambda: self.session.lease)
+        members = self._plane_names if cfg.store.backend == "etcd" else None
+        self.announcer = registry.Announcer(
+            self.store, name, url, lambda: self.session.lease, members
+        )
         self.election = Election(self.store, self.session, LeaderRecord(name, url))
         self.roles = Roles(self.store, self.catalog, self.cluster, secret, self.election,
                            self.announcer, grace_s=cfg.node_grace_s,
@@ -243,6 +246,11 @@ class Daemon:
             return session.lease if session is not None else 0
 
         return mirror_setup.Plane(server_name(url), keys.ca, lease)
+
+    async def _plane_names(self) -> list[str]:
+        """The control planes joined to the etcd store (its members), running or not."""
+        etcd = self.planes.planes.etcd  # setup.build runs just after _start_roles
+        return [m.name for m in await etcd.members()] if etcd is not None else []
 
     def _stale_s(self) -> float:
         """How long this control plane has been cut off from the etcd store past its grace

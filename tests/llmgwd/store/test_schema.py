@@ -1,6 +1,6 @@
 """The store's schema: recorded by the first llmgwd, a newer (or too old) one refused by an
-llmgwd as it opens the store, naming both versions, and raised only once every control plane
-writes the newer one."""
+llmgwd as it opens the store, naming both versions, and raised only once every joined control
+plane (running or not) writes the newer one."""
 
 from __future__ import annotations
 
@@ -87,13 +87,17 @@ async def test_the_last_control_plane_upgraded_raises_the_schema_as_it_announces
     await store.put(registry.SERVERS + "old", msgspec.json.encode(old), lease=lease)
     await schema.check(store, schema=1, oldest=1, version="0.1.0")
     monkeypatch.setattr(schema, "SCHEMA", 2)  # this llmgwd, a release later, writes 2
-    announcer = registry.Announcer(store, "new", "https://new:7710", lambda: lease)
+    members = ["new", "old"]
+    announcer = registry.Announcer(
+        store, "new", "https://new:7710", lambda: lease, members_of(members)
+    )
     task = asyncio.create_task(announcer.run())
     try:
         announcer.renew()
         await wait_for(lambda: store.get(registry.SERVERS + "new"))
         assert (await schema.check(store, schema=2, oldest=1)).schema == 1  # "old" still runs
-        await store.delete(registry.SERVERS + "old")  # upgraded: it comes back writing 2
+        upgraded = msgspec.structs.replace(old, version="0.2.0", schema=2)
+        await store.put(registry.SERVERS + "old", msgspec.json.encode(upgraded), lease=lease)
         announcer.renew()
         await wait_for(lambda: raised(store))
         record = await schema.check(store, schema=2, oldest=1)
@@ -101,6 +105,41 @@ async def test_the_last_control_plane_upgraded_raises_the_schema_as_it_announces
     finally:
         task.cancel()
         await store.close()
+
+
+async def test_a_joined_control_plane_that_is_down_holds_the_schema_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a roll, the last old plane stops for its own upgrade (or is down for maintenance):
+    its host may bring the old llmgwd back, so the schema stays until it runs the new one."""
+    store = await SqliteStore.open(":memory:")
+    lease = await store.lease_grant(30)
+    await schema.check(store, schema=1, oldest=1, version="0.1.0")
+    monkeypatch.setattr(schema, "SCHEMA", 2)
+    monkeypatch.setattr(registry, "RECHECK_S", 0.01)  # tried again while nothing is due
+    members = ["new", "old"]  # "old" joined the store, its llmgwd stopped: no live record
+    announcer = registry.Announcer(
+        store, "new", "https://new:7710", lambda: lease, members_of(members)
+    )
+    task = asyncio.create_task(announcer.run())
+    try:
+        announcer.renew()
+        await wait_for(lambda: store.get(registry.SERVERS + "new"))
+        await asyncio.sleep(0.1)
+        # The old llmgwd comes back (its upgrade failed) and still opens the store.
+        assert (await schema.check(store, schema=1, oldest=1, version="0.1.0")).schema == 1
+        members.remove("old")  # `llmgw plane remove old`: the raise follows on its own
+        await wait_for(lambda: raised(store))
+    finally:
+        task.cancel()
+        await store.close()
+
+
+def members_of(names: list[str]) -> Callable[[], Awaitable[list[str]]]:
+    async def members() -> list[str]:
+        return list(names)
+
+    return members
 
 
 async def raised(store: SqliteStore) -> bool:

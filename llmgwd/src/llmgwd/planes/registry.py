@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -18,14 +18,26 @@ log = logging.getLogger(__name__)
 SERVERS = "/servers/"  # the store key keeps its old word (a rolling upgrade reads it)
 
 _dec = msgspec.json.Decoder(wire.PlaneInfo)
+RECHECK_S = 30.0  # how often a raise of the store's schema still to come is tried again
+
+Members = Callable[[], Awaitable[list[str]]]
 
 
 class Announcer:
     """Keeps this control plane's /servers/NAME true: put again on each change of role or of
-    lease (a lost lease took the key with it)."""
+    lease (a lost lease took the key with it). members: the names of the control planes
+    joined to the store (etcd's members), running or not; None: this one alone (SQLite)."""
 
-    def __init__(self, store: Store, name: str, url: str, lease: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        url: str,
+        lease: Callable[[], int],
+        members: Members | None = None,
+    ) -> None:
         self._store = store
+        self._members = members
         self._info = wire.PlaneInfo(
             name, url, since=time.time(), version=package_version(), schema=schema.SCHEMA
         )
@@ -47,7 +59,11 @@ class Announcer:
     async def run(self) -> None:
         """Put the key whenever due, for ever."""
         while True:
-            await self._due.wait()
+            try:
+                await asyncio.wait_for(self._due.wait(), RECHECK_S)
+            except TimeoutError:
+                await self._retry_raise()
+                continue
             self._due.clear()
             lease = self._lease()
             if not lease:
@@ -62,11 +78,24 @@ class Announcer:
                 self._due.set()
 
     async def _raise_schema(self) -> None:
-        """Once every live control plane writes this release's schema, the store's is raised
-        to it (the last one upgraded in a roll does it as it announces itself)."""
-        planes, _ = await read(self._store)
-        if await schema.raise_to_ours(self._store, [p.schema for p in planes]):
+        """Once every joined control plane runs and writes this release's schema, the store's
+        is raised to it (the last one upgraded in a roll does it as it announces itself). One
+        stopped, for its own upgrade or for maintenance, holds it back: it may come back on
+        the old release, which a raised schema would refuse."""
+        if not await schema.pending(self._store):
+            return
+        live = {p.name: p.schema for p in (await read(self._store))[0]}
+        joined = await self._members() if self._members is not None else [self._info.name]
+        planes = [live.get(n) for n in joined] + [s for n, s in live.items() if n not in joined]
+        if await schema.raise_to_ours(self._store, planes):
             log.info("the store's schema is now %d: every control plane writes it", schema.SCHEMA)
+
+    async def _retry_raise(self) -> None:
+        """Try the raise again (a plane came back or was removed since); failures wait."""
+        try:
+            await self._raise_schema()
+        except Exception as e:
+            log.debug("the store's schema cannot be raised now (%s)", e)
 
 
 async def read(store: Store) -> tuple[list[wire.PlaneInfo], int]:

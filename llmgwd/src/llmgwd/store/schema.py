@@ -1,5 +1,5 @@
 """The store's schema version at /schema: recorded by the first llmgwd, checked by every llmgwd
-as it opens the store, raised only once every live control plane writes the newer one."""
+as it opens the store, raised only once every joined control plane writes the newer one."""
 
 from __future__ import annotations
 
@@ -68,14 +68,23 @@ async def check(
     return record
 
 
+async def pending(store: Store, *, schema: int | None = None) -> bool:
+    """Whether /schema is below schema (SCHEMA unless told): a raise is still to come."""
+    found = await stored(store)
+    return found is not None and found[0].schema < (SCHEMA if schema is None else schema)
+
+
 async def raise_to_ours(
-    store: Store, planes: Iterable[int], *, schema: int | None = None, version: str = ""
+    store: Store, planes: Iterable[int | None], *, schema: int | None = None, version: str = ""
 ) -> bool:
-    """Raise /schema to schema (SCHEMA unless told) once every live control plane (planes:
-    the schema each one's record says it writes) writes it; whether it was raised now."""
+    """Raise /schema to schema (SCHEMA unless told) once every joined control plane writes it
+    (planes: the schema each one's live record says it writes, None for one joined but not
+    running now, which may come back on the old release); whether it was raised now."""
     schema = SCHEMA if schema is None else schema
     found = await stored(store)
-    if found is None or found[0].schema >= schema or any(p < schema for p in planes):
+    if found is None or found[0].schema >= schema:
+        return False
+    if any(p is None or p < schema for p in planes):
         return False
     record = Record(schema, version or package_version())
     done = await store.txn(
