@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw import sdnotify
+from llmgw import entry, sdnotify
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 
@@ -31,6 +31,14 @@ def service(name: str) -> dict[str, str]:
 def test_both_daemons_units_have_a_watchdog(name: str) -> None:
     unit = service(name)
     assert (unit["Type"], unit["NotifyAccess"], unit["WatchdogSec"]) == ("notify", "main", "30")
+
+
+def test_llmgwd_exiting_78_is_not_restarted() -> None:
+    """78 (llmgw.entry.EX_CONFIG): a server.yaml it cannot use or a store of a newer schema;
+    a restart fails the same way, so Restart=on-failure must not loop on it."""
+    unit = service("llmgwd.service")
+    assert unit["Restart"] == "on-failure"
+    assert str(entry.EX_CONFIG) in unit["RestartPreventExitStatus"].split()
 
 
 async def test_the_watchdog_is_pinged_at_half_its_time_and_not_while_the_loop_is_stuck(

@@ -52,7 +52,8 @@ def run_daemon(
     *,
     missing_ok: bool = False,
 ) -> None:
-    """Parse arguments, load the config (exit 78 naming key and line when it is wrong), run.
+    """Parse arguments, load the config (exit 78 naming key and line when it is wrong), run
+    (exit 78 on a ConfigError raised while starting, in one line: systemd does not restart).
     missing_ok: the default file may be absent (the defaults then); a file named by --config
     must always be there."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -82,6 +83,9 @@ def run_daemon(
         uvloop.run(runner(config))
     except KeyboardInterrupt:
         pass
+    except ConfigError as e:  # found on starting (a store of a newer schema): as a bad config
+        logging.getLogger(prog).error("%s cannot start: %s", prog, e)
+        sys.exit(EX_CONFIG)
     except Exception:
         logging.getLogger(prog).exception("%s stopped on an error", prog)
         sys.exit(1)

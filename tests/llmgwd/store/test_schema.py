@@ -11,8 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from llmgw import package_version, wire
+from llmgw import log, package_version, wire
 from llmgw.config import ServerConfig
+from llmgwd import main as llmgwd
 from llmgwd.planes import registry
 from llmgwd.store import schema
 from llmgwd.store.open import open_store
@@ -49,6 +50,29 @@ async def test_a_store_written_by_a_newer_schema_is_refused(tmp_path: Path) -> N
     assert f"the store's schema is {schema.SCHEMA + 1} (written by llmgwd 9.9.0)" in said
     assert f"this llmgwd {package_version()} reads (schema {schema.SCHEMA})" in said
     assert "install llmgwd 9.9.0 or newer" in said
+
+
+def test_llmgwd_on_a_store_of_a_newer_schema_exits_78_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a traceback and exit 1, which Restart=on-failure would turn into a restart loop."""
+    asyncio.run(put_schema(tmp_path / "state.db", schema.Record(schema.SCHEMA + 1, "9.9.0")))
+    config = tmp_path / "server.yaml"
+    config.write_text(f"state_dir: {tmp_path}\nclient:\n  listen: '127.0.0.1:0'\n")
+    monkeypatch.setattr(log, "setup", lambda *_: None)  # the records stay with caplog
+    with pytest.raises(SystemExit) as e:
+        llmgwd.main(["--config", str(config)])
+    assert e.value.code == 78
+    said = [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert said == [
+        (
+            "ERROR",
+            f"llmgwd cannot start: the store's schema is {schema.SCHEMA + 1} (written by llmgwd "
+            f"9.9.0), newer than this llmgwd {package_version()} reads (schema {schema.SCHEMA}): "
+            "install llmgwd 9.9.0 or newer here",
+            None,
+        )
+    ]
 
 
 async def test_a_store_older_than_the_release_before_is_refused(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import msgspec
 
 from llmgw import compat, package_version
+from llmgw.config import ConfigError
 from llmgwd.store.base import Compare, Put, Store
 
 # What this llmgwd writes, and the oldest it reads: a release that changes what it writes
@@ -24,8 +25,9 @@ class Record(msgspec.Struct, frozen=True):
     llmgwd: str = ""
 
 
-class SchemaRefused(Exception):
-    """This llmgwd cannot run on this store; the message names both versions."""
+class SchemaRefused(ConfigError):
+    """This llmgwd cannot run on this store; the message names both versions. A ConfigError:
+    llmgwd exits 78 saying it in one line, which its unit does not restart."""
 
 
 _dec = msgspec.json.Decoder(Record)
