@@ -637,3 +637,17 @@ def slots_named(engine: str, args: Sequence[str]) -> int:
         return 0
     values = [canonical[i + 1] for i, a in enumerate(canonical[:-1]) if a == option]
     return max(int(values[-1]), 0) if values else 0
+
+
+# Engines whose requests share one KV cache, paged (vLLM): a request takes the blocks it
+# fills, not a whole context, so the placement counts one context's KV cache (its
+# --gpu-memory-utilization governs the rest) and gives them no slots of their own; the
+# router's cap for one is the engine's own number (OWN_SLOTS, or what its args name).
+SHARED_KV = frozenset({"vllm"})
+OWN_SLOTS = {"vllm": 256}  # vLLM's --max-num-seqs where none is given (its OpenAI server)
+
+
+def own_slots(engine: str, args: Sequence[str]) -> int:
+    """The requests an engine serves at once when the placement gives it no slots: the
+    number its args name, else its own default (vLLM's 256), 0 where not known here."""
+    return slots_named(engine, args) or OWN_SLOTS.get(engine, 0)

@@ -196,8 +196,8 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     isolated_cache: bool = False
     generation: int = 0  # the model's restart generation: a new one starts the engine again
     # Requests the engine serves at once, each with the whole context (the placement's
-    # slots: llama.cpp's --parallel with --ctx-size context x slots, vLLM's --max-num-seqs);
-    # 0: the engine's own (a model placed by count, or a placement older than this field).
+    # slots: llama.cpp's --parallel with --ctx-size context x slots); 0: the engine's own (a
+    # model placed by count, a placement older than this field, vLLM: its --max-num-seqs).
     slots: int = 0
 
     def __repr__(self) -> str:

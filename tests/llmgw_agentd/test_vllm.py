@@ -64,10 +64,14 @@ def test_argv_runs_the_server_module_on_the_sets_directory() -> None:
     ]  # fmt: skip
 
 
-def test_the_placements_slots_are_the_requests_it_runs_at_once() -> None:
-    got = server_args(argv(spec(context=2048, slots=2)))
-    assert opt(got, "--max-model-len") == "2048" and opt(got, "--max-num-seqs") == "2"
-    assert "--max-num-seqs" not in argv(spec(context=2048))  # none given: vLLM's own
+def test_vllm_runs_and_reports_its_own_max_num_seqs_not_four() -> None:
+    # Its requests share a paged KV cache: no cap of the placement's; the router's is vLLM's.
+    got = server_args(argv(spec(context=2048, slots=4)))
+    assert opt(got, "--max-model-len") == "2048" and "--max-num-seqs" not in got
+    assert engines.slots(spec(context=2048), 0) == 256  # vLLM's own default
+    named = spec(args=["--max-num-seqs", "64"])
+    assert server_args(argv(named)).count("--max-num-seqs") == 1
+    assert engines.slots(named, 0) == 64  # the profile's
 
 
 def test_the_key_is_never_on_the_command_line() -> None:

@@ -366,8 +366,9 @@ async def test_vllm_on_a_card_is_given_its_share_of_the_card(store: SqliteStore)
     )  # fmt: skip
     await start(store, nodes, model)
     (spec,) = nodes.desired["a"]
-    held = memory_bytes(SMOL, 8192)
+    held = memory_bytes(SMOL, 8192)  # one context: vLLM's requests share its KV cache
     assert spec.devices == ["GPU-1"] and spec.cores == 0
+    assert spec.slots == 0  # no --max-num-seqs of ours: it runs its own
     assert spec.gpu_memory_fraction == -(-held * 100 // (80 * GIB)) / 100  # rounded up
     assert gpu_fraction(41 * GIB, [80 * GIB, 40 * GIB]) == 1.0  # at most the whole card
     assert gpu_fraction(1, [0]) == 0.0  # a card of unknown size: the engine's default

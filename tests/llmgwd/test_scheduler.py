@@ -106,6 +106,19 @@ def test_slots_named_in_the_args_are_the_slots_and_the_context_leaves_room_for_t
     assert memory_bytes(LLAMA, 3 * p.context) == p.memory_bytes <= uuids(WS)[p.devices[0]][1]
 
 
+def test_vllm_holds_one_contexts_kv_cache_and_its_slots_are_its_own_max_num_seqs() -> None:
+    # vLLM's requests share a paged KV cache: one 32768-token context's, 256 requests at once.
+    d = gpu("llama", LLAMA, 1, context=32768, engine="vllm")
+    (p,) = schedule([d], [WS], [], new_id=ids).add
+    assert (p.context, p.slots) == (32768, 256)
+    assert p.memory_bytes == memory_bytes(LLAMA, 32768)
+    (v, *_) = explain(d, [WS], [])
+    assert (v.fits, v.slots, v.memory_bytes) == (True, 256, memory_bytes(LLAMA, 32768))
+    named = gpu("llama", LLAMA, 1, context=32768, engine="vllm", args=["--max-num-seqs", "64"])
+    (p,) = schedule([named], [WS], [], new_id=ids).add
+    assert p.slots == 64 and p.memory_bytes == memory_bytes(LLAMA, 32768)
+
+
 def test_a_mig_instance_is_a_place_and_the_smallest_that_fits_is_taken() -> None:
     # The captured A100 is split into four alike 1g.20gb instances: the one already holding
     # a small replica is the smallest that still fits the next; a second replica of the same

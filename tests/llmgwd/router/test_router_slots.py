@@ -12,6 +12,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from llmgw.wire import ReplicaSpec
+from llmgw_agentd import engines
 from llmgwd.nodes.pool import Endpoint
 from llmgwd.router import Balancer, Router
 from llmgwd.router.ejection import Ejections
@@ -109,6 +111,21 @@ def test_a_replica_whose_engine_tells_no_slots_gets_llama_servers_default_of_4()
     balancer = Balancer(FakePool())
     assert balancer.cap(unknown) == 4
     assert balancer.cap(Endpoint("r", MODEL, "n", "http://x:1", "k", slots=16)) == 16
+
+
+async def test_a_vllm_replica_takes_more_than_four_requests_at_once() -> None:
+    # The slots its agent reports for a vLLM replica the placement gave none: vLLM's own.
+    spec = ReplicaSpec(id="v", model=MODEL, engine="vllm", source="file:/set")
+    engine = FakeEngine(gate=asyncio.Event())
+    async with running(engine), gateway([replica(engine, "v", engines.slots(spec, 0))]) as gw:
+        url, router, http = gw
+        tasks = [asyncio.create_task(chat(http, url, str(i))) for i in range(12)]
+        await until(lambda: engine.in_flight == 12)
+        assert router.balancer.queued(MODEL) == 0
+        assert engine.gate is not None
+        engine.gate.set()
+        answers = await asyncio.gather(*tasks)
+    assert [status for status, _, _ in answers] == [200] * 12
 
 
 # The line of requests waiting for a slot.

@@ -7,6 +7,7 @@ import re
 import stat
 from pathlib import Path
 
+from llmgw import engine_args
 from llmgw.config import AgentConfig
 from llmgw.wire import ReplicaSpec
 
@@ -48,6 +49,13 @@ def check(spec: ReplicaSpec) -> None:
         freetoken.validate_args(spec.args)
         return
     raise EngineError(f"engine {spec.engine!r} is not supported on this node")
+
+
+def slots(spec: ReplicaSpec, said: int) -> int:
+    """The requests a ready engine serves at once, the router's cap for it: what it said
+    (llama.cpp's /props), else the placement's, else its own (vLLM's --max-num-seqs: the
+    args', else its default; its requests share a paged KV cache); 0: not known."""
+    return said or spec.slots or engine_args.own_slots(spec.engine, spec.args)
 
 
 def local_source(spec: ReplicaSpec, set_dir: Path) -> str:

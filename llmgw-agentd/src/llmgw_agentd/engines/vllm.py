@@ -104,8 +104,8 @@ def command(
     argv += ["--host", host, "--port", str(port), "--load-format", "safetensors"]
     if spec.context:
         argv += ["--max-model-len", str(spec.context)]
-    if spec.slots:  # the placement's: that many contexts' KV cache is what it was given
-        argv += ["--max-num-seqs", str(spec.slots)]
+    # No --max-num-seqs of the placement's: its requests share a paged KV cache; it runs its
+    # own, or the args' (engines.slots reports that number, the router's cap for it).
     if spec.devices:
         argv += ["--tensor-parallel-size", str(len(spec.devices))]
         if spec.gpu_memory_fraction:

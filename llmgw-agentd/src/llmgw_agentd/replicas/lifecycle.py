@@ -418,8 +418,7 @@ class Replicas:
             if code == 200:
                 if not was_ready:  # ready for the first time in this run: its props, once
                     props = await engine.props()
-                    # vLLM says none: the --max-num-seqs it was given (0: its own)
-                    r.slots = props.total_slots or r.spec.slots
+                    r.slots = engines.slots(r.spec, props.total_slots)
                     r.context = props.default_generation_settings.n_ctx
                 misses, was_ready = 0, True
                 self._set(r, "ready", "")

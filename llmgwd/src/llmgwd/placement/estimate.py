@@ -36,9 +36,9 @@ CACHE_BYTES: dict[str, Fraction] = {
 # llama.cpp sizes its context in steps of 256 tokens; a context is offered in such steps.
 CONTEXT_STEP = 256
 
-# Requests a replica serves at once (its slots: llama.cpp's --parallel, vLLM's
-# --max-num-seqs), each with the whole context: as many as the KV cache of that many
-# contexts fits in the room beside the weights, at least one, at most MAX_SLOTS
+# Requests a replica serves at once (its slots: llama.cpp's --parallel; not vLLM's, whose
+# requests share a paged KV cache), each with the whole context: as many as the KV cache of
+# that many contexts fits in the room beside the weights, at least one, at most MAX_SLOTS
 # (llama-server's own default; more rarely helps a replica of a CPU's or one card's speed).
 MAX_SLOTS = 4
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import msgspec
 
-from llmgw import engine_memory
+from llmgw import engine_args, engine_memory
 from llmgw.wire import Inventory, ReplicaSpec, ReplicaStatus
 from llmgwd.catalog import Catalog, Model, engine_key, profiles_of
 from llmgwd.placement import rolling, scheduler
@@ -527,7 +527,9 @@ class Reconciler:
         profile's KV cache type, and the slots the scheduler found room for."""
         st = p.started or rolling.settings(m, profile)  # what its engine runs (rolling.py)
         context = (p.context if m.shape is not None else 0) or st.context
-        slots = p.slots if m.shape is not None and p.context else 0
+        # vLLM's slots share its KV cache: it runs its own --max-num-seqs (none given here)
+        sized = m.shape is not None and p.context and m.engine not in engine_args.SHARED_KV
+        slots = p.slots if sized else 0
         memory_max = 0
         if m.shape is not None:
             tokens = (context or m.shape.context_length) * (slots or 1)

@@ -16,8 +16,10 @@ How a replica is placed:
   whole fits nowhere;
 - with as many slots (requests at once, each with the whole context) as the KV cache of
   that many contexts fits in the room left beside the weights there, up to
-  estimate.MAX_SLOTS, or the slots its args name (llama.cpp's --parallel, vLLM's
-  --max-num-seqs); the engine is given those (ReplicaSpec.slots);
+  estimate.MAX_SLOTS, or the slots its args name (llama.cpp's --parallel); the engine is
+  given those (ReplicaSpec.slots). vLLM's requests share one paged KV cache: its memory is
+  one context's (its --gpu-memory-utilization governs) and its slots its own --max-num-seqs
+  (engine_args.own_slots), which it is not given;
 - on a node without a replica of the model before one that has one, then on the node with
   fewest replicas, then by name: replicas of one model spread across nodes;
 - on the smallest place it fits on (best fit), keeping large cards for large models;
@@ -238,6 +240,7 @@ class _Need:
         "needs",
         "runtime",
         "shards",
+        "shared",
     )
 
     def __init__(self, d: Demand) -> None:
@@ -257,9 +260,16 @@ class _Need:
         self.needs: dict[str, engine_cards.Needs] = {}  # by the node's CUDA toolkit
         self.full_ctx = p.context or d.context or s.context_length or DEFAULT_CONTEXT
         self.min_ctx = min(p.min_context, self.full_ctx)
+        # vLLM's requests share its paged KV cache: one context's, whatever its slots.
+        self.shared = p.engine in engine_args.SHARED_KV
         self.fixed = engine_args.slots_named(p.engine, p.args)  # 0: as many as fit
-        self.full = self.bytes_at(self.full_ctx, self.fixed or 1)
-        self.least = self.bytes_at(self.min_ctx, self.fixed or 1)
+        self.full = self.bytes_at(self.full_ctx, self.kv_slots())
+        self.least = self.bytes_at(self.min_ctx, self.kv_slots())
+
+    def kv_slots(self, slots: int = 0) -> int:
+        """The contexts whose KV cache a replica with slots (0: the args') holds: one where
+        the engine's requests share a paged cache (vLLM)."""
+        return 1 if self.shared else (slots or self.fixed or 1)
 
     def bytes_at(self, ctx: int, slots: int = 1) -> int:
         """Memory on each device (or in RAM) at a context, for slots requests of it at once."""
@@ -281,12 +291,16 @@ class _Need:
             self.gpu,
             self.full_ctx,
             self.shards,
-            self.fixed or 1,
+            self.kv_slots(),
         )
 
     def slots_in(self, avail: int, ctx: int) -> int:
         """Requests of ctx tokens a replica serves at once in avail on each device: the
-        args' own number, else as many as fit (estimate.slots_that_fit)."""
+        args' own number, else as many as fit (estimate.slots_that_fit); vLLM's own
+        --max-num-seqs where it shares one KV cache over them."""
+        if self.shared:
+            p = self.d.profile
+            return engine_args.own_slots(p.engine, p.args)
         if self.fixed:
             return self.fixed
         s = self.d.shape
@@ -295,7 +309,7 @@ class _Need:
     def fit(self, places: list[_Place], avail: int, ctx: int) -> _Fit:
         """A replica of ctx tokens on places (avail on each): its slots and memory there."""
         slots = self.slots_in(avail, ctx)
-        return _Fit(places, ctx, self.bytes_at(ctx, slots), slots)
+        return _Fit(places, ctx, self.bytes_at(ctx, self.kv_slots(slots)), slots)
 
     def needs_on(self, inv: Inventory) -> engine_cards.Needs:
         """What the profile's engine asks of a node's cards and driver."""
@@ -313,7 +327,7 @@ class _Need:
     def breakdown(self, ctx: int) -> str:
         s = self.d.shape
         w = s.weights_bytes // self.shards
-        kv = kv_bytes(s, ctx * (self.fixed or 1), self.cache) // self.shards
+        kv = kv_bytes(s, ctx * self.kv_slots(), self.cache) // self.shards
         m = margin_bytes(s, self.gpu, self.shards)
         return f"weights {gib(w)} + KV {gib(kv)} + margin {gib(m)}"
 
