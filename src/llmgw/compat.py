@@ -1,5 +1,10 @@
 """What runs together in a mixed cluster: an agent's wire protocol against its control plane's,
-and the store's schema against an llmgwd's; each refusal names both versions."""
+and the store's schema against an llmgwd's; each refusal names both versions.
+
+The order of an upgrade follows: the control planes first, one at a time and the leader last,
+then the nodes (what `llmgw upgrade start` plans). An old control plane refuses an agent of a
+newer protocol, so an agent upgraded before every control plane cannot connect until they are.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from llmgw import wire
 # The rule (DESIGN.md, "Versions and a mixed cluster"):
 # - an agent one release behind its control planes keeps working: a control plane takes the
 #   protocols wire.OLDEST_AGENT_PROTOCOL..wire.PROTOCOL; an older agent, or one newer than
-#   the control plane (agents are upgraded after every control plane), is refused;
+#   the control plane (agents are upgraded after every control plane: a release that raises
+#   PROTOCOL upgrades no node before the last control plane), is refused;
 # - control planes of two adjacent releases run together on one store: a release reads the
 #   schema of the release before it and its own, and the store's schema is raised only once
 #   every joined control plane (running or not: a stopped one may come back on the old
@@ -33,7 +39,9 @@ def agent_refusal(
     if agent_protocol > protocol:
         return (
             f"{agent} is newer than this control plane, {plane}: upgrade the control planes "
-            "first, then the agents"
+            "first, one at a time and the leader last (`llmgw upgrade start` keeps that order), "
+            "then the nodes; upgrade every control plane now, or put this node's llmgw-agentd "
+            f"back to {plane_version}"
         )
     if agent_protocol < oldest:
         return (

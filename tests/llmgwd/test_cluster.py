@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from llmgw import pki, wire
+from llmgw import package_version, pki, wire
 from llmgw_agentd import link as link_module
 from llmgw_agentd.link import JoinError, Link, join, link_ssl_context, read_join
 from llmgwd.nodes.members import Members
@@ -460,4 +460,7 @@ async def test_an_agent_one_release_behind_is_taken_older_and_newer_are_refused(
     assert "upgrade this node's llmgw-agentd" in old
     new = await speak(cluster, tmp_path, 4, taken=False)
     assert "llmgw-agentd 0.0.9 (wire protocol 4) is newer than this control plane" in new
-    assert "(wire protocol 3)" in new and "upgrade the control planes first" in new
+    assert "(wire protocol 3)" in new
+    assert "upgrade the control planes first, one at a time and the leader last" in new
+    assert "then the nodes" in new
+    assert f"put this node's llmgw-agentd back to {package_version()}" in new
