@@ -22,7 +22,12 @@ from aiohttp import web
 from llmgw import pki
 from llmgw.config import ClientPort, ClusterPort, Metrics, ServerConfig
 from llmgwd.clientport import listener
-from llmgwd.clientport.gate import ConnectionGate
+from llmgwd.clientport.gate import (
+    OVER_CAP_WAITERS,
+    OVER_CAP_WAITERS_PER_CLIENT,
+    ConnectionGate,
+    FirstByte,
+)
 from llmgwd.daemon import Daemon
 
 CANARY = "sk-llmgw-CANARYc4n4ryC4N4RY"  # a key-shaped secret that must never come back
@@ -375,6 +380,55 @@ async def test_with_tls_connections_stuck_before_their_handshake_are_capped_and_
                     await asyncio.sleep(0.05)
             else:
                 pytest.fail("HTTPS was not served again")
+
+
+class _Silent(asyncio.Protocol):
+    """What FirstByte hands a connection to here: it holds it, saying nothing."""
+
+
+async def held_open(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> int:
+    """How many of conns the server still holds open (a read neither ends nor fails)."""
+
+    async def still_open(reader: asyncio.StreamReader) -> bool:
+        try:
+            await asyncio.wait_for(reader.read(1), 0.3)
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    return sum(await asyncio.gather(*(still_open(r) for r, _ in conns)))
+
+
+async def test_idle_connections_over_the_cap_are_closed_but_one_a_client(tmp_path: Path) -> None:
+    # Silent connections to a port that serves TLS and plain HTTP both: one over the cap
+    # waits for its first byte (to be told 429), uncounted; the rest are closed at once.
+    gate = ConnectionGate(2, uncapped=())
+    server = await asyncio.get_running_loop().create_server(
+        lambda: FirstByte(_Silent, _Silent, gate, 30.0), "127.0.0.1", 0, backlog=512
+    )
+    port = server.sockets[0].getsockname()[1]
+    conns = []
+    try:
+        for _ in range(60):
+            conns.append(await asyncio.open_connection("127.0.0.1", port))
+        await asyncio.sleep(0.2)
+        assert 2 <= await held_open(conns) <= 2 + OVER_CAP_WAITERS_PER_CLIENT  # of 60
+        # Many clients (loopback's 127.0.0.x) each one over: at most OVER_CAP_WAITERS wait.
+        for n in range(10, 10 + OVER_CAP_WAITERS + 8):
+            for _ in range(3):
+                conns.append(
+                    await asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{n}", 0))
+                )
+        await asyncio.sleep(0.2)
+        clients = OVER_CAP_WAITERS + 9  # each holds its 2; of 72 over the cap, 16 wait
+        assert 2 * clients <= await held_open(conns) <= 2 * clients + OVER_CAP_WAITERS
+    finally:
+        for _, writer in conns:
+            writer.close()
+        server.close()
+        await server.wait_closed()
 
 
 def test_an_ipv6_client_is_counted_by_its_64() -> None:

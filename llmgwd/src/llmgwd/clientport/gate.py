@@ -56,6 +56,13 @@ def too_many_connections(cap: int) -> bytes:
     return head.encode() + body
 
 
+# Connections over their client's cap that may wait, uncounted, for the first byte saying
+# whether they can be told so (FirstByte): one a client, so many in all; the rest are
+# aborted at once, so a client opening idle connections holds no more than its cap and one.
+OVER_CAP_WAITERS_PER_CLIENT = 1
+OVER_CAP_WAITERS = 16
+
+
 class ConnectionGate:
     """Counts each client's open connections and refuses one over the cap; 0: no cap."""
 
@@ -64,6 +71,25 @@ class ConnectionGate:
         self._uncapped = [ipaddress.ip_network(net, strict=False) for net in uncapped]
         self._open: Counter[str] = Counter()
         self._told: set[str] = set()  # clients at the cap, logged once until they drop under
+        self._waiting: Counter[str] = Counter()  # over-cap connections waiting (FirstByte)
+
+    def wait_over_cap(self, address: str) -> str | None:
+        """Let a connection admit refused wait, uncounted, for its first byte: the client it
+        waits for, or None (abort it) where that client or all together have as many
+        waiting as OVER_CAP_WAITERS_PER_CLIENT or OVER_CAP_WAITERS allow."""
+        client = client_of(address)
+        if self._waiting[client] >= OVER_CAP_WAITERS_PER_CLIENT:
+            return None
+        if self._waiting.total() >= OVER_CAP_WAITERS:
+            return None
+        self._waiting[client] += 1
+        return client
+
+    def end_wait(self, client: str) -> None:
+        """A connection wait_over_cap let wait got its first byte or closed."""
+        self._waiting[client] -= 1
+        if self._waiting[client] <= 0:
+            del self._waiting[client]
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from address: the client it counts against, or None (no)."""
@@ -135,7 +161,8 @@ class FirstByte(asyncio.Protocol):
     which: a TLS handshake record (0x16), else an HTTP request line. Counted by the gate and
     closed after timeout seconds of silence meanwhile, as the protocol it hands over to is.
     One over its client's cap waits a second at most, uncounted, for the byte that says
-    whether it can be told so (plain HTTP's 429) or is just closed (TLS)."""
+    whether it can be told so (plain HTTP's 429) or is just closed (TLS): one a client and
+    OVER_CAP_WAITERS in all (ConnectionGate.wait_over_cap); any other is aborted at once."""
 
     def __init__(
         self,
@@ -147,11 +174,18 @@ class FirstByte(asyncio.Protocol):
         self._tls, self._plain, self._gate, self._timeout = tls, plain, gate, timeout
         self._transport: asyncio.Transport | None = None
         self._client: str | None = None
+        self._waiting: str | None = None  # over the cap, waiting uncounted: its client
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        self._client = self._gate.admit(peer_address(transport))
+        address = peer_address(transport)
+        self._client = self._gate.admit(address)
+        if self._client is None:
+            self._waiting = self._gate.wait_over_cap(address)
+            if self._waiting is None:  # enough wait already: closed, as CountedTLS does
+                self._transport.abort()
+                return
         wait = self._timeout if self._client is not None else _OVER_CAP_WAIT_S
         self._timer = asyncio.get_running_loop().call_later(wait, self._transport.abort)
 
@@ -187,6 +221,9 @@ class FirstByte(asyncio.Protocol):
         if self._client is not None:
             self._gate.release(self._client)
             self._client = None
+        if self._waiting is not None:
+            self._gate.end_wait(self._waiting)
+            self._waiting = None
 
 
 def _feed(proto: asyncio.BufferedProtocol, data: bytes) -> None:
