@@ -174,6 +174,35 @@ def test_a_host_with_a_control_planes_state_is_not_restored_over(old: Old, tmp_p
     assert (fresh / "state.db").read_bytes() == b"its own"
 
 
+def test_the_restored_settings_are_0640_of_llmgws_group_in_a_0750_directory(
+    old: Old, tmp_path: Path
+) -> None:
+    """server.yaml may hold a proxy's password: restored as the package has it, not 0644."""
+    bundle = cli_backup.open_bundle(make_file(old, tmp_path).read_bytes(), PHRASE)
+    etc = tmp_path / "etc" / "llmgw"  # missing: restore makes it
+    others = [g for g in os.getgroups() if g != os.getgid()]
+    gid = 1 if os.geteuid() == 0 else next(iter(others), os.getgid())  # llmgw's, here
+    backup.restore(bundle, tmp_path / "fresh", etc / "server.yaml", (os.getuid(), gid))
+    settings = (etc / "server.yaml").stat()
+    assert (settings.st_mode & 0o777, settings.st_gid) == (0o640, gid)
+    assert (etc.stat().st_mode & 0o777, etc.stat().st_gid) == (0o750, gid)
+
+
+def test_a_restore_failing_on_the_settings_leaves_nothing_behind_and_is_tried_again(
+    old: Old, tmp_path: Path
+) -> None:
+    file = make_file(old, tmp_path)
+    bundle = cli_backup.open_bundle(file.read_bytes(), PHRASE)
+    fresh, blocked = tmp_path / "fresh", tmp_path / "etc"
+    blocked.write_text("a file where server.yaml's directory should be")
+    with pytest.raises(OSError):
+        backup.restore(bundle, fresh, blocked / "llmgw" / "server.yaml", None)
+    assert [p for p in fresh.rglob("*") if not p.is_dir()] == []  # no CA, secret, store
+    restore(file, fresh)  # the same file again, the settings where they can be written
+    assert pki.read_pair(fresh / "pki/ca.pem", fresh / "pki/ca.key") == old.ca
+    assert (fresh / "secret").read_bytes() == old.secret
+
+
 def test_a_backup_of_a_newer_schema_is_refused_by_an_older_llmgwd(
     old: Old, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,15 +116,17 @@ async def _check_store(path: Path) -> None:
         await store.close()
 
 
-@contextlib.contextmanager
-def _removed_on_error(path: Path) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        path.unlink(missing_ok=True)
-        Path(f"{path}-wal").unlink(missing_ok=True)
-        Path(f"{path}-shm").unlink(missing_ok=True)
-        raise
+def _left_by_failure(
+    state_dir: Path, config_path: Path, named: list[site_files.Planned]
+) -> list[Path]:
+    """What a restore failing midway must remove: what it writes that is not here now (a
+    named file there already has the backup's bytes and stays) and its temporary files."""
+    d, staged = state_dir / "pki", state_dir / f".{SQLITE_FILE}.restoring"
+    written = [d / etcd_member.CA_CERT, d / etcd_member.CA_KEY, state_dir / SECRET_FILE,
+               config_path, *(Path(p.file.path) for p in named)]  # fmt: skip
+    temporary = [staged, Path(f"{staged}-wal"), Path(f"{staged}-shm"), _settings_tmp(config_path)]
+    temporary += [site_files.staged(Path(p.file.path)) for p in named]
+    return [p for p in written if not p.exists()] + temporary
 
 
 def restore(
@@ -137,7 +138,8 @@ def restore(
     """Write the bundle's store, CA, secret and settings for a control plane on this fresh
     host (in state_dir, None: the settings'; owned by owner, uid and gid, where given), and
     the files the settings name with their modes and owners; its settings. RestoreRefused,
-    with nothing written, when the host is not fresh or this llmgwd cannot run the store."""
+    with nothing written, when the host is not fresh or this llmgwd cannot run the store;
+    any other failure midway removes what was written, so the restore can be tried again."""
     cfg = restored_config(bundle, state_dir)
     state_dir = Path(cfg.state_dir)
     _check_fresh(state_dir, config_path)
@@ -145,10 +147,11 @@ def restore(
         named = site_files.plan(bundle.files)
     except site_files.SiteFileError as e:
         raise RestoreRefused(f"{e}; nothing was written") from None
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    undo = _left_by_failure(state_dir, config_path, named)
     staged = state_dir / f".{SQLITE_FILE}.restoring"
-    with _removed_on_error(staged):
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(bundle.store)
             f.flush()
@@ -156,8 +159,13 @@ def restore(
         asyncio.run(_check_store(staged))
         _write_keys(bundle, state_dir)
         site_files.write(named)
-        _write_settings(config_path, cfg)
+        _write_settings(config_path, cfg, owner[1] if owner is not None else None)
         os.replace(staged, state_dir / SQLITE_FILE)
+    except BaseException:
+        for path in undo:
+            with contextlib.suppress(OSError):  # not there: never written
+                path.unlink()
+        raise
     if owner is not None:
         _chown(state_dir, owner)
     return cfg
@@ -171,11 +179,25 @@ def _write_keys(bundle: BackupBundle, state_dir: Path) -> None:
     pki.write_pem(state_dir / SECRET_FILE, bundle.secret, private=True)
 
 
-def _write_settings(path: Path, cfg: ServerConfig) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("# llmgwd's configuration, restored by `llmgw restore`.\n" + config.dump(cfg))
-    tmp.chmod(0o644)
+def _settings_tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def _write_settings(path: Path, cfg: ServerConfig, gid: int | None) -> None:
+    """server.yaml as the package has it (it may hold a proxy's password): 0640, its group
+    gid (llmgw's) where given, in a directory made 0750 of that group if missing."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
+        path.parent.chmod(0o750)
+        if gid is not None:
+            os.chown(path.parent, -1, gid)
+    tmp = _settings_tmp(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        if gid is not None:
+            os.fchown(f.fileno(), -1, gid)
+        os.fchmod(f.fileno(), 0o640)
+        f.write("# llmgwd's configuration, restored by `llmgw restore`.\n" + config.dump(cfg))
     os.replace(tmp, path)
 
 

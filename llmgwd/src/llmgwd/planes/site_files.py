@@ -94,12 +94,17 @@ def plan(files: tuple[SiteFile, ...]) -> list[Planned]:
     return planned
 
 
+def staged(path: Path) -> Path:
+    """The temporary name write() gives path's bytes before renaming them to it."""
+    return path.with_name(f".{path.name}.restoring")
+
+
 def write(planned: list[Planned]) -> None:
     """Write each file atomically with its mode and owner (its directory made if missing)."""
     for p in planned:
         path = Path(p.file.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.restoring")
+        tmp = staged(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(p.file.data)
