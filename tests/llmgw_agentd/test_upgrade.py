@@ -154,3 +154,22 @@ async def test_a_second_try_of_the_same_roll_is_a_new_unit(node: Node) -> None:
     await eventually(lambda: node.last.attempt == 2 and node.last.step == "restarting")
     assert node.fake.started == [upgrade.unit_name("r1", 1), upgrade.unit_name("r1", 2)]
     await asyncio.sleep(0)
+
+
+async def test_an_agent_started_by_the_install_waits_for_its_unit(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package's scripts restart the agent while dpkg runs: the new agent, told the same
+    try again, says "restarting" only once that install unit has ended well."""
+    node.status = 0
+    node._command = lambda kind, files: ["/bin/sh", "-c", "sleep 0.5"]  # type: ignore[method-assign]
+    node.up._command = node._command
+    node.up.start(upgrade_msg())
+    await eventually(lambda: node.reports and node.last.step == "installing")
+    await node.up.close()  # the old agent stops; its unit runs on
+    name = upgrade.unit_name("r1", 1)
+    assert node.fake.units[name].active_state == "active"
+    monkeypatch.setattr(upgrade, "package_version", lambda: "9.9.9")
+    await node.up.run(upgrade_msg())  # the new agent, on the release, told the same try
+    assert node.last.step == "restarting" and name not in node.fake.units
+    assert node.fake.started == [name]  # not started again

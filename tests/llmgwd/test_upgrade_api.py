@@ -236,4 +236,8 @@ async def test_a_plane_named_by_its_address_is_upgraded_through_that_hosts_agent
     assert steps(roll) == {"10.0.0.9": "installing", "n1": "waiting"}
     await cluster.planes("10.0.0.9", {"10.0.0.9": NEW})
     roll = await cluster.tick(vm=NEW)
+    # restarted onto it by the packages' scripts, but dpkg not through: not done yet
+    assert steps(roll) == {"10.0.0.9": "installing", "n1": "waiting"}
+    cluster.report("vm", "restarting")  # the new agent: the install unit ended well
+    roll = await cluster.tick()
     assert steps(roll) == {"10.0.0.9": "done", "n1": "fetching"}

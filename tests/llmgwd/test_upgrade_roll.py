@@ -108,3 +108,15 @@ def test_a_host_already_on_the_release_is_done() -> None:
     r = roll.already(_roll(), "p2", 1.0)
     assert roll.host(r, "p2").step == "done"  # type: ignore[union-attr]
     assert roll.due(r, leader="p1") == ["p3"]
+
+
+def test_installing_is_done_only_once_the_unit_ended_well() -> None:
+    """The packages' scripts restart the daemons before dpkg is through: the release seen is
+    not enough while the host is installing; its agent's "restarting" is."""
+    r = roll.started(_roll(), "p2", 1.0)
+    r = roll.reported(r, "p2", wire.UpgradeReport("r1", 1, "installing"), 2.0)
+    r = roll.observed(r, {"p2": R}, 3.0)
+    assert roll.host(r, "p2").step == "installing"  # type: ignore[union-attr]
+    r = roll.reported(r, "p2", wire.UpgradeReport("r1", 1, "restarting"), 4.0)
+    r = roll.observed(r, {"p2": R}, 5.0)
+    assert roll.host(r, "p2").step == "done"  # type: ignore[union-attr]

@@ -149,7 +149,10 @@ class Upgrader:
 
     async def _run(self, t: _Try) -> None:
         if package_version() == t.msg.release:
-            self._tell(t, "restarting", f"on {t.msg.release} already")
+            # This agent was started by the install (or the host is on it already): the
+            # install unit of this try, if it still runs, is waited for and its end said.
+            result = await self._install(t.msg, [], start=False)
+            self._tell(t, "failed" if result else "restarting", result or f"on {t.msg.release}")
             return
         packages = await self._chosen(t.msg.packages)
         t.total = sum(p.size for p in packages)
@@ -228,9 +231,9 @@ class Upgrader:
             self._tell(t, "fetching")
             await asyncio.sleep(self._tick_s)
 
-    async def _install(self, msg: wire.Upgrade, files: Sequence[Path]) -> str:
-        """Run the install unit (or wait for one of this try already running); "" when it
-        ended well, else why."""
+    async def _install(self, msg: wire.Upgrade, files: Sequence[Path], start: bool = True) -> str:
+        """Run the install unit (or wait for one of this try already running; start False:
+        only that); "" when it ended well (or none is loaded), else why."""
         name = unit_name(msg.roll, msg.attempt)
         changed = asyncio.Event()
         if not self._connected:
@@ -238,7 +241,7 @@ class Upgrader:
             self._connected = True
         unwatch = self._systemd.watch(name, lambda _: changed.set())
         try:
-            if (await self._state(name)).removed:  # else: this try's, left running
+            if start and (await self._state(name)).removed:  # else: this try's, left running
                 argv = self._command(self._kind, files)
                 props = unit_properties(msg.roll, self._kind, files[0].parent)
                 await self._systemd.start_transient(name, argv, props)

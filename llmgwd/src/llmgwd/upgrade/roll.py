@@ -115,13 +115,14 @@ def _done(roll: UpgradeRoll, name: str, version: str, message: str, now: float) 
 
 def observed(roll: UpgradeRoll, versions: Mapping[str, str], now: float) -> UpgradeRoll:
     """Each host's release as last seen (a node's agent, a control plane's llmgwd): one on the
-    roll's release is done (one already on it when its turn comes too); one in a step past
-    STEP_LIMIT_S has failed."""
+    roll's release is done, but one installing only once its agent has said the install unit
+    ended well ("restarting": the packages' scripts restart the daemons before dpkg is
+    through); one in a step past STEP_LIMIT_S has failed."""
     for h in roll.hosts:
         seen = versions.get(h.name, "")
         if seen and seen != h.version and h.step != "done":
             roll = _set(roll, h.name, version=seen)
-        if h.step in IN_FLIGHT and seen == roll.release:
+        if h.step in ("fetching", "restarting") and seen == roll.release:
             roll = _done(roll, h.name, seen, "", now)
         elif h.step in IN_FLIGHT and now - h.since > STEP_LIMIT_S:
             why = f"still {h.step} after {STEP_LIMIT_S:.0f} s (on {seen or 'an unknown release'})"
