@@ -8,9 +8,11 @@ import asyncio
 import json
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 from click.testing import CliRunner, Result
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -74,25 +76,57 @@ async def test_plain_http_false_makes_the_own_certificate_port_tls_only(tmp_path
     assert not answer.startswith(b"HTTP/1.1")  # no plain HTTP answered on the port
 
 
-def test_the_certificate_is_made_again_when_due(tmp_path: Path) -> None:
+async def test_the_certificate_is_made_again_when_due(tmp_path: Path) -> None:
     ca = pki.make_ca()
     names: list[str] = ["a.example"]
     own = own_cert.OwnCert(ca, tmp_path, lambda: (list(names), ["192.0.2.7"]))
     tls = own.load()
     first = pki.serial_of(own.cert_file.read_bytes())
-    assert not own.due() and not own.renew()
+    assert not own.due() and not await own.renew()
     names.append("b.example")  # the host got another name: a certificate for it
-    assert own.due() and own.renew() and own.tls is tls
+    assert own.due() and await own.renew() and own.tls is tls
     second = own.cert_file.read_bytes()
     assert pki.serial_of(second) != first
     leaf = x509.load_pem_x509_certificate(second)  # the first of the chain
     assert "b.example" in _sans(leaf.public_bytes(serialization.Encoding.DER))
     ending = pki.make_server_cert(ca, names, ["192.0.2.7"], days=0)  # past two thirds of it
     pki.write_pem(own.cert_file, ending.cert_pem + ca.cert_pem)
-    assert own.due() and own.renew()
+    assert own.due() and await own.renew()
     assert pki.validity(own.cert_file.read_bytes())[1] > pki.validity(ending.cert_pem)[1]
     own.ca = pki.make_ca()  # another CA (a restored state dir): one of its own
     assert own.due()
+
+
+async def test_a_renewal_whose_dns_lookup_hangs_does_not_stall_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = ServerConfig(state_dir=str(tmp_path))
+    own = own_cert.OwnCert(pki.make_ca(), tmp_path, lambda: own_cert.host_sans(cfg))
+    own.load()
+
+    def getfqdn(name: str = "") -> str:  # DNS down: the resolver's timeout, then a new name
+        time.sleep(1.0)
+        return "renamed.example"
+
+    monkeypatch.setattr(socket, "getfqdn", getfqdn)
+    monkeypatch.setattr(own_cert, "CHECK_S", 0.0)  # looked at now, not in an hour
+    loop = asyncio.get_running_loop()
+    fired: asyncio.Future[float] = loop.create_future()
+    renewing = asyncio.create_task(own.run())
+    await asyncio.sleep(0)  # it starts, then looks at once
+    start = loop.time()
+    loop.call_later(0.01, lambda: fired.set_result(loop.time()))
+    try:
+        assert await fired - start < 0.1  # the loop's timers fire while the lookup waits
+        for _ in range(300):  # and the certificate is made again, for the new name
+            leaf = x509.load_pem_x509_certificate(own.cert_file.read_bytes())
+            if "renamed.example" in _sans(leaf.public_bytes(serialization.Encoding.DER)):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the certificate was not made again")
+    finally:
+        renewing.cancel()
 
 
 def _cli(env: dict[str, str], *args: str, given: str = "") -> Result:

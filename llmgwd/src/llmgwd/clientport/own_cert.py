@@ -146,13 +146,21 @@ class OwnCert:
         self.tls.load_cert_chain(self.cert_file, self.key_file)
         return self.tls
 
-    def renew(self) -> bool:
-        """Make the certificate again if due; new connections get it (the context is the same
-        one the port serves with). Whether it was renewed."""
+    def remake(self) -> bool:
+        """Make the certificate again if due: whether it was. It blocks (the host's names,
+        getfqdn a DNS lookup; a key; files): renew runs it in a thread."""
         if self.tls is None or not self.due():
             return False
         self.make()
-        self.tls.load_cert_chain(self.cert_file, self.key_file)
+        return True
+
+    async def renew(self) -> bool:
+        """Make the certificate again if due, off the event loop (remake); new connections
+        get it (the context is the same one the port serves with). Whether it was renewed."""
+        if not await asyncio.to_thread(self.remake):
+            return False
+        assert self.tls is not None
+        self.tls.load_cert_chain(self.cert_file, self.key_file)  # on the loop, which serves it
         return True
 
     async def run(self) -> None:
@@ -160,6 +168,6 @@ class OwnCert:
         while True:
             await asyncio.sleep(CHECK_S)
             try:
-                self.renew()  # a P-256 key and a signature: a millisecond on the loop
+                await self.renew()  # with DNS down, getfqdn waits out the resolver's timeout
             except (OSError, ssl.SSLError, pki.PKIError) as e:
                 log.error("the client port's certificate could not be renewed: %s", e)
