@@ -19,6 +19,9 @@ _PARAMS = struct.Struct(">BII")  # log2 N, r, p
 HEADER_BYTES = len(MAGIC) + _PARAMS.size + SALT_BYTES + NONCE_BYTES
 MIN_PASSPHRASE = 12  # characters
 MAX_LOG2_N = 22  # a header asking more (4 GiB with r = 8) is not one of ours
+# The most a header may ask of scrypt: 128 * N * r * p bytes (its memory is 128 * N * r, its
+# time grows with p as well): 4 GiB, 32 times ours, so a crafted file costs no more.
+MAX_SCRYPT_BYTES = 4 << 30
 
 
 class SealError(Exception):
@@ -52,6 +55,12 @@ def unseal(sealed: bytes, passphrase: str) -> bytes:
     log2_n, r, p = _PARAMS.unpack_from(sealed, len(MAGIC))
     if not (1 <= log2_n <= MAX_LOG2_N and 1 <= r <= 64 and 1 <= p <= 16):
         raise SealError("the backup's header is damaged (scrypt's cost is out of range)")
+    if 128 * (1 << log2_n) * r * p > MAX_SCRYPT_BYTES:
+        raise SealError(
+            f"the backup's header asks scrypt for N=2^{log2_n}, r={r}, p={p}: over the "
+            f"{MAX_SCRYPT_BYTES >> 30} GiB this llmgw derives a key with (damaged, or not "
+            "made by llmgw)"
+        )
     at = len(MAGIC) + _PARAMS.size
     salt, nonce = sealed[at : at + SALT_BYTES], sealed[at + SALT_BYTES : HEADER_BYTES]
     key = _key(passphrase, salt, log2_n, r, p)

@@ -3,6 +3,7 @@ header or a changed byte refused, and a short passphrase refused before anything
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,28 @@ def test_another_file_and_a_damaged_cost_are_refused(box: bytes) -> None:
     huge[len(sealed.MAGIC)] = 40  # scrypt's N = 2**40: never derived
     with pytest.raises(sealed.SealError, match="out of range"):
         sealed.unseal(bytes(huge), PHRASE)
+
+
+@pytest.mark.parametrize(
+    ("log2_n", "r", "p"), [(22, 64, 1), (22, 8, 2), (20, 8, 16)], ids=["32GiB", "r-p", "p"]
+)
+def test_a_header_asking_scrypt_for_over_4_gib_is_refused_before_deriving(
+    box: bytes, monkeypatch: pytest.MonkeyPatch, log2_n: int, r: int, p: int
+) -> None:
+    def derive(*_: object) -> bytes:
+        raise AssertionError("scrypt was asked")
+
+    monkeypatch.setattr(sealed, "_key", derive)
+    crafted = bytearray(box)
+    struct.pack_into(">BII", crafted, len(sealed.MAGIC), log2_n, r, p)
+    with pytest.raises(
+        sealed.SealError, match=rf"asks scrypt for N=2\^{log2_n}, r={r}, p={p}: over the 4 GiB"
+    ):
+        sealed.unseal(bytes(crafted), PHRASE)
+
+
+def test_our_own_cost_is_within_the_bound() -> None:
+    assert 128 * (1 << sealed.LOG2_N) * sealed.R * sealed.P <= sealed.MAX_SCRYPT_BYTES
 
 
 def test_a_short_passphrase_is_refused(tmp_path: Path) -> None:

@@ -293,6 +293,29 @@ def test_llmgw_backup_then_llmgwd_restore_on_a_fresh_host(
     assert asyncio.run(restored_state(fresh, old.key)) == (True, old.usage)
 
 
+def test_llmgw_backup_follows_no_link_planted_where_it_writes(
+    served: dict[str, str], tmp_path: Path
+) -> None:
+    """`sudo llmgw backup /tmp/x`: a link another user put at a temporary name beside FILE
+    (the one it used to take) is neither followed nor taken as the backup."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's own file\n")
+    out = tmp_path / "shared"
+    out.mkdir()
+    (out / ".cluster.backup.tmp").symlink_to(victim)
+    phrase_file = tmp_path / "phrase"
+    phrase_file.write_text(PHRASE + "\n")
+    env = {k: v for k, v in served.items() if k != "socket"}
+    args = ["--socket", served["socket"], "backup", str(out / "cluster.backup")]
+    r = CliRunner().invoke(main, [*args, "--passphrase-file", str(phrase_file)], env=env)
+    assert r.exit_code == 0, r.output
+    assert victim.read_text() == "root's own file\n"
+    assert sorted(p.name for p in out.iterdir()) == [".cluster.backup.tmp", "cluster.backup"]
+    written = out / "cluster.backup"
+    assert not written.is_symlink() and written.stat().st_mode & 0o777 == 0o600
+    assert cli_backup.open_bundle(written.read_bytes(), PHRASE).cluster == "site"
+
+
 def _into(fresh: Path) -> Any:
     real = backup.restored_config
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import tempfile
 from pathlib import Path
 
 import click
@@ -49,14 +50,19 @@ def _passphrase(path: str) -> str:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    """Write path (0600 from its first byte) atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write path (0600 from its first byte) atomically, through a new file of a random name
+    in its directory (O_EXCL, O_NOFOLLOW: `sudo llmgw backup /tmp/x` follows no link another
+    user planted there); the rename replaces a link at path itself, never its target."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def describe(bundle: BackupBundle) -> str:
@@ -81,8 +87,9 @@ def backup(settings: Settings, file: Path, passphrase_file: str, force: bool) ->
     one revision), the cluster CA and its key, the cluster secret, the answering control
     plane's settings and the files they name (the OIDC client secret, the client port's
     certificate and key, LDAP's bind password: restored with their modes and owners),
-    encrypted and authenticated (scrypt, AES-256-GCM): keep the passphrase apart from it. `llmgw restore FILE` brings the cluster back on a fresh host. Back up after
-    every change of models, keys, people or settings, and daily for usage.
+    encrypted and authenticated (scrypt, AES-256-GCM): keep the passphrase apart from it.
+    `llmgw restore FILE` brings the cluster back on a fresh host. Back up after every change
+    of models, keys, people or settings, and daily for usage.
     """
     if file.exists() and not force:
         raise Refused(f"{file} exists: use --force to overwrite it")
