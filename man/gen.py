@@ -79,7 +79,9 @@ SETTINGS = {
         "A person's first sign-in makes their account waiting for staff's approval: no key, "
         "and every sign-in refused, until staff approve it (`llmgw user approve NAME`, "
         "POST /api/v1/users/NAME/approve, the console's people page, which shows the accounts "
-        "waiting). Accounts made before, by staff or by SCIM, are approved."
+        "waiting). Accounts made before, by staff or by SCIM, are approved. Turned off "
+        "later, it lets new people in at once; accounts already waiting stay waiting, their "
+        "keys refused, until staff approve them (`llmgw users` lists them)."
     ),
     "server.name": "The cluster's name, shown by `llmgw status` and on its answers.",
     "server.state_dir": (

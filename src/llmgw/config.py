@@ -171,7 +171,8 @@ class Oidc(Strict):
     link_claim: str = "sub"
     session_ttl_s: Annotated[int, msgspec.Meta(ge=60, le=30 * 86400)] = 12 * 3600  # key's life
     # a new person's first sign-in makes their account waiting: no key, every sign-in refused,
-    # until staff approve it (`llmgw user approve NAME`); accounts made before are approved
+    # until staff approve it (`llmgw user approve NAME`); accounts made before are approved.
+    # Turned off, new people sign in at once; accounts already waiting stay so until approved.
     approval_required: bool = False
 
     def __post_init__(self) -> None:

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llmgwd.catalog import Catalog, CatalogError, Model
+from llmgwd.catalog import Catalog, CatalogError, KeyOwner, Model
+from llmgwd.people.directory import Directory
 from llmgwd.store.sqlite import SqliteStore
 
 
@@ -119,3 +120,22 @@ async def test_follow_reads_everything_again_after_its_watch_was_compacted() -> 
             task.cancel()
     finally:
         await store.close()
+
+
+async def test_a_waiting_users_key_stays_refused_across_a_reload(store: SqliteStore) -> None:
+    people = Directory(store)
+    wes = await people.create_user("wes", source="oidc", approved=False)  # waiting
+    ann = await people.create_user("ann", source="oidc")
+    cat = Catalog(store)
+    await cat.load()
+    _, waiting = await cat.create_key("w", owner=KeyOwner(user=wes.id))
+    _, working = await cat.create_key("a", owner=KeyOwner(user=ann.id))
+    assert cat.authenticate(waiting) is None and cat.authenticate(working) is not None
+    again = Catalog(store)  # a restart, or another control plane
+    await again.load()
+    assert again.authenticate(waiting) is None  # still waiting for staff's approval
+    assert again.authenticate(working) is not None
+    await people.change_user(wes.id, approved=True)
+    once_approved = Catalog(store)
+    await once_approved.load()
+    assert once_approved.authenticate(waiting) is not None

@@ -191,7 +191,9 @@ class Catalog:
         self._set_keys([_key_dec.decode(kv.value) for kv in kvs])
         kvs, rev3 = await self._store.range(USERS, prefix_end(USERS))
         users = [_user_dec.decode(kv.value) for kv in kvs]
-        self._active = {u.id for u in users if u.active}
+        self._active = set()
+        for u in users:  # as the watch notes each one: a waiting user's keys do not work
+            self.note_user(u)
         revs = [await f.load(self._store) for f in self._followers]
         return max(rev, rev2, rev3, *revs)
 
