@@ -193,8 +193,7 @@ TABLE: list[Route] = [
     ),
     *PLANES,
     # the whole state, CA and secret included, for `llmgw backup` to seal
-    Route("POST", "/backup", backup.make_backup, ADMIN, answer=BackupBundle,
-          errors=("409",)),  # fmt: skip
+    Route("POST", "/backup", backup.make_backup, ADMIN, answer=BackupBundle, errors=("409",)),
     # llmgw upgrade: a package's bytes (the body) kept and recorded; the roll
     Route("GET", "/upgrade", upgrade.get_upgrade, READ, answer=UpgradeView),
     Route(
