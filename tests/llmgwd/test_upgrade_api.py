@@ -241,3 +241,20 @@ async def test_a_plane_named_by_its_address_is_upgraded_through_that_hosts_agent
     cluster.report("vm", "restarting")  # the new agent: the install unit ended well
     roll = await cluster.tick()
     assert steps(roll) == {"10.0.0.9": "done", "n1": "fetching"}
+
+
+async def test_a_host_in_flight_whose_agent_is_away_is_told_again_when_back(
+    cluster: Cluster,
+) -> None:
+    """The packages' scripts restart the agent: while it is away the host stays in its step
+    (no failure), and once back it is told the same try again."""
+    await cluster.stage("llmgw-agentd")
+    await call(cluster.client, "POST", "/upgrade/start", {"nodes": []})
+    await cluster.tick()
+    cluster.agents.refuse["p2"] = "its agent is not connected"
+    cluster.now += 20
+    roll = await cluster.tick()
+    assert steps(roll)["p2"] == "fetching" and roll["state"] == "running"
+    del cluster.agents.refuse["p2"]
+    await cluster.tick()
+    assert [(n, m.attempt) for n, m in cluster.agents.sent] == [("p2", 1), ("p2", 1)]

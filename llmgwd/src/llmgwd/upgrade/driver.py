@@ -20,7 +20,7 @@ from llmgwd.upgrade import records, roll
 log = logging.getLogger(__name__)
 
 EVERY_S = 2.0
-RESEND_S = 30.0  # a host in flight not heard from this long is told again (same try)
+RESEND_S = 10.0  # a host in flight not heard from this long is told again (same try)
 
 
 class Driver:
@@ -101,8 +101,19 @@ class Driver:
             r = self._tell(r, name, staged, now)
         for h in r.hosts:  # in flight and silent: told again (an agent restarted meanwhile)
             if h.step in ("fetching", "installing") and now - self._heard.get(h.name, 0) > RESEND_S:
-                r = self._tell(r, h.name, staged, now)
+                self._tell_again(r, h.name, staged, now)
         return r
+
+    def _tell_again(
+        self, r: UpgradeRoll, name: str, staged: Sequence[StagedPackage], now: float
+    ) -> None:
+        """The same try again; an agent away (restarting onto the packages) is no failure:
+        it is told at the next pass it is back (the step's time limit still holds)."""
+        h = roll.host(r, name)
+        if h is not None:
+            msg = wire.Upgrade(r.id, h.attempt, r.release, [_wire(p) for p in staged])
+            if self._cluster.send_upgrade(h.agent or name, msg) == "":
+                self._heard[name] = now
 
     def _agent_of(self, r: UpgradeRoll, name: str) -> str:
         """The node whose agent upgrades a host: a node itself; a control plane's host, named
