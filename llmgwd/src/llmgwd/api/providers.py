@@ -9,6 +9,7 @@ from aiohttp import web
 
 from llmgw.api_types import ProviderIn, ProviderRemoved, ProviderView
 from llmgw.errors import ApiError
+from llmgwd.api.access import private_path
 from llmgwd.api.base import api_context, bad_field, caller, json_response, not_found, read_body
 from llmgwd.api.models import NAME_RE
 from llmgwd.catalog import CatalogError, Model, ModelUpstream
@@ -52,8 +53,17 @@ def _model_of(body: ProviderIn, sealed: str) -> Model:
 
 
 async def add_provider(request: web.Request) -> web.Response:
-    """POST /providers: a model served by an upstream API, its credential sealed."""
+    """POST /providers: a model served by an upstream API, its credential sealed; the
+    credential taken only over TLS, the Unix socket or loopback, never plain http://."""
     ctx = api_context(request)
+    if not private_path(request):
+        raise ApiError(
+            403,
+            "a provider's credential is sent in the request: add it over https:// (or on the "
+            "control plane's Unix socket), not plain http://",
+            "permission_error",
+            "tls_required",
+        )
     if ctx.credentials is None:
         raise ApiError(503, "this llmgwd cannot seal credentials", "server_error")
     body = await read_body(request, ProviderIn)
