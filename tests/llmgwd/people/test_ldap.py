@@ -207,6 +207,20 @@ async def test_a_sign_in_and_the_timer_read_the_directory(
         timer.cancel()
 
 
+async def test_the_timer_gives_no_membership_to_a_user_waiting_for_approval(
+    directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    ada = await d.create_user("ada")
+    bob = await d.create_user("bob", approved=False)
+    for name in ("ada", "bob"):
+        directory.add_person(name)
+    directory.set_group("ml", "ada", "bob")
+    await LdapGroups(store, settings(directory, tmp_path), Oidc(rules=RULES)).refresh_all()
+    assert await d.role_in(ada.id, "acme") == "member"
+    assert await d.role_in(bob.id, "acme") is None  # staff have not approved him yet
+
+
 async def test_only_the_leading_control_plane_reads_the_directory_on_its_timer(
     directory: slapd.Slapd,
     tmp_path: Path,

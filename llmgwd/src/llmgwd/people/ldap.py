@@ -133,9 +133,10 @@ class LdapGroups:
         await self.refresh(user)
 
     async def refresh_all(self) -> None:
-        """Every active user's memberships by the directory; stops at the first failure."""
+        """Every active, approved user's memberships by the directory (one waiting for staff's
+        approval gets none yet); stops at the first failure."""
         for user in await self._people.users():
-            if user.active and not await self.refresh(user):
+            if user.active and user.approved and not await self.refresh(user):
                 return
 
     async def run(self) -> None:
