@@ -14,8 +14,12 @@ import pytest
 from aiohttp import web
 
 from llmgw.config import ClientPort
+from llmgwd.api.access import private_path
+from llmgwd.catalog import Catalog
 from llmgwd.clientport import listener
 from llmgwd.clientport.forwarded import TrustedProxies, client_address
+from llmgwd.metrics import endpoint as metrics_endpoint
+from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.test_clientport import llmgwd
 
 FORGED = "198.51.100.66"
@@ -122,3 +126,59 @@ async def test_a_peer_not_listed_is_capped_by_its_own_address_whatever_it_forwar
     (held, refused) = await _two_at_once(settings, REAL, FORGED)
     assert held == (200, "127.0.0.1")
     assert refused[0] == 429 and "connections from your address" in refused[1]
+
+
+async def _ask(settings: ClientPort, app: web.Application, path: str, headers: Any) -> Any:
+    """One GET through the client port serving app: its status and body."""
+    runner = await listener.serve(app, settings, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}{path}"
+        async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
+            return r.status, await r.text()
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("trusted", "headers", "private"),
+    [
+        ((), {"X-Forwarded-For": REAL}, "True"),  # no proxy listed: this host's own loopback
+        (("127.0.0.1",), {"X-Forwarded-For": REAL}, "False"),  # a client on the network
+        (("127.0.0.1",), {"X-Forwarded-For": REAL, "X-Forwarded-Proto": "https"}, "True"),
+        (("127.0.0.1",), {"X-Forwarded-For": REAL, "X-Forwarded-Proto": "https, http"}, "False"),
+        (("127.0.0.1",), {}, "True"),  # the proxy's own host asking, forwarding for no one
+    ],
+)
+async def test_behind_a_trusted_proxy_the_client_s_hop_decides_what_is_private(
+    trusted: tuple[str, ...], headers: dict[str, str], private: str
+) -> None:
+    async def ask(request: web.Request) -> web.Response:
+        return web.Response(text=str(private_path(request)))
+
+    app = web.Application()
+    app.router.add_get("/private", ask)
+    settings = ClientPort(listen="127.0.0.1:0", trusted_proxies=trusted)
+    assert await _ask(settings, app, "/private", headers) == (200, private)
+
+
+async def test_open_metrics_on_loopback_are_not_open_to_a_proxy_s_clients() -> None:
+    async def render() -> bytes:
+        return b"llmgw_up 1\n"
+
+    store = await SqliteStore.open(":memory:")
+    catalog = Catalog(store)
+    await catalog.load()
+
+    def app() -> web.Application:
+        a = web.Application()
+        a.router.add_get("/metrics", metrics_endpoint.client_handler(render, catalog, store, True))
+        return a
+
+    try:
+        direct = ClientPort(listen="127.0.0.1:0")
+        assert await _ask(direct, app(), "/metrics", {}) == (200, "llmgw_up 1\n")
+        proxied = ClientPort(listen="127.0.0.1:0", trusted_proxies=("127.0.0.1",))
+        status, _ = await _ask(proxied, app(), "/metrics", {"X-Forwarded-For": REAL})
+        assert status == 401
+    finally:
+        await store.close()

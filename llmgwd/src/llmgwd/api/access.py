@@ -16,6 +16,7 @@ from llmgw.localsock import allowed, peer_credentials
 from llmgwd import auth
 from llmgwd.api.base import KeyLookup, api_context
 from llmgwd.auth import Principal, Rule
+from llmgwd.clientport import forwarded
 from llmgwd.people.directory import Directory
 
 RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -31,14 +32,22 @@ def _deny(status: int, message: str, code: str) -> NoReturn:
 def private_path(request: web.Request) -> bool:
     """Whether what a request carries stays off the network: it came over TLS, the Unix
     socket, or from this host (loopback). Where the client port also answers plain HTTP
-    (llmgwd's own certificate), a route handing out secrets asks for one of these."""
+    (llmgwd's own certificate), a route handing out secrets asks for one of these. Brought by
+    a trusted proxy (client.trusted_proxies): the client's hop to it is what counts, as the
+    proxy tells it (X-Forwarded-Proto, X-Forwarded-For), never the proxy's own to llmgwd."""
+    if forwarded.proxied(request):
+        return forwarded.forwarded_tls(request) or _loopback(forwarded.client_address(request))
     if request.secure:
         return True
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None and sock.family == socket.AF_UNIX:
         return True
+    return _loopback(request.remote or "")
+
+
+def _loopback(address: str) -> bool:
     try:
-        return ipaddress.ip_address(request.remote or "").is_loopback
+        return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from aiohttp import hdrs, web
 
 CLIENT = web.RequestKey("llmgw.client", str)  # the address the client port took as the client
+PROXIED = web.RequestKey("llmgw.proxied", bool)  # its TCP peer is one of client.trusted_proxies
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -59,6 +60,18 @@ class TrustedProxies:
 def client_address(request: web.BaseRequest) -> str:
     """The address the client port took as the request's client ('' when it has none)."""
     return request.get(CLIENT) or request.remote or ""
+
+
+def proxied(request: web.BaseRequest) -> bool:
+    """Whether a trusted proxy brought the request: its TCP peer says nothing of the client."""
+    return bool(request.get(PROXIED))
+
+
+def forwarded_tls(request: web.BaseRequest) -> bool:
+    """Whether the trusted proxy that brought the request says its client spoke TLS to it
+    (X-Forwarded-Proto's right-most value, the one it wrote)."""
+    values = [v for h in request.headers.getall("X-Forwarded-Proto", []) for v in h.split(",")]
+    return bool(values) and values[-1].strip().lower() == "https"
 
 
 def forwarded_for(request: web.BaseRequest) -> list[str]:

@@ -21,7 +21,13 @@ from aiohttp.web_protocol import RequestHandler
 from llmgw.config import ClientPort
 from llmgw.errors import ANTHROPIC, API_V1, HF, SCIM
 from llmgwd.api.base import API_PREFIX
-from llmgwd.clientport.forwarded import CLIENT, TrustedProxies, client_address, forwarded_for
+from llmgwd.clientport.forwarded import (
+    CLIENT,
+    PROXIED,
+    TrustedProxies,
+    client_address,
+    forwarded_for,
+)
 from llmgwd.clientport.gate import (
     SERVER,
     ConnectionGate,
@@ -345,6 +351,7 @@ def behind_proxies(proxies: TrustedProxies, gate: ConnectionGate) -> Middleware:
     async def client(request: web.Request, handler: Handler) -> web.StreamResponse:
         peer = request.remote or ""
         address = request[CLIENT] = proxies.client(peer, forwarded_for(request))
+        request[PROXIED] = proxies.trusts(peer)
         if address == peer:
             return await handler(request)
         counted = gate.admit(address)

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from llmgwd import auth
 from llmgwd.auth import KeyLookup
+from llmgwd.clientport import forwarded
 from llmgwd.people.directory import Directory
 from llmgwd.router import errors
 from llmgwd.store import Store, StoreUnavailable
@@ -80,7 +81,8 @@ def client_handler(render: Render, keys: KeyLookup, store: Store, loopback_open:
     or (loopback_open) any peer on the loopback."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        if not (loopback_open and loopback(request.remote)):
+        # Behind a trusted proxy, the client it forwards for, never the proxy's own address.
+        if not (loopback_open and loopback(forwarded.client_address(request))):
             try:
                 refused = await refusal(bearer(request), keys, store)
             except StoreUnavailable:
