@@ -11,8 +11,14 @@ from llmgw.api_types.common import Name
 from llmgw.api_types.models import Context
 
 ProviderProtocol = Literal["openai", "anthropic"]
-URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
-URL_RULE = "must be http(s)://HOST[:PORT][/PATH], no user, query or fragment"
+# https://, or http:// on the loopback only: the credential is sent with every request.
+URL_PATTERN = (
+    r"^(https://[^\s/?#@]+|http://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?)(/[^\s?#]*)?$"
+)
+URL_RULE = (
+    "must be https://HOST[:PORT][/PATH] (http:// on the loopback only), no user, query or "
+    "fragment, not a link-local address"
+)
 # The upstream's own model name: what its API calls it (OpenAI's and Anthropic's are ASCII).
 UpstreamModel = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,200}$")]
 Credential = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]

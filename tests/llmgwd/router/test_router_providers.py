@@ -346,3 +346,20 @@ async def test_a_client_that_leaves_is_charged_what_the_upstream_reports(
     counts = (await s.usage())[model]
     assert s.stand_in.finished == 1
     assert (counts.requests, counts.prompt_tokens, counts.completion_tokens) == (1, *usage)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://169.254.169.254/latest", "http://203.0.113.7/v1", "https://[fe80::1]/v1"]
+)
+async def test_a_url_stored_before_the_rule_is_never_sent_to(
+    s: Setup, url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpt = s.models.get(GPT)
+    assert gpt is not None and gpt.upstream is not None
+    up = msgspec.structs.replace(gpt.upstream, url=url)
+    s.models.set(msgspec.structs.replace(gpt, upstream=up))
+    async with s.openai() as client:
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.chat.completions.create(model=GPT, messages=HI)
+    assert failed.value.status_code == 502 and "address" in failed.value.response.text
+    assert CREDENTIAL not in caplog.text

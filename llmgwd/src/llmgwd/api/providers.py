@@ -13,6 +13,7 @@ from llmgwd.api.access import private_path
 from llmgwd.api.base import api_context, bad_field, caller, json_response, not_found, read_body
 from llmgwd.api.models import NAME_RE
 from llmgwd.catalog import CatalogError, Model, ModelUpstream
+from llmgwd.providers.addresses import url_refusal
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ def _model_of(body: ProviderIn, sealed: str) -> Model:
     if any(c in body.credential for c in "\r\n\0"):
         raise bad_field("credential", "holds a line break or a NUL")  # never quoted
     url = body.url.rstrip("/")
+    if (why := url_refusal(url)) is not None:
+        raise bad_field("url", why)
     upstream = ModelUpstream(protocol=body.protocol, url=url, model=body.model, credential=sealed)
     return Model(
         name=body.name,

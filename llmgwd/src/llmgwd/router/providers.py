@@ -14,6 +14,7 @@ import aiohttp
 from llmgw.proxy import Route as ProxyRoute
 from llmgwd.catalog import Model, ModelUpstream
 from llmgwd.nodes.pool import Endpoint
+from llmgwd.providers.addresses import GuardedResolver, url_refusal
 from llmgwd.providers.credentials import CredentialError, Credentials
 from llmgwd.router import errors
 from llmgwd.router.engine_client import ConnectionLost, EngineError, ReadTimeout
@@ -70,6 +71,17 @@ class ProviderReply:
         self._response.close()
 
 
+def _check_url(model: Model, up: ModelUpstream) -> None:
+    """A 502 for a URL the API refuses now (one stored before the rule is never sent to)."""
+    why = url_refusal(up.url)
+    if why is not None:
+        log.warning("provider of %s at %s: its URL %s", model.name, up.url, why)
+        raise errors.upstream_failed(
+            f"The external provider of model '{errors.quote(model.name)}' is at an address "
+            "llmgw does not send to; staff can check it."
+        )
+
+
 def _reading_failed(e: BaseException) -> EngineError:
     if isinstance(e, TimeoutError):
         return ReadTimeout("the provider sent nothing for the read timeout")
@@ -123,6 +135,7 @@ class Providers:
         busy. The credential goes in its protocol's header, nowhere else."""
         up = model.upstream
         assert up is not None
+        _check_url(model, up)
         url = f"{up.url}/{route.path}"
         headers = self._headers(model, up, stream)
         try:
@@ -211,7 +224,8 @@ class Providers:
             # trust_env off: the egress proxy is the site's setting, passed per request. No cap
             # on connections: one waiting for a pooled one would wait unbounded (total=None);
             # the keys' limits and the client port's connection caps bound them instead.
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            # The resolver drops link-local addresses (a name pointed at a metadata service).
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, resolver=GuardedResolver())
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, trust_env=False
             )
