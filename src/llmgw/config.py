@@ -197,7 +197,9 @@ class Ldap(Strict):
     bind_dn: str = ""  # the DN llmgwd binds as; "": an anonymous bind
     bind_password_file: str = ""  # a file holding bind_dn's password (never logged)
     user_base: str = ""  # where people are searched
-    user_filter: str = "(uid={name})"  # a person's entry; {name}: the llmgw user name, escaped
+    # a person's entry; {name}: the llmgw user name, {email}: their verified email (escaped);
+    # its groups count only when its mail is that email, so "(mail={email})" finds it best
+    user_filter: str = "(uid={name})"
     group_base: str = ""  # where groups are searched
     group_filter: str = "(objectClass=groupOfNames)"  # which entries are groups
     member_attribute: str = "member"  # member/uniqueMember: the person's DN; others: their name
@@ -215,8 +217,8 @@ class Ldap(Strict):
             raise ValueError("start_tls: a plain ldap:// directory only on the loopback")
         if not self.user_base or not self.group_base:
             raise ValueError("user_base and group_base: needed with a url")
-        if "{name}" not in self.user_filter:
-            raise ValueError("user_filter: must name {name}")
+        if "{name}" not in self.user_filter and "{email}" not in self.user_filter:
+            raise ValueError("user_filter: must name {name} or {email}")
         if self.bind_dn and not self.bind_password_file:
             raise ValueError("bind_password_file: needed with a bind_dn")
 

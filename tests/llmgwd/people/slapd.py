@@ -70,8 +70,10 @@ class Slapd:
             add: Callable[..., bool] = c.add  # types-ldap3 leaves it untyped
             return add(dn, classes, attributes)
 
-    def add_person(self, uid: str) -> None:
-        self.add(f"uid={uid},{PEOPLE}", ["inetOrgPerson"], {"cn": uid, "sn": uid})
+    def add_person(self, uid: str, mail: str = "") -> None:
+        """A person uid whose mail is mail (else uid@acme.example)."""
+        attributes = {"cn": uid, "sn": uid, "mail": mail or f"{uid}@acme.example"}
+        self.add(f"uid={uid},{PEOPLE}", ["inetOrgPerson"], attributes)
 
     def set_group(self, cn: str, *uids: str) -> None:
         """Group cn with exactly these people (a groupOfNames needs one member: the admin)."""

@@ -71,7 +71,7 @@ async def test_the_directorys_groups_become_memberships_and_go_with_them(
     directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     directory.add_person("ada")
     directory.set_group("ml", "ada")
     directory.set_group("chat", "ada")
@@ -94,7 +94,7 @@ async def test_memberuid_groups_and_a_plain_loopback_directory(
     directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     directory.add_person("ada")
     posix = {"cn": "ml", "gidNumber": 5000, "memberUid": ["ada"]}
     directory.add(f"cn=ml,{slapd.GROUPS}", ["posixGroup"], posix)
@@ -108,7 +108,7 @@ async def test_a_role_set_by_hand_is_not_rewritten(
     directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     await d.set_member("", ada.id, ACME, "admin")
     directory.add_person("ada")
     directory.set_group("ml", "ada")
@@ -127,7 +127,7 @@ async def test_an_unreachable_directory_keeps_what_was_known_and_says_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     directory.add_person("ada")
     directory.set_group("ml-leads", "ada")
     groups = LdapGroups(store, settings(directory, tmp_path), Oidc(rules=RULES))
@@ -149,7 +149,7 @@ async def test_a_wrong_password_is_not_logged_and_changes_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     await d.set_member("", ada.id, ACME, "member")
     directory.add_person("ada")
     wrong = tmp_path / "wrong"
@@ -169,7 +169,7 @@ async def test_a_directory_whose_certificate_does_not_check_is_not_believed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     directory.add_person("ada")
     directory.set_group("ml", "ada")
     other = tmp_path / "other-ca.pem"
@@ -193,7 +193,9 @@ async def test_a_sign_in_and_the_timer_read_the_directory(
     oidc = Oidc(issuer="https://idp.example", client_id="llmgw", rules=RULES)
     groups = LdapGroups(store, settings(directory, tmp_path, refresh_s=1), oidc)
     signin = SignIn(store, oidc, after=groups.signed_in)
-    ada = await signin.user_for({"sub": "s-ada", "preferred_username": "ada", "groups": []})
+    ada = await signin.user_for(
+        {"sub": "s-ada", "preferred_username": "ada", "email": "ada@acme.example"}
+    )
     assert await d.role_in(ada.id, "acme") == "member"  # the directory's, at sign-in
     timer = asyncio.create_task(groups.run())
     try:
@@ -207,12 +209,51 @@ async def test_a_sign_in_and_the_timer_read_the_directory(
         timer.cancel()
 
 
+async def test_a_guest_named_as_a_directory_person_gets_none_of_their_groups(
+    directory: slapd.Slapd,
+    tmp_path: Path,
+    people: tuple[SqliteStore, Directory],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, d = people
+    directory.add_person("alice")  # alice@acme.example, a manager
+    directory.set_group("ml-leads", "alice")
+    oidc = Oidc(issuer="https://idp.example", client_id="llmgw", rules=RULES)
+    groups = LdapGroups(store, settings(directory, tmp_path), oidc)
+    signin = SignIn(store, oidc, after=groups.signed_in)
+    with caplog.at_level(logging.WARNING, logger="llmgwd.ldap"):
+        guest = await signin.user_for({"sub": "s-guest", "email": "alice@gmail.com"})
+        await signin.user_for({"sub": "s-guest", "email": "alice@gmail.com"})
+    assert guest.name == "alice"  # the name from the email's local part
+    assert await d.role_in(guest.id, "acme") is None
+    said = [r.getMessage() for r in caplog.records if r.name == "llmgwd.ldap"]
+    assert len(said) == 1 and "alice gets no LDAP groups" in said[0]  # once
+    unverified = {"sub": "s-guest", "email": "alice@acme.example", "email_verified": False}
+    await signin.user_for(unverified)  # an address the provider has not verified is not hers
+    assert await d.role_in(guest.id, "acme") is None
+
+
+async def test_the_entry_found_by_the_verified_email_gives_its_groups(
+    directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    directory.add_person("alice")
+    directory.set_group("ml", "alice")
+    oidc = Oidc(issuer="https://idp.example", client_id="llmgw", rules=RULES)
+    by_mail = settings(directory, tmp_path, user_filter="(mail={email})")
+    signin = SignIn(store, oidc, after=LdapGroups(store, by_mail, oidc).signed_in)
+    claims = {"sub": "s-a", "preferred_username": "a.smith", "email": "Alice@acme.example",
+              "email_verified": True}  # fmt: skip
+    alice = await signin.user_for(claims)
+    assert (alice.name, await d.role_in(alice.id, "acme")) == ("a.smith", "member")
+
+
 async def test_the_timer_gives_no_membership_to_a_user_waiting_for_approval(
     directory: slapd.Slapd, tmp_path: Path, people: tuple[SqliteStore, Directory]
 ) -> None:
     store, d = people
-    ada = await d.create_user("ada")
-    bob = await d.create_user("bob", approved=False)
+    ada = await d.create_user("ada", "ada@acme.example")
+    bob = await d.create_user("bob", "bob@acme.example", approved=False)
     for name in ("ada", "bob"):
         directory.add_person(name)
     directory.set_group("ml", "ada", "bob")
@@ -229,7 +270,7 @@ async def test_only_the_leading_control_plane_reads_the_directory_on_its_timer(
 ) -> None:
     store, d = people
     monkeypatch.setattr(ldap, "LEAD_CHECK_S", 0.1)
-    ada = await d.create_user("ada")
+    ada = await d.create_user("ada", "ada@acme.example")
     directory.add_person("ada")
     directory.set_group("ml", "ada")
     leads = False
@@ -263,7 +304,7 @@ async def test_llmgwd_keeps_the_directorys_groups_on_its_timer(
     try:
         people = Directory(daemon.store)
         await people.create_org("acme")
-        ada = await people.create_user("ada")
+        ada = await people.create_user("ada", "ada@acme.example")
         directory.add_person("ada")
         directory.set_group("ml-leads", "ada")
         for _ in range(100):
@@ -288,3 +329,5 @@ def test_a_plain_directory_is_refused_off_the_loopback() -> None:
         Ldap(url="ldap://ldap.example.org", start_tls=False, user_base="o=x", group_base="o=x")
     with pytest.raises(ValueError, match="ldaps"):
         Ldap(url="https://ldap.example.org", user_base="o=x", group_base="o=x")
+    with pytest.raises(ValueError, match="user_filter"):
+        Ldap(url="ldaps://ldap.example.org", user_base="o=x", group_base="o=x", user_filter="(x=1)")

@@ -77,7 +77,11 @@ async def test_llmgw_login_reads_the_directorys_groups_beside_the_tokens(
 ) -> None:
     directory.add_person("ada")
     directory.set_group("physics-staff", "ada")  # the directory makes her a manager
-    _put_user(issuer, "ada-sub", {"preferred_username": "ada", "groups": ["physics-all"]})
+    _put_user(
+        issuer,
+        "ada-sub",
+        {"preferred_username": "ada", "email": "ada@acme.example", "groups": ["physics-all"]},
+    )
     result = await _llmgw_login(gw, "ada-sub", tmp_path / "a", monkeypatch)
     assert result.exit_code == 0, result.output
     ada = await gw.people.user("ada")

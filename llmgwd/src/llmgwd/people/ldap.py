@@ -1,7 +1,8 @@
 """A person's groups read from the site's LDAP directory (ldap3, in a thread) and mapped to
 memberships by oidc.rules as OIDC's and SCIM's groups are (source ldap: a role set by hand is
-never rewritten); read at each sign-in and every ldap.refresh_s; a directory that cannot be
-reached keeps what was known, and says so once until it answers again."""
+never rewritten), only when the entry's mail is the user's email; read at each sign-in and
+every ldap.refresh_s; a directory that cannot be reached keeps what was known, and says so once
+until it answers again."""
 
 from __future__ import annotations
 
@@ -27,11 +28,16 @@ from llmgwd.store import Store
 log = logging.getLogger("llmgwd.ldap")
 
 DN_ATTRIBUTES = ("member", "uniquemember")  # these hold a member's DN; any other their name
+MAIL = "mail"  # the entry's addresses: one must be the user's email for its groups to count
 LEAD_CHECK_S = 5.0  # how often a control plane that does not lead looks whether it leads now
 
 
 class Unreachable(Exception):
     """The directory could not be asked (its message carries no password)."""
+
+
+class NotTheirs(Exception):
+    """The entry found is not the user's: its mail is not their (verified) email."""
 
 
 class Reader:
@@ -74,19 +80,26 @@ class Reader:
             raise
         return conn
 
-    def groups(self, name: str) -> set[str]:
-        """The names of the groups name is in: none when the directory does not know name;
-        Unreachable when it cannot be asked."""
+    def groups(self, name: str, email: str) -> set[str]:
+        """The names of the groups of the person user_filter finds by name or email: none when
+        the directory does not know them; NotTheirs when their entry's mail is not email (or
+        they have none); Unreachable when it cannot be asked."""
         s = self._s
+        if not email:
+            raise NotTheirs("no email to match the directory's entry with")
         try:
             conn = self._connect()
         except (LDAPException, OSError) as e:
             raise Unreachable(f"{s.url}: {type(e).__name__}: {e}") from None
         try:
-            conn.search(s.user_base, s.user_filter.replace("{name}", escape_filter_chars(name)),
-                        attributes=[])  # fmt: skip
+            wanted = s.user_filter.replace("{name}", escape_filter_chars(name))
+            wanted = wanted.replace("{email}", escape_filter_chars(email))
+            conn.search(s.user_base, wanted, attributes=[MAIL])
             if len(conn.entries) != 1:
                 return set()  # not in the directory (or not one person): in no group
+            mails = conn.entries[0].entry_attributes_as_dict.get(MAIL, [])
+            if email.casefold() not in {str(m).casefold() for m in mails}:
+                raise NotTheirs(f"the entry {conn.entries[0].entry_dn} is not {email}'s")
             dn = str(conn.entries[0].entry_dn)
             attr = s.member_attribute
             value = dn if attr.lower() in DN_ATTRIBUTES else name
@@ -111,20 +124,28 @@ class LdapGroups:
         self._people = Directory(store)
         self._signin = SignIn(store, Oidc(rules=oidc.rules))  # groups by oidc.rules
         self._down = False  # the directory failed last time (said once until it answers)
+        self._refused: set[str] = set()  # users whose entry is not theirs (said once each)
 
     async def refresh(self, user: User) -> bool:
-        """user's memberships by the directory's groups now; False (what was known kept) when
-        it cannot be reached."""
+        """user's memberships by the directory's groups now (none when the entry found is not
+        theirs); False (what was known kept) when it cannot be reached."""
         try:
-            groups = await asyncio.to_thread(self._reader.groups, user.name)
+            groups = await asyncio.to_thread(self._reader.groups, user.name, user.email)
+        except NotTheirs as e:
+            if user.id not in self._refused:
+                log.warning("user %s gets no LDAP groups: %s", user.name, e)
+            self._refused.add(user.id)
+            groups = set()  # a name alone is no identity: whatever it held is taken away
         except Unreachable as e:
             if not self._down:
                 log.warning("the LDAP directory cannot be reached; memberships kept: %s", e)
             self._down = True
             return False
-        if self._down:
-            log.info("the LDAP directory answers again")
-        self._down = False
+        else:
+            self._refused.discard(user.id)
+            if self._down:
+                log.info("the LDAP directory answers again")
+            self._down = False
         await self._signin.apply_groups(user, groups, "ldap")
         return True
 

@@ -80,8 +80,8 @@ class SignIn:
                 f"your account {user.name} waits for staff's approval; sign in again once "
                 "they have approved it",
             )  # fmt: skip
-        email = str(claims.get("email", ""))
-        if email and email != user.email:
+        email = str(claims.get("email", "")) if claims.get("email_verified") is not False else ""
+        if email and email != user.email:  # one the provider says it has not verified: not kept
             user = await self._people.change_user(user.id, email=email)
         await self.apply_groups(user, groups)
         if self._after is not None:
