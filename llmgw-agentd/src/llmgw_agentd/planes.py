@@ -21,7 +21,8 @@ class Planes:
 
     def __init__(self, joined: str, path: Path | None = None) -> None:
         self._path = path
-        self.urls = [_clean(joined)]
+        self._joined = _clean(joined)
+        self.urls = [self._joined]
         saved = _load(path)
         for url in saved:
             if url not in self.urls:
@@ -47,9 +48,14 @@ class Planes:
 
     def update(self, urls: Sequence[str]) -> None:
         """The leader's list of every control plane: kept (in the file too), the current
-        one first among them."""
+        one first among them, and the joined one last where the leader does not list it (a
+        control plane restarting is missing from the list for a while, and a cluster lost
+        and restored from a backup comes back at the address its nodes joined)."""
         new = [_clean(u) for u in urls if u]
-        if not new or set(new) == set(self.urls) == self._saved:
+        if not new:
+            return
+        new += [self._joined] if self._joined not in new else []
+        if set(new) == set(self.urls) == self._saved:
             return
         current = self.url
         self.urls = [current, *(u for u in new if u != current)]
