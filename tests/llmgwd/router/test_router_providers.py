@@ -363,3 +363,15 @@ async def test_a_url_stored_before_the_rule_is_never_sent_to(
             await client.chat.completions.create(model=GPT, messages=HI)
     assert failed.value.status_code == 502 and "address" in failed.value.response.text
     assert CREDENTIAL not in caplog.text
+
+
+async def test_openais_chat_is_sent_max_completion_tokens_never_max_tokens(s: Setup) -> None:
+    # OpenAI's reasoning models refuse max_tokens: the limit reserved goes as the other.
+    for asked in ({"max_tokens": 20}, {"max_completion_tokens": 20}, {}):
+        assert (await post(s, {"model": GPT, "messages": HI, **asked}))[0] == 200
+    assert [c.body.get("max_completion_tokens") for c in s.stand_in.seen][:2] == [20, 20]
+    assert all("max_tokens" not in c.body for c in s.stand_in.seen)
+    assert s.stand_in.seen[2].body["max_completion_tokens"] > 0  # the limit reserved
+    async with s.anthropic() as client:
+        await client.messages.create(model=CLAUDE, max_tokens=5, messages=HI_A)
+    assert s.stand_in.seen[-1].body["max_tokens"] == 5  # Anthropic's own name for it

@@ -232,7 +232,12 @@ class Providers:
         return self._session
 
 
-def upstream_body(doc: dict[str, Any], model: Model) -> None:
-    """The body names the upstream's model, not the catalog's."""
-    assert model.upstream is not None
-    doc["model"] = model.upstream.model
+def upstream_body(doc: dict[str, Any], model: Model, route: Route) -> None:
+    """The body names the upstream's model, not the catalog's. OpenAI's chat takes the limit
+    the router wrote (token_bounds) as max_completion_tokens: its reasoning models refuse
+    max_tokens, and the others read either."""
+    up = model.upstream
+    assert up is not None
+    doc["model"] = up.model
+    if up.protocol == "openai" and route.path == "chat/completions" and "max_tokens" in doc:
+        doc["max_completion_tokens"] = doc.pop("max_tokens")

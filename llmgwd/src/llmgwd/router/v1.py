@@ -291,7 +291,7 @@ class Router:
         bounds = bound(doc, model, len(raw), context)
         doc["model"] = model.name
         if model.upstream is not None:
-            upstream_body(doc, model)
+            upstream_body(doc, model, route)
         else:  # the engine's prompt cache kept apart per organization or key (isolation.py)
             self.isolation.apply(ex, key, model, doc)
         stream = doc.get("stream") is True
