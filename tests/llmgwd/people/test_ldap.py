@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +143,50 @@ async def test_an_unreachable_directory_keeps_what_was_known_and_says_so_once(
     said = [r.getMessage() for r in caplog.records if r.name == "llmgwd.ldap"]
     assert len(said) == 1 and "cannot be reached" in said[0]
     assert slapd.PASSWORD not in caplog.text
+
+
+@pytest.fixture
+def hung() -> Iterator[str]:
+    """An ldap:// URL whose listener takes connections and never answers."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        yield f"ldap://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def hung_settings(url: str) -> Ldap:
+    return Ldap(url=url, start_tls=False, user_base="o=x", group_base="o=x", timeout_s=1.0)
+
+
+async def test_a_hung_directory_holds_up_one_sign_in_not_the_next(
+    hung: str, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    oidc = Oidc(issuer="https://idp.example", client_id="llmgw", rules=RULES)
+    signin = SignIn(store, oidc, after=LdapGroups(store, hung_settings(hung), oidc).signed_in)
+    claims = {"sub": "s-ada", "preferred_username": "ada", "email": "ada@acme.example",
+              "groups": ["ml"]}  # fmt: skip
+    waited = []
+    for _ in range(2):
+        start = time.monotonic()
+        ada = await signin.user_for(claims)
+        waited.append(time.monotonic() - start)
+    assert 0.5 < waited[0] < 3.0  # the first waits for the directory, at most 2 x timeout_s
+    assert waited[1] < 0.3  # the next, within the back-off, does not
+    assert await d.role_in(ada.id, "acme") == "member"  # the token's groups hold
+
+
+async def test_reads_of_a_hung_directory_leave_name_lookups_their_threads(
+    hung: str, people: tuple[SqliteStore, Directory]
+) -> None:
+    store, d = people
+    more_than_the_loops = min(32, (os.cpu_count() or 1) + 4) + 1  # its default executor's
+    users = [await d.create_user(f"u{i}", f"u{i}@acme.example") for i in range(more_than_the_loops)]
+    groups = LdapGroups(store, hung_settings(hung), Oidc(rules=RULES))
+    reads = [asyncio.create_task(groups.refresh(u)) for u in users]
+    await asyncio.sleep(0.1)
+    start = time.monotonic()
+    await asyncio.get_running_loop().getaddrinfo("localhost", 80)
+    assert time.monotonic() - start < 0.5  # not queued behind the directory's reads
+    assert not any(await asyncio.gather(*reads))
 
 
 async def test_a_wrong_password_is_not_logged_and_changes_nothing(

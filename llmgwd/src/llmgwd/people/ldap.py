@@ -12,6 +12,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,6 +31,8 @@ log = logging.getLogger("llmgwd.ldap")
 DN_ATTRIBUTES = ("member", "uniquemember")  # these hold a member's DN; any other their name
 MAIL = "mail"  # the entry's addresses: one must be the user's email for its groups to count
 LEAD_CHECK_S = 5.0  # how often a control plane that does not lead looks whether it leads now
+BACKOFF_S = 60.0  # after a failed read, sign-ins read no more for this long (the timer still does)
+THREADS = 4  # LDAP's own threads: a hung directory holds these, not the loop's (DNS's)
 
 
 class Unreachable(Exception):
@@ -125,12 +128,24 @@ class LdapGroups:
         self._signin = SignIn(store, Oidc(rules=oidc.rules))  # groups by oidc.rules
         self._down = False  # the directory failed last time (said once until it answers)
         self._refused: set[str] = set()  # users whose entry is not theirs (said once each)
+        self._retry_at = 0.0  # the monotonic time before which sign-ins do not read
+        self._threads = ThreadPoolExecutor(THREADS, thread_name_prefix="llmgwd-ldap")
+
+    async def _groups(self, user: User) -> set[str]:
+        """Reader.groups in LDAP's threads, the whole read bounded by twice timeout_s."""
+        s = self._settings
+        loop = asyncio.get_running_loop()
+        read = loop.run_in_executor(self._threads, self._reader.groups, user.name, user.email)
+        try:
+            return await asyncio.wait_for(read, 2 * s.timeout_s)
+        except TimeoutError:
+            raise Unreachable(f"{s.url}: no answer in {2 * s.timeout_s:g}s") from None
 
     async def refresh(self, user: User) -> bool:
         """user's memberships by the directory's groups now (none when the entry found is not
         theirs); False (what was known kept) when it cannot be reached."""
         try:
-            groups = await asyncio.to_thread(self._reader.groups, user.name, user.email)
+            groups = await self._groups(user)
         except NotTheirs as e:
             if user.id not in self._refused:
                 log.warning("user %s gets no LDAP groups: %s", user.name, e)
@@ -140,6 +155,7 @@ class LdapGroups:
             if not self._down:
                 log.warning("the LDAP directory cannot be reached; memberships kept: %s", e)
             self._down = True
+            self._retry_at = time.monotonic() + BACKOFF_S
             return False
         else:
             self._refused.discard(user.id)
@@ -150,7 +166,10 @@ class LdapGroups:
         return True
 
     async def signed_in(self, user: User) -> None:
-        """At a sign-in (SignIn's after): the directory's groups read again."""
+        """At a sign-in (SignIn's after): the directory's groups read again, unless a read
+        failed less than BACKOFF_S ago (what was known kept: no sign-in waits on a dead one)."""
+        if self._down and time.monotonic() < self._retry_at:
+            return
         await self.refresh(user)
 
     async def refresh_all(self) -> None:
