@@ -186,7 +186,9 @@ SETTINGS = {
         "a cache_salt per organization or key; llama.cpp's requests are pinned to a slot "
         "(id_slot) and reuse it only when it holds nothing else, llama-server keeps no prompt "
         "cache in RAM (--cache-ram 0), and slots are reused only while this control plane is "
-        "the only one, from 10 minutes after another one left."
+        "the only one, from 10 minutes after another one left. An OpenAI provider gets a "
+        "prompt_cache_key per organization or key (a hash, not the name): a hint to OpenAI's "
+        "cache routing, not a promise that its cache is kept apart."
     ),
     "server.client.request_metrics": (
         "Count each /v1 request in /metrics (requests, latency, first token, tokens, spend, "

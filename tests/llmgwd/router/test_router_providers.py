@@ -375,3 +375,21 @@ async def test_openais_chat_is_sent_max_completion_tokens_never_max_tokens(s: Se
     async with s.anthropic() as client:
         await client.messages.create(model=CLAUDE, max_tokens=5, messages=HI_A)
     assert s.stand_in.seen[-1].body["max_tokens"] == 5  # Anthropic's own name for it
+
+
+async def test_openai_is_told_not_to_store_and_each_org_gets_its_own_cache_key(s: Setup) -> None:
+    assert (await post(s, {"model": GPT, "messages": HI, "store": True}))[0] == 200
+    async with s.openai() as client:
+        await client.responses.create(model=GPT, input="hi")  # Responses stores by default
+    s.keys.key = msgspec.structs.replace(s.keys.key, id="key-other-of-acme")
+    assert (await post(s, {"model": GPT, "messages": HI}))[0] == 200
+    s.keys.key = msgspec.structs.replace(s.keys.key, org="beta")
+    assert (await post(s, {"model": GPT, "messages": HI}))[0] == 200
+    sent = [c.body for c in s.stand_in.seen]
+    assert [b["store"] for b in sent] == [False] * 4
+    acme, acme_too, acme_again, beta = (b["prompt_cache_key"] for b in sent)
+    assert acme == acme_too == acme_again != beta  # one per organization, not per key
+    assert all("acme" not in k and "beta" not in k for k in (acme, beta))  # a hash, not a name
+    async with s.anthropic() as client:
+        await client.messages.create(model=CLAUDE, max_tokens=5, messages=HI_A)
+    assert not {"store", "prompt_cache_key"} & set(s.stand_in.seen[-1].body)

@@ -199,6 +199,13 @@ class CacheIsolation:
             chain = prefix.chain(prefix.prompt_text(doc)) if part else ()
             ex.ticket = Ticket(part, _choices(doc) > 1, chain)
 
+    def provider_key(self, key: ApiKey) -> str:
+        """OpenAI's prompt_cache_key for key's partition: an HMAC of it under the cluster
+        secret (never an organization's name, nor vLLM's salt); "" when isolation is off."""
+        if self.mode == "none":
+            return ""
+        return cache_salt.of("provider:" + partition(key, self.mode), self._secret)
+
     def lease(
         self, ticket: Ticket, endpoint: Endpoint, slotted: bool, body: bytes
     ) -> tuple[bytes, Lease | None]:

@@ -33,6 +33,9 @@ MIN_CONNECT_S = 10.0  # the far side of the internet, maybe through a proxy: mor
 _BUSY = (429, 503, 529)  # the upstream's rate limit or overload: the client may retry
 _REFUSED_US = (401, 403)  # llmgw's credential refused: the site's fault, never the client's
 _MAX_RETRY_AFTER_S = 600
+# OpenAI's routes that store an exchange when asked (Responses by default) and take
+# prompt_cache_key; its legacy completions and embeddings take neither.
+_STORED = frozenset({"chat/completions", "responses"})
 
 
 class ProviderReply:
@@ -232,12 +235,19 @@ class Providers:
         return self._session
 
 
-def upstream_body(doc: dict[str, Any], model: Model, route: Route) -> None:
+def upstream_body(doc: dict[str, Any], model: Model, route: Route, cache_key: str = "") -> None:
     """The body names the upstream's model, not the catalog's. OpenAI's chat takes the limit
     the router wrote (token_bounds) as max_completion_tokens: its reasoning models refuse
-    max_tokens, and the others read either."""
+    max_tokens, and the others read either. OpenAI's chat and Responses are told not to store
+    the exchange (Responses stores by default), whatever the client asked, and given
+    cache_key (CacheIsolation.provider_key; "": none) as prompt_cache_key."""
     up = model.upstream
     assert up is not None
     doc["model"] = up.model
-    if up.protocol == "openai" and route.path == "chat/completions" and "max_tokens" in doc:
+    if up.protocol != "openai" or route.path not in _STORED:
+        return
+    if route.path == "chat/completions" and "max_tokens" in doc:
         doc["max_completion_tokens"] = doc.pop("max_tokens")
+    doc["store"] = False
+    if cache_key:
+        doc["prompt_cache_key"] = cache_key

@@ -291,7 +291,7 @@ class Router:
         bounds = bound(doc, model, len(raw), context)
         doc["model"] = model.name
         if model.upstream is not None:
-            upstream_body(doc, model, route)
+            upstream_body(doc, model, route, self.isolation.provider_key(key))
         else:  # the engine's prompt cache kept apart per organization or key (isolation.py)
             self.isolation.apply(ex, key, model, doc)
         stream = doc.get("stream") is True
