@@ -41,7 +41,8 @@ class StandIn:
     """Both APIs under /v1, taking one credential. fail: answer that status with that recorded
     body (and Retry-After: retry_after) instead; gate: hold answers until it is set; stall:
     send headers and then nothing; pause: hold a stream after its first event until it is set
-    (a provider's stream goes on whether or not llmgw's client stays)."""
+    (a provider's stream goes on whether or not llmgw's client stays); inject: events a chat
+    stream sends before its recorded ones."""
 
     credential: str
     seen: list[Seen] = field(default_factory=list)
@@ -50,6 +51,7 @@ class StandIn:
     gate: asyncio.Event | None = None
     stall: bool = False
     pause: asyncio.Event | None = None
+    inject: list[bytes] = field(default_factory=list)  # events a chat stream sends first
     finished: int = 0  # streams sent to their end
     url: str = ""
 
@@ -90,7 +92,7 @@ class StandIn:
         chunks = events("openai_chat_stream.txt")
         if not (body.get("stream_options") or {}).get("include_usage"):
             chunks = [c for c in chunks if b'"choices":[]' not in c]  # OpenAI's: no usage chunk
-        return await self._stream(request, chunks)
+        return await self._stream(request, [*self.inject, *chunks])
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await self._take(request, anthropic=False)

@@ -393,3 +393,39 @@ async def test_openai_is_told_not_to_store_and_each_org_gets_its_own_cache_key(s
     async with s.anthropic() as client:
         await client.messages.create(model=CLAUDE, max_tokens=5, messages=HI_A)
     assert not {"store", "prompt_cache_key"} & set(s.stand_in.seen[-1].body)
+
+
+async def stream_bytes(s: Setup, model: str) -> bytes:
+    headers = {"Authorization": f"Bearer {USER_SECRET}"}
+    body = {"model": model, "messages": HI, "stream": True}
+    url = f"{s.url}/v1/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as r:
+        assert r.status == 200
+        return await r.read()
+
+
+async def test_an_upstreams_comments_and_named_events_never_reach_the_client(s: Setup) -> None:
+    s.stand_in.inject = [b": OPENROUTER PROCESSING\n\n", b"event: ping\n\n",
+                         b"retry: 100\n\n"]  # fmt: skip
+    said = await stream_bytes(s, GPT)
+    assert b"OPENROUTER" not in said and b"event:" not in said and b"retry:" not in said
+    events = [e for e in said.split(b"\n\n") if e]
+    assert all(e.startswith(b"data: ") for e in events) and events[-1] == b"data: [DONE]"
+    async with s.openai() as client:  # and the official client reads it as before
+        stream = await client.chat.completions.create(model=GPT, messages=HI, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == "Hello! How can I assist you today?"
+
+
+async def test_an_upstreams_error_event_is_the_routes_error_in_our_words(s: Setup) -> None:
+    s.stand_in.inject = [
+        b'event: error\ndata: {"error": {"message": "overloaded at shard 7 for '
+        + CREDENTIAL.encode()
+        + b'", "type": "server_error"}}\n\n'
+    ]
+    said = await stream_bytes(s, GPT)
+    first = said.split(b"\n\n")[0]
+    assert first.startswith(b"data: ")
+    error = msgspec.json.decode(first[6:])["error"]
+    assert error["code"] == "upstream_error"
+    assert b"shard 7" not in said and CREDENTIAL.encode() not in said and b"event:" not in said

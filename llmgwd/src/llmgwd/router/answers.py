@@ -109,10 +109,11 @@ class Stream:
     """A stream's events as the client gets them: usage read (and dropped unless the client
     asked), each chunk cleaned, an engine's error event put in OpenAI's shape."""
 
-    def __init__(self, model: str, route: Route, tally: Tally) -> None:
+    def __init__(self, model: str, route: Route, tally: Tally, provider: bool = False) -> None:
         self._model = model
         self._route = route
         self._tally = tally
+        self._provider = provider  # an external provider's: only its data events pass
         self._tokens = route.tokens
         self.failure: errors.ApiError | None = None  # the engine's error event, as told
         own = route.clean
@@ -135,7 +136,7 @@ class Stream:
 
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(b"data:"):
-            return event + _END
+            return self._foreign(event) if self._provider else event + _END
         if b'"error"' not in event and (chunk := _typed(event[5:], self._model)) is not None:
             return self._chunk(chunk)
         try:
@@ -150,6 +151,16 @@ class Stream:
         if kept is None:
             return b""  # the usage chunk the engine sent only because the router asked
         return b"data: " + _encoder.encode(clean(kept, self._model)) + _END
+
+    def _foreign(self, event: bytes) -> bytes:
+        """A provider's event that is no plain data: line, never passed on as it came: a
+        comment or an event without data dropped, an `event: error` as the route's own error
+        (in our words), another named event's data as a data: event."""
+        lines = event.split(b"\n")
+        data = b"\n".join(x[5:].removeprefix(b" ") for x in lines if x.startswith(b"data:"))
+        if any(x.replace(b" ", b"") == b"event:error" for x in lines):
+            return self._error(_error_doc(data))
+        return self._event(b"data: " + data) if data else b""
 
     def _error(self, doc: Document) -> bytes:
         """An engine's error event in the route's shape."""
@@ -171,3 +182,14 @@ class Stream:
                     return b""  # the usage chunk the engine sent only because the router asked
                 chunk.usage = UNSET  # llama.cpp's /completions puts it on the last text chunk
         return b"data: " + _encoder.encode(chunk) + _END
+
+
+def _error_doc(data: bytes) -> Document:
+    """An error event's data as {"error": ...}, whatever the provider put there."""
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        doc = None
+    if isinstance(doc, dict) and "error" in doc:
+        return doc
+    return {"error": doc if isinstance(doc, dict) else {}}

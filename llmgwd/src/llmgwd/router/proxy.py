@@ -358,7 +358,7 @@ class Upstream:
                 )  # fmt: skip
                 raise _Unreachable
             if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
-                relay = _Relay(endpoint.model, route, tally)
+                relay = _Relay(endpoint.model, route, tally, provider is not None)
                 try:
                     return await self._stream(request, upstream, endpoint, route, relay)
                 except (asyncio.CancelledError, ConnectionResetError):
@@ -669,10 +669,10 @@ class _Relay:
 
     __slots__ = ("cleaned", "events", "tally")
 
-    def __init__(self, model: str, route: Route, tally: Tally) -> None:
+    def __init__(self, model: str, route: Route, tally: Tally, provider: bool = False) -> None:
         self.tally = tally
         self.events = _Events()
-        self.cleaned = answers.Stream(model, route, tally)
+        self.cleaned = answers.Stream(model, route, tally, provider)
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events chunk completes, cleaned."""
