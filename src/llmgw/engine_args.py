@@ -29,8 +29,9 @@ agent: safetensors only), and the prefix cache's hash (the router's per-account 
 relies on sha256). vLLM reads `--max_num_seqs` as `--max-num-seqs` too; a dotted JSON field
 (`--compilation-config.mode`) or `-O3` is not on the list. No environment variable is taken
 from a model or a site: an engine gets only those its agent sets (threads, caches, offline),
-save FreeToken's own FREETOKEN_NAME=VALUE settings among a model's args (none naming a path
-or one the agent sets: environment() gives them apart).
+save FreeToken's own FREETOKEN_NAME=VALUE settings among a model's args (those of
+FREETOKEN_ENV only: none naming a path, fetching, or one the agent sets; environment() gives
+them apart).
 
 The list for FreeToken was read from freetoken 0.2.1's `ft serve` parser (freetoken/server/
 args.py of PyPI's wheel). It holds the MoE offload strategy and expert cache, batching, the KV
@@ -460,6 +461,70 @@ FREETOKEN_REFUSED: dict[tuple[str, ...], str] = {
 # never one naming a path (a directory, a file, the vision tower) or one the agent sets.
 FREETOKEN_ENV_OWNED = ("FREETOKEN_API_KEY", "FREETOKEN_HOST", "FREETOKEN_DAEMON_")
 FREETOKEN_ENV_PATHS = ("_DIR", "_PATH", "_FILE", "_ROOT", "MMPROJ")
+# Those a model may set: the variables freetoken 0.2.1's wheel reads (recorded in
+# tests/llmgw_agentd/freetoken/env-0.2.1.txt), less those above; none fetches or picks the
+# address, port or card (HYBRID_FETCH and LOCKED_FETCH move experts from host memory).
+FREETOKEN_ENV = frozenset(
+    {
+        "FREETOKEN_ALLOW_CUDA_MISMATCH",
+        "FREETOKEN_BANK_CUDA_ALLOC",
+        "FREETOKEN_BENCH_PROGRESS",
+        "FREETOKEN_CONVERT_PROGRESS",
+        "FREETOKEN_CPU_MOE_FLAG_SYNC",
+        "FREETOKEN_CPU_MOE_ISA",
+        "FREETOKEN_CPU_MOE_NO_AVX512VNNI",
+        "FREETOKEN_CPU_MOE_NO_VNNI",
+        "FREETOKEN_CPU_MOE_PF_BLOCKS",
+        "FREETOKEN_CPU_MOE_SCALAR",
+        "FREETOKEN_CPU_MOE_SPIN",
+        "FREETOKEN_DISABLE_GLUON",
+        "FREETOKEN_DISABLE_JIT",
+        "FREETOKEN_DISABLE_KERNEL_CACHE",
+        "FREETOKEN_DISABLE_KERNEL_CACHE_VERSION_CHECK",
+        "FREETOKEN_DISABLE_OVERLAP_SCHEDULING",
+        "FREETOKEN_ENGRAM_IO_URING",
+        "FREETOKEN_ENGRAM_SYNC",
+        "FREETOKEN_FLASHINFER_USE_TENSOR_CORES",
+        "FREETOKEN_FORCE_E4M3_EMU",
+        "FREETOKEN_FORWARD_UNKNOWN_TOOLS",
+        "FREETOKEN_FUSED_COPY",
+        "FREETOKEN_GGML_CPU_VARIANT",
+        "FREETOKEN_GLM5_DSA",
+        "FREETOKEN_GLM5_MAX_LAYERS",
+        "FREETOKEN_GLM_DSA",
+        "FREETOKEN_GLM_DSA_MAX_LAYERS",
+        "FREETOKEN_H2D_BLOCKS_PER_BANK",
+        "FREETOKEN_HYBRID_FETCH",
+        "FREETOKEN_HYBRID_FETCH_ROUND",
+        "FREETOKEN_HYBRID_OVERLAP",
+        "FREETOKEN_KERNEL_CACHE_JOBS",
+        "FREETOKEN_LOCKED_FETCH_THREADS",
+        "FREETOKEN_M3_INNER_BACKEND",
+        "FREETOKEN_M3_MAX_LAYERS",
+        "FREETOKEN_M3_SPARSE",
+        "FREETOKEN_MAMBA_SSM_DTYPE",
+        "FREETOKEN_PIN_BUDGET_GB",
+        "FREETOKEN_PIN_PROBE_MARGIN_GB",
+        "FREETOKEN_PLE_IO_URING",
+        "FREETOKEN_PLE_READER_THREADS",
+        "FREETOKEN_PLE_SYNC",
+        "FREETOKEN_PYNCCL_MAX_BUFFER_SIZE",
+        "FREETOKEN_QSA_TORCH_TOPK",
+        "FREETOKEN_ROCM_ARCH",
+        "FREETOKEN_ROW_STORE_READER_THREADS",
+        "FREETOKEN_SHELL_MAX_TOKENS",
+        "FREETOKEN_SHELL_TEMPERATURE",
+        "FREETOKEN_SHELL_TOP_K",
+        "FREETOKEN_SHELL_TOP_P",
+        "FREETOKEN_SIMULATE_PIN_CAP_GB",
+        "FREETOKEN_SKIP_BANK_PIN",
+        "FREETOKEN_SKIP_FAST_INDEX_COPY",
+        "FREETOKEN_SWA_EVICTION_INTERVAL",
+        "FREETOKEN_TRITON_CACHE_RESULTS",
+        "FREETOKEN_UNIFIED_MEMORY",
+        "FREETOKEN_VIT_MLP_ROWS",
+    }
+)
 
 # Engine -> (what may pass, why some of what may not)
 ENGINES: dict[str, tuple[Table, dict[tuple[str, ...], str]]] = {
@@ -590,8 +655,8 @@ def check(engine: str, args: Sequence[str]) -> list[str]:
 
 
 def _freetoken_env(arg: str) -> str:
-    """A FreeToken setting for its environment, FREETOKEN_NAME=VALUE, or EngineArgError: none
-    naming a path or set by the agent, its value plain (no path, no `$` for systemd)."""
+    """A FreeToken setting for its environment, FREETOKEN_NAME=VALUE, or EngineArgError: one
+    of FREETOKEN_ENV, its value plain (no path, no `$` for systemd, no leading `-`)."""
     name, eq, value = arg.partition("=")
     if not eq or not re.fullmatch(r"FREETOKEN_[A-Z0-9_]+", name):
         raise EngineArgError(f"argument {name}: give FreeToken's variable as FREETOKEN_NAME=VALUE")
@@ -599,6 +664,12 @@ def _freetoken_env(arg: str) -> str:
         raise EngineArgError(f"variable {name} is not allowed: {_OWNED}")
     if name.endswith(FREETOKEN_ENV_PATHS) or not re.fullmatch(r"[A-Za-z0-9.,:+_-]{0,256}", value):
         raise EngineArgError(f"variable {name} is not allowed: it names a path on the node")
+    if name not in FREETOKEN_ENV:
+        raise EngineArgError(
+            f"variable {name} is not allowed: not one of the FreeToken settings a model may set"
+        )
+    if value.startswith("-"):
+        raise EngineArgError(f"variable {name} is not allowed: its value starts with '-'")
     return arg
 
 

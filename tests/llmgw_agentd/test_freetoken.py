@@ -103,6 +103,10 @@ REFUSED = [
     (["FREETOKEN_PIN_BUDGET_GB=/etc"], "names a path"),
     (["FREETOKEN_API_KEY=k"], "llmgw sets it"),
     (["FREETOKEN_DAEMON_URL=http:x"], "llmgw sets it"),
+    (["FREETOKEN_PORT=9"], "not one of the FreeToken settings"),
+    (["FREETOKEN_MODEL_SOURCE=modelscope"], "not one of the FreeToken settings"),
+    (["FREETOKEN_ALLOWED_MEDIA_DOMAINS=evil.example"], "not one of the FreeToken settings"),
+    (["FREETOKEN_CPU_MOE_ISA=--help"], "starts with '-'"),
 ]
 
 
@@ -113,6 +117,15 @@ def test_the_agent_refuses_what_the_api_refuses(args: list[str], why: str) -> No
     with pytest.raises(engine_args.EngineArgError) as api:
         engine_args.check("freetoken", args)
     assert str(e.value) == str(api.value)
+
+
+def test_every_variable_allowed_is_one_freetoken_reads_and_names_no_path() -> None:
+    recorded = set((RECORDED / "env-0.2.1.txt").read_text().split())
+    assert recorded >= engine_args.FREETOKEN_ENV
+    for name in recorded - engine_args.FREETOKEN_ENV:  # the agent's, or a path's
+        assert name.startswith(engine_args.FREETOKEN_ENV_OWNED) or name.endswith(
+            engine_args.FREETOKEN_ENV_PATHS
+        ), name
 
 
 def test_every_option_on_the_list_is_ft_serves_and_takes_a_value_as_it_does() -> None:
