@@ -1,7 +1,8 @@
 """The .deb packages for real: built from this checkout by scripts/build-packages, installed
 with apt into a private systemd, both daemons started with systemctl, the quick-start model
 served and answering /v1, its fields in the journal, an upgrade to a newer build keeping
-the cluster, then remove (which keeps the state) and purge (which leaves nothing).
+the cluster, `llmgw upgrade` rolling it onto a third, then remove (which keeps the state) and
+purge (which leaves nothing).
 
 The tests run in order and share one machine: each step starts where the one before left.
 """
@@ -269,6 +270,59 @@ def test_upgrade_keeps_the_cluster(node: PackagedNode, debs: dict[str, list[Path
     assert node.main_pid(engine) == pids[engine]
     assert chat(node)  # the same key, the same model
     assert json.loads(ps.run(["/usr/bin/llmgw", "status", "--json"]).stdout)["version"]
+
+
+@pytest.fixture(scope="module")
+def newer(debs: dict[str, list[Path]]) -> Iterator[list[Path]]:
+    """A third build, newer than both, for `llmgw upgrade` to roll the host onto."""
+    out = TEST_BASE / f"packages-upgrade-{os.getpid()}"
+    try:
+        yield build(out, deb_version(debs["old"][0]) + "+upgrade2")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_llmgw_upgrade_rolls_the_host(node: PackagedNode, newer: list[Path]) -> None:
+    """`llmgw upgrade stage` and `start`: the host's agent fetches the packages from the mirror
+    and installs them through a transient unit; both daemons come back on the new release,
+    the engine runs on (its PID the same) and the model answers with the same key."""
+    ps = node.ps
+    [engine] = node.engine_units()
+    pids = {u: node.main_pid(u) for u in ("llmgwd.service", "llmgw-agentd.service", engine)}
+    release = deb_version(newer[0])
+    staged = ps.run(["/usr/bin/llmgw", "upgrade", "stage", *map(str, newer)], timeout=300)
+    assert staged.stdout.count("Staged ") == 3, staged.stdout + staged.stderr
+    node.llmgw("upgrade", "start")
+    seen: set[str] = set()
+
+    def settled() -> bool:
+        r = ps.run(["/usr/bin/llmgw", "upgrade", "status", "--json"], check=False, timeout=30)
+        if r.returncode != 0:  # llmgwd restarting onto the new release
+            return False
+        roll = json.loads(r.stdout)["roll"]
+        seen.update(h["step"] for h in roll["hosts"])
+        return bool(roll["state"] in ("done", "halted"))
+
+    node.wait(settled, "the roll's end", timeout=600)
+    roll = node.llmgw("upgrade", "status", "--json")["roll"]
+    assert roll["state"] == "done", roll["error"] + ps.journal("llmgw-agentd.service", 40)
+    # the control plane's host (named by its address) through its agent, then the node (that
+    # same host's agent, already on the release)
+    assert [(h["role"], h["step"], h["version"]) for h in roll["hosts"]] == [
+        ("plane", "done", release),
+        ("node", "done", release),
+    ]
+    assert {"fetching", "done"} <= seen, seen
+    assert all(installed_version(ps, p) == release for p in PACKAGES)
+    ps.wait_active("llmgw-agentd.service")
+    assert node.main_pid("llmgw-agentd.service") != pids["llmgw-agentd.service"]
+    assert node.main_pid("llmgwd.service") != pids["llmgwd.service"]
+    node.wait(lambda: all(n["connected"] for n in node.llmgw("nodes", "--json")), "agent back")
+    node.wait_ready(1)
+    assert node.main_pid(engine) == pids[engine]
+    assert chat(node)
+    text = ps.run(["/usr/bin/llmgw", "upgrade", "status"]).stdout
+    assert f"to {release}: done" in text, text
 
 
 def _leftovers(ps: PrivateSystemd) -> list[str]:
