@@ -159,6 +159,34 @@ async def test_a_joined_control_plane_that_is_down_holds_the_schema_back(
         await store.close()
 
 
+async def test_members_unknown_for_now_hold_back_the_raise_not_the_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = await SqliteStore.open(":memory:")
+    lease = await store.lease_grant(30)
+    await schema.check(store, schema=1, oldest=1, version="0.1.0")
+    monkeypatch.setattr(schema, "SCHEMA", 2)
+    monkeypatch.setattr(registry, "RECHECK_S", 0.01)
+    asked: list[str] = []
+
+    async def members() -> list[str]:
+        asked.append("members")
+        if len(asked) < 3:
+            raise ConnectionError("etcd's member list did not answer")
+        return ["new"]
+
+    announcer = registry.Announcer(store, "new", "https://new:7710", lambda: lease, members)
+    task = asyncio.create_task(announcer.run())
+    try:
+        announcer.renew()
+        await wait_for(lambda: store.get(registry.SERVERS + "new"))
+        await wait_for(lambda: raised(store))  # once the members answer
+        assert len(asked) == 3
+    finally:
+        task.cancel()
+        await store.close()
+
+
 def members_of(names: list[str]) -> Callable[[], Awaitable[list[str]]]:
     async def members() -> list[str]:
         return list(names)

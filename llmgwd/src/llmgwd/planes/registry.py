@@ -59,10 +59,11 @@ class Announcer:
     async def run(self) -> None:
         """Put the key whenever due, for ever."""
         while True:
-            try:
-                await asyncio.wait_for(self._due.wait(), RECHECK_S)
+            try:  # not wait_for, which in 3.11 may swallow a cancel
+                async with asyncio.timeout(RECHECK_S):
+                    await self._due.wait()
             except TimeoutError:
-                await self._retry_raise()
+                await self._try_raise()
                 continue
             self._due.clear()
             lease = self._lease()
@@ -71,11 +72,12 @@ class Announcer:
             try:
                 value = msgspec.json.encode(self._info)
                 await self._store.put(SERVERS + self._info.name, value, lease=lease)
-                await self._raise_schema()
             except Exception as e:
                 log.warning("cannot record this control plane in the store (%s)", e)
                 await asyncio.sleep(1.0)
                 self._due.set()
+                continue
+            await self._try_raise()
 
     async def _raise_schema(self) -> None:
         """Once every joined control plane runs and writes this release's schema, the store's
@@ -90,12 +92,13 @@ class Announcer:
         if await schema.raise_to_ours(self._store, planes):
             log.info("the store's schema is now %d: every control plane writes it", schema.SCHEMA)
 
-    async def _retry_raise(self) -> None:
-        """Try the raise again (a plane came back or was removed since); failures wait."""
+    async def _try_raise(self) -> None:
+        """Raise the schema if due; a failure (the store's members unknown for now) waits for
+        the next try, and never holds back this plane's record."""
         try:
             await self._raise_schema()
         except Exception as e:
-            log.debug("the store's schema cannot be raised now (%s)", e)
+            log.info("the store's schema cannot be raised now (%s); tried again later", e)
 
 
 async def read(store: Store) -> tuple[list[wire.PlaneInfo], int]:
