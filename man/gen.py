@@ -190,6 +190,12 @@ SETTINGS = {
         "prompt_cache_key per organization or key (a hash, not the name): a hint to OpenAI's "
         "cache routing, not a promise that its cache is kept apart."
     ),
+    "server.client.provider_deadline_s": (
+        "The longest an external provider's answer may take, whole or streamed, from the "
+        "request sent: past it a whole answer is a 504 and a stream ends with an error event. "
+        "Its size is bounded apart: 16 MiB for an answer read whole, 64 MiB for a stream (one "
+        "the router folds into a whole answer too), else a 502."
+    ),
     "server.client.request_metrics": (
         "Count each /v1 request in /metrics (requests, latency, first token, tokens, spend, "
         "refusals, waits). false: none of those series is kept (the cluster's and the GPUs' "

@@ -69,6 +69,9 @@ class ClientPort(Strict):
     # the time to its first token what another sent): org, key or none.
     cache_isolation: str = "org"
     request_metrics: bool = True  # /metrics counts each /v1 request (false: to measure its cost)
+    # An external provider's answer, whole or streamed, ends within this from the request sent
+    # (a 504, or a stream's error event, past it); its bytes are bounded apart (16 MiB whole)
+    provider_deadline_s: Seconds = 600.0
     # The client port as people's browsers reach it, https://HOST[:PORT] (a proxy's, if one is
     # in front); "": the address each request came to. The console's OIDC redirect is under it.
     public_url: str = ""

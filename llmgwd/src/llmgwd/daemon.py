@@ -297,6 +297,7 @@ class Daemon:
             cache_isolation=isolation.mode(cfg.cache_isolation),
             salt_secret=secret,
             egress=self.config.network.route(os.environ),  # external providers are outside
+            provider_deadline_s=cfg.provider_deadline_s,
         )
         ctx.traffic = Rates(self.router.metrics.requests) if cfg.request_metrics else None
         # llama.cpp's slots are reused only while this control plane is the only one.

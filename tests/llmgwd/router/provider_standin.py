@@ -42,7 +42,7 @@ class StandIn:
     body (and Retry-After: retry_after) instead; gate: hold answers until it is set; stall:
     send headers and then nothing; pause: hold a stream after its first event until it is set
     (a provider's stream goes on whether or not llmgw's client stays); inject: events a chat
-    stream sends before its recorded ones."""
+    stream sends before its recorded ones; drip_s: the wait before each event of a stream."""
 
     credential: str
     seen: list[Seen] = field(default_factory=list)
@@ -52,6 +52,7 @@ class StandIn:
     stall: bool = False
     pause: asyncio.Event | None = None
     inject: list[bytes] = field(default_factory=list)  # events a chat stream sends first
+    drip_s: float = 0.0  # the wait before each event of a stream
     finished: int = 0  # streams sent to their end
     url: str = ""
 
@@ -132,6 +133,7 @@ class StandIn:
         for i, chunk in enumerate(chunks):
             if i == 1 and self.pause is not None:
                 await self.pause.wait()
+            await asyncio.sleep(self.drip_s)
             await out.write(chunk)
         await out.write_eof()
         self.finished += 1

@@ -26,7 +26,7 @@ from llmgwd.accounting.levels import LEVELS, LevelLimits, Levels, org_level
 from llmgwd.accounting.usage import Counts
 from llmgwd.catalog import ApiKey, KeyLimits, Model, ModelUpstream
 from llmgwd.providers.credentials import Credentials
-from llmgwd.router import Balancer, Router
+from llmgwd.router import Balancer, Router, providers
 from llmgwd.router.metering import Meter
 from tests.llmgwd.router.provider_standin import StandIn
 from tests.llmgwd.router.test_router_metering import reserved
@@ -49,6 +49,7 @@ HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 HI_A: list[MessageParam] = [{"role": "user", "content": "hi"}]
 # The recordings' usage (provider_answers/): OpenAI's chat stream, Anthropic's, Responses'.
 OPENAI_USAGE, ANTHROPIC_USAGE, RESPONSES_USAGE = (19, 10), (25, 15), (37, 11)
+DEADLINE_S = 3.0  # the router's for a provider's answer (the read timeout: 1 s)
 
 
 def provider(name: str, protocol: ProviderProtocol, url: str, upstream: str, sealed: str) -> Model:
@@ -108,7 +109,7 @@ async def s(engine: FakeEngine) -> AsyncIterator[Setup]:  # noqa: F811
     meter = Meter(levels=levels)
     router = Router(
         keys, models, pool, meter=meter, balancer=Balancer(pool, slots=1, queue_size=0),
-        salt_secret=SECRET, read_timeout_s=1.0,
+        salt_secret=SECRET, read_timeout_s=1.0, provider_deadline_s=DEADLINE_S,
     )  # fmt: skip
     async with serve(router) as url:
         yield Setup(url, stand_in, engine, keys, meter, models, levels)
@@ -429,3 +430,36 @@ async def test_an_upstreams_error_event_is_the_routes_error_in_our_words(s: Setu
     error = msgspec.json.decode(first[6:])["error"]
     assert error["code"] == "upstream_error"
     assert b"shard 7" not in said and CREDENTIAL.encode() not in said and b"event:" not in said
+
+
+async def test_an_answer_past_its_size_bound_is_the_routes_502(
+    s: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bounds are 16 MiB (whole) and 64 MiB (a stream): lowered under the recordings' sizes.
+    monkeypatch.setattr(providers, "MAX_ANSWER_BYTES", 200)
+    monkeypatch.setattr(providers, "MAX_STREAM_BYTES", 2000)
+    async with s.openai() as client:
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.embeddings.create(model=GPT, input="hi")  # 251 bytes, read whole
+        assert failed.value.status_code == 502
+        await client.chat.completions.create(model=GPT, messages=HI)  # folded: 1668 bytes pass
+    said = await stream_bytes(s, GPT)
+    monkeypatch.setattr(providers, "MAX_STREAM_BYTES", 800)  # the stream is 1668 bytes
+    cut = await stream_bytes(s, GPT)
+    assert said.endswith(b"data: [DONE]\n\n")
+    last = msgspec.json.decode(cut.split(b"\n\n")[-2][6:])
+    assert last["error"]["code"] == "upstream_error" and b"[DONE]" not in cut
+
+
+async def test_a_stream_that_outlasts_the_deadline_ends_with_a_504_event(s: Setup) -> None:
+    s.stand_in.drip_s = 0.6  # under the read timeout each time, 4.2 s in all
+    began = asyncio.get_running_loop().time()
+    said = await stream_bytes(s, GPT)
+    took = asyncio.get_running_loop().time() - began
+    last = msgspec.json.decode(said.split(b"\n\n")[-2][6:])
+    assert last["error"]["code"] == "upstream_timeout" and b"[DONE]" not in said
+    assert DEADLINE_S <= took < DEADLINE_S + 1
+    async with s.openai() as client:  # folded: a 504
+        with pytest.raises(openai.APIStatusError) as failed:
+            await client.chat.completions.create(model=GPT, messages=HI)
+    assert failed.value.status_code == 504

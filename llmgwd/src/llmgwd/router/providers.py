@@ -6,6 +6,7 @@ the Messages routes; its refusals and failures are the route's errors in the rou
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -28,22 +29,39 @@ SERVES = {
     "anthropic": frozenset({"messages", "messages/count_tokens"}),
 }
 ANTHROPIC_VERSION = "2023-06-01"
+DEADLINE_S = 600.0  # client.provider_deadline_s's default
 NODE = "(provider)"  # an Endpoint's node for an upstream: no node is named so
 MIN_CONNECT_S = 10.0  # the far side of the internet, maybe through a proxy: more than an engine
 _BUSY = (429, 503, 529)  # the upstream's rate limit or overload: the client may retry
 _REFUSED_US = (401, 403)  # llmgw's credential refused: the site's fault, never the client's
 _MAX_RETRY_AFTER_S = 600
+# The most an answer may hold: a whole one is held in memory (16 MiB: far over any model's
+# longest text, or an embeddings batch's vectors); a relayed stream is passed on as it comes,
+# and bound all the same against one that never ends.
+MAX_ANSWER_BYTES = 16 << 20
+MAX_STREAM_BYTES = 64 << 20
 # OpenAI's routes that store an exchange when asked (Responses by default) and take
 # prompt_cache_key; its legacy completions and embeddings take neither.
 _STORED = frozenset({"chat/completions", "responses"})
 
 
+class AnswerTooLarge(EngineError):
+    """The provider's answer passed MAX_ANSWER_BYTES (whole) or MAX_STREAM_BYTES (a stream)."""
+
+
+class PastDeadline(ReadTimeout):
+    """The provider's answer had not ended by the router's deadline (client.provider_deadline_s)."""
+
+
 class ProviderReply:
     """An upstream's answer read as router/proxy.py reads an engine's (engine_client.Answer):
-    aiohttp's failures become the engine client's errors, which name no address or key."""
+    aiohttp's failures become the engine client's errors, which name no address or key; its
+    bytes bounded, and its end due by deadline (the event loop's time)."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, deadline: float) -> None:
         self._response = response
+        self._deadline = deadline
+        self._read = 0
         self.status = response.status
         self.content_type = response.content_type
 
@@ -53,18 +71,30 @@ class ProviderReply:
         return {k.lower(): v for k, v in self._response.headers.items()}
 
     async def read(self) -> bytes:
-        """The whole body."""
-        try:
-            return await self._response.read()
-        except Exception as e:
-            raise _reading_failed(e) from None
+        """The whole body, at most MAX_ANSWER_BYTES."""
+        body = bytearray()
+        while chunk := await self._next(MAX_ANSWER_BYTES):
+            body += chunk
+        return bytes(body)
 
     async def readany(self) -> bytes:
-        """What came since the last read; b"" at the end."""
+        """What came since the last read; b"" at the end; at most MAX_STREAM_BYTES in all."""
+        return await self._next(MAX_STREAM_BYTES)
+
+    async def _next(self, limit: int) -> bytes:
         try:
-            return await self._response.content.readany()
+            async with asyncio.timeout_at(self._deadline):
+                chunk = await self._response.content.readany()
+        except TimeoutError:
+            if asyncio.get_running_loop().time() >= self._deadline:
+                raise PastDeadline("the provider's answer passed the deadline") from None
+            raise ReadTimeout("the provider sent nothing for the read timeout") from None
         except Exception as e:
             raise _reading_failed(e) from None
+        self._read += len(chunk)
+        if self._read > limit:
+            raise AnswerTooLarge(f"the provider's answer passed {limit} bytes")
+        return chunk
 
     def finish_writing(self) -> None:
         """The request was sent whole already: the rest is read (and counted) until it ends."""
@@ -104,8 +134,10 @@ class Providers:
         read_timeout_s: float,
         retry_after_s: int,
         egress: ProxyRoute | None = None,
+        deadline_s: float = DEADLINE_S,
     ) -> None:
         self._credentials = Credentials(secret)
+        self.deadline_s = deadline_s  # an answer's end, from the request sent
         self._opened: dict[tuple[str, str], str] = {}
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=max(connect_timeout_s, MIN_CONNECT_S), sock_read=read_timeout_s
@@ -141,14 +173,13 @@ class Providers:
         _check_url(model, up)
         url = f"{up.url}/{route.path}"
         headers = self._headers(model, up, stream)
+        deadline = asyncio.get_running_loop().time() + self.deadline_s
         try:
-            response = await self._client().post(
-                url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                **self._egress.request_kw(url),
-            )
+            async with asyncio.timeout_at(deadline):
+                response = await self._client().post(
+                    url, data=body, headers=headers, allow_redirects=False,
+                    **self._egress.request_kw(url),
+                )  # fmt: skip
         except TimeoutError:
             raise errors.upstream_timeout(
                 "The model's external provider did not answer in time."
@@ -164,7 +195,7 @@ class Providers:
         if refusal is not None:
             response.close()
             raise refusal
-        return ProviderReply(response)
+        return ProviderReply(response, deadline)
 
     def _refusal(
         self, model: Model, up: ModelUpstream, response: aiohttp.ClientResponse

@@ -23,7 +23,7 @@ from llmgwd.router.exchange import EXCHANGE
 from llmgwd.router.isolation import CacheIsolation, Mode
 from llmgwd.router.metering import Meter, Reservation
 from llmgwd.router.metrics import RouterMetrics
-from llmgwd.router.providers import Providers, upstream_body
+from llmgwd.router.providers import DEADLINE_S, Providers, upstream_body
 from llmgwd.router.proxy import Upstream
 from llmgwd.router.responses_errors import responses_shape
 from llmgwd.router.route import Route
@@ -115,6 +115,7 @@ class Router:
         cache_isolation: Mode = "org",  # client.cache_isolation (router/isolation.py)
         salt_secret: bytes = b"",  # the cluster secret: vLLM's cache_salt alike on every plane
         egress: ProxyRoute | None = None,  # network.proxy: external providers are outside
+        provider_deadline_s: float = DEADLINE_S,  # client.provider_deadline_s
     ) -> None:
         # How long this control plane's view of keys and models may be out of date (0: not;
         # the daemon's _stale_s): over zero, every /v1 request gets a 503 store_unreachable.
@@ -147,6 +148,7 @@ class Router:
                 read_timeout_s=read_timeout_s,
                 retry_after_s=retry_after_s,
                 egress=egress,
+                deadline_s=provider_deadline_s,
             ),
         )
         self.isolation = self._upstream.isolation  # the daemon tells it the control planes
