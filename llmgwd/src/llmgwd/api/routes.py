@@ -204,6 +204,7 @@ TABLE: list[Route] = [
         answer=StagedPackage,
         status=CREATED,
         params=SHA256,
+        errors=("411", "507"),  # no Content-Length (or an empty file); no room for it
     ),
     Route("POST", "/upgrade/start", upgrade.start, ADMIN, UpgradeStartIn, UpgradeRoll),
     Route("POST", "/upgrade/{action:resume|abort}", upgrade.act, ADMIN, answer=UpgradeRoll),
