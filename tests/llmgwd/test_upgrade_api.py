@@ -106,7 +106,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     nodes = FakeNodes()
     nodes.items = [node(n) for n in ("p1", "n1", "n2", "n3")]
     # the handlers use the mirror's blob store only
-    mirror = cast(Mirror, type("M", (), {"store": BlobStore(tmp_path / "mirror")})())
+    mirror = cast(Mirror, type("M", (), {"store": BlobStore(tmp_path / "mirror"), "fleet": None})())
     ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=Tokens(), join_url="", mirror=mirror)
     async with serve(api_app(ctx, peercred_auth("llmgw")), tmp_path / "d.sock") as client:
         c = Cluster(tmp_path, store, client)
@@ -258,3 +258,13 @@ async def test_a_host_in_flight_whose_agent_is_away_is_told_again_when_back(
     del cluster.agents.refuse["p2"]
     await cluster.tick()
     assert [(n, m.attempt) for n, m in cluster.agents.sent] == [("p2", 1), ("p2", 1)]
+
+
+async def test_a_mirror_sweep_keeps_the_staged_packages(cluster: Cluster) -> None:
+    """No model uses a package's file, yet the nodes fetch it from the mirror."""
+    _, staged = await cluster.stage("llmgw")
+    mirror = BlobStore(cluster.tmp / "mirror")
+    mirror.ingest(make_deb(cluster.tmp / "other.deb", "stray", "1"))  # used by nothing
+    status, out = await call(cluster.client, "POST", "/mirror/sweep", {"dry_run": False})
+    assert status == 200 and out["files"] == 1, out
+    assert [h.sha256 for h in mirror.held()] == [staged["sha256"]]
