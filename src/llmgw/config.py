@@ -200,9 +200,9 @@ class Ldap(Strict):
     bind_dn: str = ""  # the DN llmgwd binds as; "": an anonymous bind
     bind_password_file: str = ""  # a file holding bind_dn's password (never logged)
     user_base: str = ""  # where people are searched
-    # a person's entry; {name}: the llmgw user name, {email}: their verified email (escaped);
-    # its groups count only when its mail is that email, so "(mail={email})" finds it best
-    user_filter: str = "(uid={name})"
+    # {name}: the llmgw user name, {email}: their verified email (both escaped); an entry's
+    # groups count only when its mail is that email, so "(mail={email})" finds it best
+    user_filter: str = "(uid={name})"  # a person's entry, found by {name} or {email}
     group_base: str = ""  # where groups are searched
     group_filter: str = "(objectClass=groupOfNames)"  # which entries are groups
     member_attribute: str = "member"  # member/uniqueMember: the person's DN; others: their name
