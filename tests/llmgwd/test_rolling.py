@@ -28,6 +28,7 @@ class Agents:
     def __init__(self, nodes: FakeNodes, fails: Callable[[ReplicaSpec], bool]) -> None:
         self.nodes = nodes
         self.fails = fails
+        self.stuck: Callable[[ReplicaSpec], bool] = lambda s: False  # starting for ever
         self.running: dict[str, tuple[str, ReplicaState]] = {}  # id -> (fingerprint, state)
 
     def round(self) -> None:
@@ -38,7 +39,7 @@ class Agents:
                 fp, state = self.running.get(s.id, ("", "starting"))
                 if fp != s.fingerprint():
                     state = "starting"
-                elif state == "starting":
+                elif state == "starting" and not self.stuck(s):
                     state = "failed" if self.fails(s) else "ready"
                 seen[s.id] = (s.fingerprint(), state)
                 restarts = 3 if state == "failed" else 0
@@ -166,6 +167,23 @@ async def test_a_failed_replacement_without_room_comes_back_on_the_old_settings(
     assert min(readies) == 1 and readies[-1] == 2  # the stopped one's room runs the old again
     assert agents.generations() == [0, 0]
     assert rec.rollout(model).startswith("halted:")
+
+
+async def test_a_replacement_never_ready_halts_the_roll_in_the_end(store: SqliteStore) -> None:
+    nodes = FakeNodes("a")
+    nodes.by_name["a"].inventory = ONE_CORE  # restarts in place: m is down while it starts
+    rec, agents = await settled(store, nodes, smol(replicas=1))
+    agents.stuck = lambda s: s.generation == 1  # neither ready nor failed
+    model = await rec._catalog.update_model("m", generation=1)
+    clock = rec._clock
+    assert isinstance(clock, Clock)
+    for _ in range(40):  # 40 passes a minute apart
+        await rec.reconcile()
+        agents.round()
+        clock.now += 60
+    assert agents.ready() == 1 and agents.generations() == [0]  # the old settings back
+    assert rec.rollout(model).startswith("halted: replica m-")
+    assert "not ready after 15 minutes: starting" in rec.rollout(model)
 
 
 def test_new_flags_naming_other_slots_place_a_replica_anew_as_a_context_does() -> None:

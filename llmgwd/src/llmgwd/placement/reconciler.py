@@ -37,6 +37,7 @@ FAILED_RESTARTS = 3  # a failed replica restarted this often has failed to start
 FAILED_FOR_S = 30.0  # or one failed for this long
 FAILURE_TTL_S = 3600.0  # a failure is forgotten after this: the node may have been mended
 REPLACE_TIMEOUT_S = 120.0  # the longest a removal waits for its replacement to be ready
+ROLL_READY_TIMEOUT_S = 900.0  # a roll's replacement not ready after this has failed to start
 
 # A model whose file llmgwd cannot read: placed by count only (no weights, no KV cache, any
 # context: the engine's own default is what it gets).
@@ -196,6 +197,7 @@ class Reconciler:
         self._held: dict[str, NodeFlags] = {}  # nodes Slurm holds (slurm/lending.py), not kept
         self._failures: dict[tuple[str, str], Failure] = {}
         self._failing_since: dict[str, float] = {}  # replica id -> first seen failed
+        self._unready_since: dict[str, float] = {}  # roll's replacement -> first seen not ready
         self._leaving_since: dict[str, float] = {}  # replica id -> its removal first planned
         self._last_used: dict[str, float] = {}  # on-demand model -> its last request
         self._used_saved: dict[str, float] = {}  # what the store holds of _last_used
@@ -493,6 +495,7 @@ class Reconciler:
         self._placements.pop(p.id, None)
         self._leaving_since.pop(p.id, None)
         self._failing_since.pop(p.id, None)
+        self._unready_since.pop(p.id, None)
         log.info(
             "replica %s of %s removed from %s: %s",
             p.id,
@@ -665,7 +668,7 @@ class Reconciler:
             mine,
             now,
             state,
-            lambda rid: self._failing(roll.status.get(rid)),
+            lambda rid: self._failing(roll.status.get(rid)) or self._stuck(rid, state(rid)),
             placing,
             replacing,
         )
@@ -676,6 +679,15 @@ class Reconciler:
             return False
         since = self._failing_since.get(st.id, self._clock())
         return st.restarts >= FAILED_RESTARTS or self._clock() - since >= FAILED_FOR_S
+
+    def _stuck(self, rid: str, state: str) -> bool:
+        """Whether a roll's replacement has not been ready for ROLL_READY_TIMEOUT_S (stuck
+        starting, or its node silent): it counts as failed to start."""
+        if state == "ready":
+            self._unready_since.pop(rid, None)
+            return False
+        since = self._unready_since.setdefault(rid, self._clock())
+        return self._clock() - since >= ROLL_READY_TIMEOUT_S
 
     async def _take(self, m: Model, d: Demand, s: rolling.Step, roll: Roll) -> None:
         """Make one step of a profile's roll (rolling.step's)."""
@@ -720,6 +732,7 @@ class Reconciler:
         if p.started is not None and rolling.needs_place(p.started, now):
             await self._delete(p, "placed again for the model's new settings (it was not ready)")
             return
+        self._unready_since.pop(p.id, None)
         await self._keep(msgspec.structs.replace(p, started=now))
         log.info(
             "replica %s of %s started again on %s with the model's new settings",
@@ -743,6 +756,9 @@ class Reconciler:
         the roll waits for new settings."""
         st = roll.status.get(p.id)
         why = st.message if st is not None and st.message else "no reason given"
+        if st is None or st.state != "failed":
+            state = st.state if st is not None else "not reported by its node"
+            why = f"not ready after {ROLL_READY_TIMEOUT_S / 60:g} minutes: {state}"
         back = any(k[0] == m.name for k in self._placing)  # it replaced an old one stopped
         text = (
             f"halted: replica {p.id} failed to start with the new settings on {p.node} ({why});"

@@ -14,7 +14,8 @@ each pass, per profile, what to do next:
   ready); a profile with fewer placed than it wants (no room for all) rolls those it has;
 - one profile of a model at a time, so the model too has at most one replica down;
 - the stale one beside a new one stops once the new one is ready; the next one then;
-- a replica of the new settings that fails to start halts the roll: it is removed, the old
+- a replica of the new settings that fails to start (or is not ready in the reconciler's
+  ROLL_READY_TIMEOUT_S: stuck starting) halts the roll: it is removed, the old
   replicas stay (a replica placed while halted runs the old settings: so does one placed for
   an old one stopped for it), and the model's state says so until its settings change again;
   the roll is not done while a replacement for a stopped one is not ready.
