@@ -33,10 +33,12 @@ def test_both_daemons_units_have_a_watchdog(name: str) -> None:
     assert (unit["Type"], unit["NotifyAccess"], unit["WatchdogSec"]) == ("notify", "main", "30")
 
 
-def test_llmgwd_exiting_78_is_not_restarted() -> None:
-    """78 (llmgw.entry.EX_CONFIG): a server.yaml it cannot use or a store of a newer schema;
-    a restart fails the same way, so Restart=on-failure must not loop on it."""
-    unit = service("llmgwd.service")
+@pytest.mark.parametrize("name", ["llmgwd.service", "llmgw-agentd.service"])
+def test_a_daemon_exiting_78_is_not_restarted(name: str) -> None:
+    """78 (llmgw.entry.EX_CONFIG, both daemons' run_daemon): a config file it cannot use or
+    (llmgwd) a store of a newer schema; a restart fails the same way, so Restart=on-failure
+    must not loop on it."""
+    unit = service(name)
     assert unit["Restart"] == "on-failure"
     assert str(entry.EX_CONFIG) in unit["RestartPreventExitStatus"].split()
 
