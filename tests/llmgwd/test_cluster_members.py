@@ -131,9 +131,10 @@ async def test_a_token_cannot_take_a_disconnected_members_name(
     # The member itself is still taken, and gets its desired set.
     answer = await first_message(cluster, d, "n1")
     # slurm_pending: this cluster has no leader's Slurm task, so it has not heard its state
-    # (ed70839); stopping: it takes a replica's "stopping" (8c79d18).
+    # (ed70839); stopping: it takes a replica's "stopping" (8c79d18); upgrades: it takes an
+    # agent's upgrade reports (138734b).
     assert answer == wire.Desired(
-        [SPEC], renews=True, mirror=True, slurm_pending=True, stopping=True
+        [SPEC], renews=True, mirror=True, slurm_pending=True, stopping=True, upgrades=True
     )
 
 

@@ -51,8 +51,7 @@ async def test_a_started_llmgwd_freezes_what_it_built_and_still_stops(
         made.append(Daemon(cfg))
         return made[-1]
 
-    monkeypatch.setattr(daemon_module, "Daemon", record)
-    running = asyncio.create_task(daemon_module.run(config))
+    running = asyncio.create_task(daemon_module.run(config, record))
     try:
         for _ in range(500):
             if gc.get_freeze_count() or running.done():
