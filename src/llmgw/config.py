@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from llmgw import atomic
 from llmgw import proxy as proxies
 
 SERVER_CONFIG = Path("/etc/llmgw/server.yaml")
@@ -457,3 +459,16 @@ def _find(node: yaml.Node | None, parts: list[str]) -> yaml.Node | None:
 def dump(config: Any) -> str:
     """YAML text of a config struct, for init to write."""
     return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
+
+
+def write_server(path: Path, cfg: ServerConfig, note: str, gid: int | None) -> None:
+    """server.yaml as the package has it (it may hold a proxy's password): 0640, its group
+    gid (llmgw's) where given, in a directory made 0750 of that group if missing; note: what
+    wrote it, for its first line."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
+        path.parent.chmod(0o750)
+        if gid is not None:
+            os.chown(path.parent, -1, gid)
+    text = f"# llmgwd's configuration, {note}.\n" + dump(cfg)
+    atomic.write(path, text.encode(), mode=0o640, gid=-1 if gid is None else gid)

@@ -393,6 +393,9 @@ def test_plane_init_writes_the_config(tmp_path: Path) -> None:
     assert cfg.cluster.advertise.endswith(":7710")
     assert cfg.state_dir == str(tmp_path / "state")
     assert (tmp_path / "state").is_dir()
+    # it may hold a proxy's password: as restore writes it, not world-readable
+    assert cfg_path.stat().st_mode & 0o777 == 0o640
+    assert cfg_path.parent.stat().st_mode & 0o777 == 0o750
 
     r = CliRunner().invoke(main, [*args, "--no-start"])
     assert r.exit_code == 1

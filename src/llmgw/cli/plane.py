@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from llmgw.cli.common import (
 from llmgw.cli.node import echo_join_command
 from llmgw.cli.output import echo_json, json_option
 
+LLMGW_GROUP = "llmgw"  # the package's: llmgwd runs as it, server.yaml is of it
 SYSTEMD_RUNTIME = Path("/run/systemd/system")  # exists only when systemd is PID 1 (sd_booted)
 
 
@@ -62,14 +64,21 @@ def start_llmgwd() -> None:
 
 
 def write_config(path: Path, cfg: config.ServerConfig, force: bool) -> None:
-    """Write server.yaml atomically; an existing one is kept unless force."""
+    """Write server.yaml atomically, 0640 of llmgw's group as restore does (config.write_server);
+    an existing one is kept unless force."""
     if path.exists() and not force:
         raise Refused(f"{path} exists: use --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("# llmgwd's configuration, written by `llmgw plane init`.\n" + config.dump(cfg))
-    tmp.chmod(0o644)
-    os.replace(tmp, path)
+    config.write_server(path, cfg, "written by `llmgw plane init`", _llmgw_gid())
+
+
+def _llmgw_gid() -> int | None:
+    """The llmgw group's number, as root where the package made it (else None: ours)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return grp.getgrnam(LLMGW_GROUP).gr_gid
+    except KeyError:
+        return None
 
 
 def wait_for_llmgwd(settings: Settings, timeout_s: float) -> None:

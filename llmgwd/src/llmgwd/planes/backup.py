@@ -124,7 +124,7 @@ def _left_by_failure(
     d, staged = state_dir / "pki", state_dir / f".{SQLITE_FILE}.restoring"
     written = [d / etcd_member.CA_CERT, d / etcd_member.CA_KEY, state_dir / SECRET_FILE,
                config_path, *(Path(p.file.path) for p in named)]  # fmt: skip
-    temporary = [staged, Path(f"{staged}-wal"), Path(f"{staged}-shm"), _settings_tmp(config_path)]
+    temporary = [staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")]
     temporary += [site_files.staged(Path(p.file.path)) for p in named]
     return [p for p in written if not p.exists()] + temporary
 
@@ -159,7 +159,8 @@ def restore(
         asyncio.run(_check_store(staged))
         _write_keys(bundle, state_dir)
         site_files.write(named)
-        _write_settings(config_path, cfg, owner[1] if owner is not None else None)
+        gid = owner[1] if owner is not None else None
+        config.write_server(config_path, cfg, "restored by `llmgw restore`", gid)
         os.replace(staged, state_dir / SQLITE_FILE)
     except BaseException:
         for path in undo:
@@ -177,28 +178,6 @@ def _write_keys(bundle: BackupBundle, state_dir: Path) -> None:
     ca = pki.CertKey(bundle.ca_cert_pem.encode(), bundle.ca_key_pem.encode())
     pki.write_pair(ca, d / etcd_member.CA_CERT, d / etcd_member.CA_KEY)
     pki.write_pem(state_dir / SECRET_FILE, bundle.secret, private=True)
-
-
-def _settings_tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
-
-
-def _write_settings(path: Path, cfg: ServerConfig, gid: int | None) -> None:
-    """server.yaml as the package has it (it may hold a proxy's password): 0640, its group
-    gid (llmgw's) where given, in a directory made 0750 of that group if missing."""
-    if not path.parent.is_dir():
-        path.parent.mkdir(parents=True)
-        path.parent.chmod(0o750)
-        if gid is not None:
-            os.chown(path.parent, -1, gid)
-    tmp = _settings_tmp(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        if gid is not None:
-            os.fchown(f.fileno(), -1, gid)
-        os.fchmod(f.fileno(), 0o640)
-        f.write("# llmgwd's configuration, restored by `llmgw restore`.\n" + config.dump(cfg))
-    os.replace(tmp, path)
 
 
 def _chown(state_dir: Path, owner: tuple[int, int]) -> None:
