@@ -122,8 +122,16 @@ def test_plane_init_slurm_turns_slurm_on_with_this_host_as_controller(
     assert r.exit_code == 0, r.output
     name = socket.gethostname()
     assert f"Slurm is on: slurmctld runs on node {name} once it joins." in r.stdout
+    assert "slurmd runs on every node, those joining later too" in r.stdout
     shown = json.loads(cli("slurm", "status", "--json").stdout)
     assert (shown["enabled"], shown["controller"], shown["nodes"]) == (True, name, [])
+    assert shown["all_nodes"] is True  # the seed's --slurm: a slurmd on every node
+
+    r = cli(*args, "--force", "--no-all-nodes")
+
+    assert r.exit_code == 0, r.output
+    assert "No node runs slurmd yet" in r.stdout
+    assert json.loads(cli("slurm", "status", "--json").stdout)["all_nodes"] is False
 
 
 def test_plane_init_slurm_without_starting_says_how(tmp_path: Path) -> None:
@@ -134,3 +142,4 @@ def test_plane_init_slurm_without_starting_says_how(tmp_path: Path) -> None:
 
     assert r.exit_code == 0, r.output
     assert "`llmgw slurm setup --controller" in r.stderr
+    assert "--all-nodes` turns it on" in r.stderr

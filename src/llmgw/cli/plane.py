@@ -154,6 +154,12 @@ def plane() -> None:
     help="Turn Slurm on, with this host's node as its controller once it joins.",
 )
 @click.option(
+    "--all-nodes/--no-all-nodes",
+    default=True,
+    show_default=True,
+    help="With --slurm: every node runs slurmd, those joining later too (slurm.all_nodes).",
+)
+@click.option(
     "--wait",
     "wait_s",
     type=click.FloatRange(min=0),
@@ -171,6 +177,7 @@ def init(
     force: bool,
     no_start: bool,
     with_slurm: bool,
+    all_nodes: bool,
     wait_s: float,
     as_json: bool,
 ) -> None:
@@ -180,9 +187,10 @@ def init(
     Without systemd as init, init says how to start llmgwd and exits 0.
 
     With --slurm, Slurm is turned on once llmgwd answers: its controller is this host's
-    node (named as its agent names it, the host name), which runs slurmctld once it joins;
-    no node is in Slurm yet (`llmgw slurm setup --controller NAME --nodes A,B` names them
-    after they join). Without llmgwd started here, --slurm only says that command.
+    node (named as its agent names it, the host name), which runs slurmctld once it joins,
+    and every node runs slurmd, those that join later too (slurm.all_nodes). With
+    --no-all-nodes no node is in Slurm yet (`llmgw slurm setup --controller NAME --nodes A,B`
+    names them after they join). Without llmgwd started here, --slurm only says the command.
     """
     if advertise is not None and not advertise.startswith("https://"):
         raise click.BadParameter("must be https://HOST:PORT", param_hint="--advertise")
@@ -195,7 +203,7 @@ def init(
         click.echo(f"Wrote {config_path} (nodes will dial {cfg.cluster.advertise}).")
     token = None if no_start else _started(settings, config_path, wait_s)
     if with_slurm:
-        _slurm_on(settings, started=token is not None, quiet=as_json)
+        _slurm_on(settings, all_nodes, started=token is not None, quiet=as_json)
     if as_json:
         started = token is not None
         echo_json(
@@ -221,16 +229,24 @@ def _echo_pin(settings: Settings, client_listen: str) -> None:
         click.echo(f"  llmgw context add NAME {url} --ca-fingerprint {s.ca_fingerprint}")
 
 
-def _slurm_on(settings: Settings, started: bool, quiet: bool) -> None:
-    """Slurm on with this host's node as controller; without llmgwd up, how to do it."""
+def _slurm_on(settings: Settings, all_nodes: bool, started: bool, quiet: bool) -> None:
+    """Slurm on with this host's node as controller, slurmd on every node unless not
+    all_nodes; without llmgwd up, how to do it."""
     name = socket.gethostname()
+    nodes = "--all-nodes" if all_nodes else "--nodes NODES"
     if not started:
         click.echo(f"Slurm: once llmgwd runs, `llmgw slurm setup --controller {name} "
-                   "--nodes NODES` turns it on.", err=True)  # fmt: skip
+                   f"{nodes}` turns it on.", err=True)  # fmt: skip
         return
-    call(settings, "PUT", f"{API}/slurm", SlurmSettingsIn(enabled=True, controller=name))
-    if not quiet:
-        click.echo(f"Slurm is on: slurmctld runs on node {name} once it joins.")
+    on = SlurmSettingsIn(enabled=True, controller=name, all_nodes=all_nodes)
+    call(settings, "PUT", f"{API}/slurm", on)
+    if quiet:
+        return
+    click.echo(f"Slurm is on: slurmctld runs on node {name} once it joins.")
+    if all_nodes:
+        click.echo("slurmd runs on every node, those joining later too (slurm.all_nodes).")
+    else:
+        click.echo("No node runs slurmd yet: `llmgw slurm setup --nodes A,B` names them.")
 
 
 @click.command()
