@@ -5,6 +5,7 @@ usage counted in the seconds before POST /backup is in it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import grp
 import os
 import pwd
@@ -17,14 +18,14 @@ import msgspec
 import pytest
 
 from llmgw import ipc, pki
-from llmgw.api_types import BackupBundle
+from llmgw.api_types import BackupBundle, SiteFile
 from llmgw.config import ClientPort, Oidc, ServerConfig
 from llmgwd.accounting.usage import Usage
 from llmgwd.api.access import peercred_auth
 from llmgwd.api.base import ApiContext
 from llmgwd.api.routes import api_app
 from llmgwd.catalog import Catalog
-from llmgwd.planes import backup
+from llmgwd.planes import backup, site_files
 from llmgwd.planes.listing import ControlPlanes
 from llmgwd.planes.tokens import PlaneTokens
 from llmgwd.store import schema
@@ -83,6 +84,42 @@ def test_named_files_come_back_with_their_bytes_modes_and_owners(
         assert (etc / name).read_bytes() == f"the {name} bytes\n".encode()
         assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (mode, os.getuid(), os.getgid())
     assert sorted(p.name for p in etc.iterdir()) == sorted(MODES)  # no temporary left
+
+
+def test_a_restore_follows_no_link_planted_beside_a_named_file(
+    site: ServerConfig, tmp_path: Path
+) -> None:
+    """A link another user put at a temporary name beside client.key (the one restore used
+    to take) is neither followed nor taken as the restored file."""
+    bundle = made(site)
+    etc = tmp_path / "etc"
+    shutil.rmtree(etc)
+    etc.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("root's own file\n")
+    (etc / ".client.key.restoring").symlink_to(victim)
+    fresh = tmp_path / "fresh"
+    backup.restore(bundle, fresh, fresh / "server.yaml", None)
+    assert victim.read_text() == "root's own file\n"
+    key = etc / "client.key"
+    assert not key.is_symlink() and key.read_bytes() == b"the client.key bytes\n"
+    assert key.stat().st_mode & 0o7777 == 0o640
+
+
+def test_a_backup_reads_the_named_files_off_the_event_loop(
+    site: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their reads and their owners' names (NSS: maybe LDAP over the network) may block."""
+    real, loops = site_files.read, []
+
+    def read(cfg: ServerConfig) -> tuple[SiteFile, ...]:
+        with contextlib.suppress(RuntimeError):  # no loop runs in this thread
+            loops.append(asyncio.get_running_loop())
+        return real(cfg)
+
+    monkeypatch.setattr(site_files, "read", read)
+    assert len(made(site).files) == len(MODES)
+    assert loops == []
 
 
 def test_a_named_file_there_already_and_different_is_not_written_over(

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import datetime
-import os
-import tempfile
 from pathlib import Path
 
 import click
 import msgspec
 
-from llmgw import config, sealed
+from llmgw import atomic, config, sealed
 from llmgw.api_types import BUNDLE_FORMAT, BackupBundle
 from llmgw.cli.common import API, Refused, Settings, call, decoded, pass_settings
 from llmgw.cli.units import run_llmgwd
@@ -49,22 +47,6 @@ def _passphrase(path: str) -> str:
         raise Refused(f"--passphrase-file {path}: {e}") from None
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write path (0600 from its first byte) atomically, through a new file of a random name
-    in its directory (O_EXCL, O_NOFOLLOW: `sudo llmgw backup /tmp/x` follows no link another
-    user planted there); the rename replaces a link at path itself, never its target."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def describe(bundle: BackupBundle) -> str:
     """One line saying what a bundle holds."""
     when = datetime.datetime.fromtimestamp(bundle.made_at, datetime.UTC)
@@ -96,7 +78,7 @@ def backup(settings: Settings, file: Path, passphrase_file: str, force: bool) ->
     passphrase = _passphrase(passphrase_file)
     bundle = decoded(call(settings, "POST", f"{API}/backup"), BackupBundle)
     data = seal_bundle(bundle, passphrase)
-    _write_private(file, data)
+    atomic.write(file, data)  # 0600, `sudo llmgw backup /tmp/x` follows no planted link
     click.echo(f"Backed up {describe(bundle)} to {file} ({len(data)} bytes).")
 
 

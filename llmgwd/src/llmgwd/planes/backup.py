@@ -63,7 +63,7 @@ async def make(src: Source) -> BackupBundle:
     """The bundle of everything `llmgw restore` brings the cluster back from."""
     started = time.monotonic()
     try:
-        files = site_files.read(src.cfg)
+        files = await asyncio.to_thread(site_files.read, src.cfg)  # NSS may block
     except site_files.SiteFileError as e:
         raise BackupFailed(str(e)) from None
     data, keys = await _store_file(src.store)
@@ -125,7 +125,6 @@ def _left_by_failure(
     written = [d / etcd_member.CA_CERT, d / etcd_member.CA_KEY, state_dir / SECRET_FILE,
                config_path, *(Path(p.file.path) for p in named)]  # fmt: skip
     temporary = [staged, Path(f"{staged}-wal"), Path(f"{staged}-shm")]
-    temporary += [site_files.staged(Path(p.file.path)) for p in named]
     return [p for p in written if not p.exists()] + temporary
 
 

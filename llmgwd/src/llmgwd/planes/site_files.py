@@ -12,6 +12,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw import atomic
 from llmgw.api_types import SiteFile
 from llmgw.config import ServerConfig
 
@@ -94,22 +95,10 @@ def plan(files: tuple[SiteFile, ...]) -> list[Planned]:
     return planned
 
 
-def staged(path: Path) -> Path:
-    """The temporary name write() gives path's bytes before renaming them to it."""
-    return path.with_name(f".{path.name}.restoring")
-
-
 def write(planned: list[Planned]) -> None:
-    """Write each file atomically with its mode and owner (its directory made if missing)."""
+    """Write each file atomically with its mode and owner (its directory made if missing),
+    through a new file of a random name (atomic.write: no link planted beside it followed)."""
     for p in planned:
         path = Path(p.file.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = staged(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(p.file.data)
-            os.fchown(out.fileno(), p.uid, p.gid)
-            os.fchmod(out.fileno(), p.file.mode)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        atomic.write(path, p.file.data, mode=p.file.mode, uid=p.uid, gid=p.gid)
