@@ -253,6 +253,11 @@ SETTINGS = {
         "state_dir/mirror."
     ),
     "server.mirror.parallel": "How many files the mirror downloads at once (1-64).",
+    "server.mirror.ca_file": (
+        "A PEM file of the CAs the upstream's and peers' certificates must chain to, in place "
+        "of the system's: a mirror machine's own CA (llmgwd mode: mirror). Empty: the "
+        "system's CAs. A file that cannot be read or holds no CA stops llmgwd (exit 78)."
+    ),
     "server.log_level": "debug, info, warning or error: the least severe message logged.",
     "server.store.backend": (
         "Where the cluster's state lives: sqlite (one file in the state directory, one "

@@ -117,6 +117,7 @@ class Mirror(Strict):
     token_file: str = ""
     dir: str = ""
     parallel: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    ca_file: str = ""  # the CAs the upstream's and peers' certificates chain to; "": the system's
 
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("https://", "http://")) or "?" in self.upstream:

@@ -19,6 +19,7 @@ import msgspec
 from llmgw import download, proxy, sources
 from llmgw.api_types import MirrorStatus, PeerView, SetStatus
 from llmgw.blobstore import BlobStore, BlobStoreError, ChecksumMismatch
+from llmgw.config import ConfigError
 from llmgw.sources import HfSource
 from llmgw.wire import ModelFile
 from llmgwd.mirror import hub_client
@@ -52,6 +53,19 @@ class Settings:
     token_file: str = ""
     parallel: int = 4
     route: proxy.Route = proxy.DIRECT  # the hub's and peers' proxy; never another plane's
+    ca_file: str = ""  # the CAs the upstream's and peers' certificates chain to; "": the system's
+
+
+def upstream_tls(ca_file: str) -> ssl.SSLContext | bool:
+    """How the upstream's and peers' certificates are checked: against the CAs in ca_file
+    (mirror.ca_file) alone, or the system's (True) when it is empty. A file that cannot be
+    read or holds no CA is a ConfigError (llmgwd exits 78)."""
+    if not ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except OSError as e:  # ssl.SSLError too: no CA in it
+        raise ConfigError(f"mirror.ca_file {ca_file}: {e.strerror or e}") from None
 
 
 class Mirror:
@@ -74,10 +88,14 @@ class Mirror:
         self.plane_tls: ssl.SSLContext | None = None
 
     async def start(self) -> None:
-        """Read the records; open the upstream session."""
+        """Read the records; open the upstream session (its TLS: upstream_tls)."""
+        tls = upstream_tls(self.settings.ca_file)
         await self.records.load()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
-        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+        connector = aiohttp.TCPConnector(ssl=tls)
+        self._session = aiohttp.ClientSession(
+            timeout=timeout, auto_decompress=False, connector=connector
+        )
 
     async def close(self) -> None:
         """Stop the jobs; close the session (partial files stay for the next start)."""

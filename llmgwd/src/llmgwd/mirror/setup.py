@@ -38,6 +38,7 @@ def settings(cfg: ServerConfig, state_dir: Path) -> Settings:
         token_file=m.token_file,
         parallel=m.parallel,
         route=cfg.network.route(os.environ),
+        ca_file=m.ca_file,
     )
 
 
