@@ -132,7 +132,7 @@ async def test_a_token_cannot_take_a_disconnected_members_name(
     answer = await first_message(cluster, d, "n1")
     # slurm_pending: this cluster has no leader's Slurm task, so it has not heard its state
     # (ed70839); stopping: it takes a replica's "stopping" (8c79d18); upgrades: it takes an
-    # agent's upgrade reports (138734b).
+    # agent's upgrade reports (0176f5c).
     assert answer == wire.Desired(
         [SPEC], renews=True, mirror=True, slurm_pending=True, stopping=True, upgrades=True
     )
