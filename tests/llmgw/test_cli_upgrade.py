@@ -9,14 +9,16 @@ from typing import cast
 
 import msgspec
 import pytest
-from click.testing import Result
+from click.testing import CliRunner, Result
 
 from llmgw import wire
 from llmgw.api_types import UpgradeHost, UpgradeRoll, UpgradeView
+from llmgw.api_types.upgrade import RollState
 from llmgw.blobstore import BlobStore
 from llmgw.cli import upgrade
 from llmgw.cli.common import Settings, Unreachable
 from llmgw.cli.upgrade import render
+from llmgw.wire import UpgradeStep
 from llmgwd.api.base import ApiContext
 from llmgwd.catalog import Catalog
 from llmgwd.mirror.service import Mirror
@@ -127,3 +129,39 @@ def test_watch_waits_out_llmgwd_restarting(
     assert capsys.readouterr().err == (
         "cannot reach llmgwd at /run/llmgw/llmgwd.sock; asking again\n"
     )
+
+
+def _roll(state: RollState, step: UpgradeStep, message: str = "") -> UpgradeRoll:
+    host = UpgradeHost(name="n1", role="node", step=step, message=message)
+    return UpgradeRoll(id="ab", release="0.2.0", state=state, hosts=[host])
+
+
+@pytest.mark.parametrize(
+    ("end", "code", "last"),
+    [(_roll("done", "done"), 0, "done"), (_roll("halted", "failed", "exit 100"), 1, "Halted")],
+)
+def test_start_wait_follows_the_roll_to_its_end(
+    monkeypatch: pytest.MonkeyPatch, end: UpgradeRoll, code: int, last: str
+) -> None:
+    """`llmgw upgrade start --wait`: the roll's status each time it changes, until it ends;
+    exit status 1 when it halted, as `status --watch`."""
+    started = _roll("running", "waiting")
+    views = [UpgradeView(roll=started), UpgradeView(roll=_roll("running", "installing")),
+             UpgradeView(roll=end)]  # fmt: skip
+    asked: list[str] = []
+
+    def call(_settings: object, method: str, path: str, _body: object = None) -> object:
+        asked.append(method)
+        if method == "POST":
+            return msgspec.to_builtins(started)
+        return msgspec.to_builtins(views.pop(0))
+
+    monkeypatch.setattr(upgrade, "call", call)
+    monkeypatch.setattr(upgrade, "WATCH_EVERY_S", 0.0)
+    settings = Settings(socket="/nonexistent", agent_socket="/nonexistent")
+    r = CliRunner().invoke(upgrade.upgrade, ["start", "--wait"], obj=settings)
+    assert r.exit_code == code, r.output
+    assert asked == ["POST", "GET", "GET", "GET"]
+    assert "Roll ab to 0.2.0 started: 1 hosts." in r.stdout
+    assert "installing" in r.stdout and last in r.stdout.splitlines()[-1] + r.stdout
+    assert "Follow it with" not in r.stdout

@@ -64,22 +64,29 @@ def stage(settings: Settings, files: tuple[Path, ...], as_json: bool) -> None:
 )
 @click.option("--release", default="", help="The staged release to roll (several staged).")
 @click.option("--parallel", default=4, show_default=True, help="Nodes upgraded at once.")
+@click.option(
+    "--wait", is_flag=True, help="Follow the roll until it ends, as `status --watch` does."
+)
 @json_option
 @pass_settings
 def start(
-    settings: Settings, nodes: str | None, release: str, parallel: int, as_json: bool
+    settings: Settings, nodes: str | None, release: str, parallel: int, wait: bool, as_json: bool
 ) -> None:
     """Start a roll: the control planes' hosts one at a time (the leader last), then the
-    nodes, PARALLEL at once. `llmgw upgrade status --watch` follows it."""
+    nodes, PARALLEL at once. `llmgw upgrade status --watch` follows it; with --wait this
+    command does, and exits 1 when the roll halts."""
     chosen = None if nodes is None else [n for n in nodes.split(",") if n]
     body = UpgradeStartIn(nodes=chosen, release=release, parallel=parallel)
     answer = call(settings, "POST", f"{API}/upgrade/start", body)
     if as_json:
         echo_json(answer)
-        return
-    r = decoded(answer, UpgradeRoll)
-    click.echo(f"Roll {r.id} to {r.release} started: {len(r.hosts)} hosts.")
-    click.echo("Follow it with: llmgw upgrade status --watch")
+    else:
+        r = decoded(answer, UpgradeRoll)
+        click.echo(f"Roll {r.id} to {r.release} started: {len(r.hosts)} hosts.")
+        if not wait:
+            click.echo("Follow it with: llmgw upgrade status --watch")
+    if wait:
+        _watch(settings)
 
 
 @upgrade.command()
@@ -97,6 +104,12 @@ def status(settings: Settings, watch: bool, as_json: bool) -> None:
         else:
             click.echo(render(decoded(answer, UpgradeView)))
         return
+    _watch(settings)
+
+
+def _watch(settings: Settings) -> None:
+    """The roll shown again as it changes until nothing more happens without a person;
+    exit status 1 when it halted."""
     said = ""
     while True:
         view = _view_waiting(settings)
