@@ -3,12 +3,15 @@ CA still checked), straight when NO_PROXY names the host, and a proxy's refusal 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
+from llmgw import ipc
 from llmgw.cli import https
 from llmgw.cli.main import main
 from tests.llmgw.forward_proxy import ForwardProxy
@@ -89,3 +92,31 @@ def test_a_proxy_s_refusal_is_said_as_the_proxy_s(
     assert r.exit_code == 3, r.output
     assert "through proxy http://****@127.0.0.1:" in r.output and "403" in r.output
     assert "s3cret" not in r.output
+
+
+@pytest.fixture
+def refusing() -> Iterator[ForwardProxy]:
+    """A forward proxy that refuses every request (403), on its own event loop's thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fp = ForwardProxy(refuse=403)
+    asyncio.run_coroutine_threadsafe(fp.start(), loop).result(5)
+    yield fp
+    asyncio.run_coroutine_threadsafe(fp.close(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def test_an_ipv6_context_is_connected_to_in_brackets(
+    refusing: ForwardProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", refusing.url)
+    url = "https://[2001:db8::1]:7700"
+    with pytest.raises(ipc.IpcError, match="403"):
+        https.offered_chain(url)
+    with pytest.raises(ipc.IpcError, match="403"):
+        https.request(https.Remote(url), "GET", "/v1/models")
+    assert refusing.targets() == ["[2001:db8::1]:7700"] * 2

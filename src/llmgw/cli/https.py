@@ -62,8 +62,10 @@ def through(url: str) -> str:
 
 def _tunnelled(conn: http.client.HTTPConnection, url: str, via: str) -> None:
     """Make conn, made to the proxy via, CONNECT to url's host and port (the proxy's user
-    and password, if any, as Proxy-Authorization to the proxy alone)."""
+    and password, if any, as Proxy-Authorization to the proxy alone); an IPv6 address in
+    brackets, as CONNECT's authority-form needs (http.client of 3.11 sends it bare)."""
     host, port = _address(url)
+    host = f"[{host}]" if ":" in host else host
     u, headers = URL(via), {}
     if u.user:
         pair = f"{u.user}:{u.password or ''}".encode()
