@@ -11,7 +11,13 @@ import pytest
 from llmgw import wire
 from llmgwd.api.base import NodeInfo
 from llmgwd.api.routes import TABLE
-from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS
+from llmgwd.catalog import Model, ModelUpstream
+from llmgwd.console.forms import (
+    MODEL_FORMS,
+    NODE_FORMS,
+    PROVIDER_ADD_FORM,
+    PROVIDER_REMOVE_FORM,
+)
 from llmgwd.console.headers import CSP
 from llmgwd.people.records import STAFF_ROLES
 from tests.llmgwd.console.console_site import Browser, Forms, Site, csrf_of, serving
@@ -54,9 +60,14 @@ def _allowed(role: str, method: str, path: str) -> bool:
     return role in STAFF_ROLES and role in route.rule.staff
 
 
+# Per page, its forms and the names ({name}) each is drawn for ("": a form of no name).
 PAGES = {
-    "/console/models": (MODEL_FORMS, ("smol", "tiny")),
-    "/console/nodes": (NODE_FORMS, ("n1",)),
+    "/console/models": (
+        (MODEL_FORMS, ("smol", "tiny", "up")),
+        ((PROVIDER_ADD_FORM,), ("",)),
+        ((PROVIDER_REMOVE_FORM,), ("up",)),
+    ),
+    "/console/nodes": ((NODE_FORMS, ("n1",)),),
 }
 
 
@@ -67,20 +78,24 @@ async def test_each_role_is_drawn_exactly_the_forms_the_rule_table_allows(
 ) -> None:
     site.nodes.items = [NodeInfo(name="n1", address="a", connected=True, last_seen=1, cores=8,
                                  memory_bytes=1 << 30)]  # fmt: skip
+    upstream = ModelUpstream(
+        protocol="openai", url="https://u.example/v1", model="m", credential=""
+    )
+    await site.catalog.add_model(Model(name="up", source="upstream:u", upstream=upstream))
     await browser.sign_in(role)
     r, html = await browser.get(page)
     if role == "org-admin":  # no staff role: the page's GET route's guard refuses them
         assert r.status == 403
         return
     assert r.status == 200
-    forms, names = PAGES[page]
     drawn = {
-        (f["route"], f["path.name"], f.get("path.action", ""))
+        (f["route"], f.get("path.name", ""), f.get("path.action", ""))
         for f in Forms(html).forms
         if "route" in f
     }
     want = {
         (f"{f.method} {f.path}", name, f.fixed.get("action", ""))
+        for forms, names in PAGES[page]
         for f in forms
         if _allowed(role, f.method, f.path)
         for name in names

@@ -32,7 +32,7 @@ from llmgwd.console.base import (
     see_other,
     templates,
 )
-from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, SERVE_FORMS, Routes
+from llmgwd.console.forms import MODEL_FORMS, NODE_FORMS, PROVIDER_FORMS, SERVE_FORMS, Routes
 from llmgwd.console.headers import TLS, security_headers, to_https
 from llmgwd.console.session import Sessions, derived
 
@@ -53,7 +53,7 @@ def make(
     client port's, for the provider's redirect back)."""
     page_forms = (*mirror_page.MIRROR_FORMS, *slurm_page.SLURM_FORMS)
     every = (*MODEL_FORMS, *SERVE_FORMS, *NODE_FORMS, *page_forms, *people_page.FORMS)
-    every = (*every, *org_page.FORMS)
+    every = (*every, *org_page.FORMS, *PROVIDER_FORMS)
     # A form naming no route fails here, at start; /console/act sends only these forms' routes,
     # but those that make a secret, which /console/made alone sends.
     table = api[ROUTES]  # the records /api/v1 is served from

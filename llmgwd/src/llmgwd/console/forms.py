@@ -20,6 +20,7 @@ class Field:
     kind: str = "number"  # an <input> type: number, checkbox, text
     value: str = ""  # its first value ("true" for a checkbox: sent when ticked)
     step: str = "1"  # a number's: "any" for a fraction
+    required: bool = False  # the browser sends the form only with it filled (or ticked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,33 @@ NODE_FORMS: tuple[Form, ...] = (
     ),
     Form("DELETE", "/nodes/{name}", "Remove", danger=True),
 )
+
+
+# The models page's providers section (`llmgw provider add|remove`): a provider added, its
+# credential in a password input, sent once and never drawn again; and, per provider, removed,
+# its button sent only with the confirming box ticked (the box goes to no route).
+PROVIDER_ADD_FORM = Form(
+    "POST",
+    "/providers",
+    "Add provider",
+    (
+        Field("body.name", "Name in the catalog", "text", required=True),
+        Field("body.protocol", "Protocol: openai or anthropic", "text", "openai", required=True),
+        Field("body.url", "URL of its API (https://)", "url", required=True),
+        Field("body.model", "Upstream model's name", "text", required=True),
+        Field("body.credential", "Credential (API key)", "password", required=True),
+        Field("body.context", "Context (tokens; 0: unknown)"),
+        Field("body.max_tokens", "Longest answer (tokens; 0: the context)"),
+    ),
+)
+PROVIDER_REMOVE_FORM = Form(
+    "DELETE",
+    "/providers/{name}",
+    "Remove provider",
+    (Field("confirm", "Yes, remove it and its credential", "checkbox", "yes", required=True),),
+    danger=True,
+)
+PROVIDER_FORMS: tuple[Form, ...] = (PROVIDER_ADD_FORM, PROVIDER_REMOVE_FORM)
 
 
 def model_values(

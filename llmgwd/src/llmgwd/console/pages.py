@@ -10,7 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from llmgw import wire
-from llmgw.api_types import ModelView, NodeView
+from llmgw.api_types import ModelView, NodeView, ProviderView
+from llmgwd.api.access import private_path
 from llmgwd.console import forms, inproc, nav
 from llmgwd.console.base import PREFIX, ConsoleError, Person, console, render, see_other
 from llmgwd.console.signin import required
@@ -151,9 +152,18 @@ async def models_page(request: web.Request) -> web.Response:
     c = console(request)
     roles = Directory(c.keys.store)
     adds = await forms.drawn(person.who, c.routes, (forms.ADD_FORM,), {}, roles)
+    providers: list[ProviderView] = await read(request, person, "/providers")
+    add_provider = await forms.drawn(person.who, c.routes, (forms.PROVIDER_ADD_FORM,), {}, roles)
+    removes = {
+        p.name: await forms.drawn(
+            person.who, c.routes, (forms.PROVIDER_REMOVE_FORM,), {"name": p.name}, roles
+        )
+        for p in providers
+    }
     return render(
         request, "models.html", person, models=models, drawn=drawn, may_add=bool(adds),
-        page="models",
+        providers=providers, add_provider=add_provider, removes=removes,
+        private=private_path(request), page="models",
     )  # fmt: skip
 
 
