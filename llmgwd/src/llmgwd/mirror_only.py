@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import re
+import socket
 from pathlib import Path
 
 from aiohttp import web
@@ -84,6 +85,30 @@ def api(ctx: ApiContext, auth: Middleware) -> web.Application:
     return app
 
 
+def hf_url(config: ServerConfig) -> str:
+    """This machine's /hf as other machines reach it: the client port's listen address (its
+    FQDN when that is a wildcard)."""
+    host, port = split_listen(config.client.listen)
+    host = socket.getfqdn() if host in ("0.0.0.0", "::") else host
+    return f"https://[{host}]:{port}/hf" if ":" in host else f"https://{host}:{port}/hf"
+
+
+def as_peer(config: ServerConfig) -> str:
+    """What `llmgw mirror add-peer` here says a control plane's operator runs to copy from
+    this machine: add-peer there, or server.yaml's mirror.upstream; its key; its CA."""
+    url = hf_url(config)
+    ca = "" if config.client.tls_cert else (
+        f"; and mirror.ca_file: a copy of {config.state_dir}/pki/ca.pem, this machine's CA"
+    )  # fmt: skip
+    return (
+        "This llmgwd is a mirror alone. A control plane copies from it with\n"
+        f"  llmgw mirror add-peer {url} --token-file FILE\n"
+        f"or fetches through it with server.yaml's mirror.upstream: {url} and "
+        "mirror.token_file: FILE\n"
+        f"(FILE: a key made here, llmgw key create NAME --admin{ca})."
+    )
+
+
 class NoNodes:
     """A mirror alone has no nodes."""
 
@@ -124,6 +149,7 @@ class MirrorOnly(Daemon):
             ca_fingerprint=pki.ca_fingerprint(keys.ca.cert_pem),
             name=cfg.name,
             mode=MODE,
+            as_peer=as_peer(cfg),
             mirror=self.mirror,
         )
         await self._serve_mirror_client(ctx, keys)

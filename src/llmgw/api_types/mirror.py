@@ -57,6 +57,8 @@ class PeerView(msgspec.Struct, kw_only=True):
     url: str
     last_sync: float = 0.0
     last_error: str = ""
+    # Added on a mirror alone: how a control plane's operator copies from this machine
+    as_peer: str = ""
 
 
 class HeldSet(msgspec.Struct, kw_only=True):

@@ -206,10 +206,13 @@ def sweep(settings: Settings, dry_run: bool, as_json: bool) -> None:
 @pass_settings
 def add_peer(settings: Settings, url: str, token_file: str, as_json: bool) -> None:
     """Copy every set another mirror holds (URL: its /hf, https://HOST:7700/hf), and drop
-    the ones it drops."""
+    the ones it drops. On a mirror alone (mode: mirror) it also says what a control plane's
+    operator runs to copy from this machine."""
     answer = call(settings, "POST", f"{API}/mirror/peers", PeerIn(url=url, token_file=token_file))
     if as_json:
         echo_json(answer)
     else:
         peer = decoded(answer, PeerView)
         click.echo(f"Added peer {peer.url}: its sets are being copied (llmgw mirror status).")
+        if peer.as_peer:  # this llmgwd is a mirror alone
+            click.echo(peer.as_peer)

@@ -155,6 +155,7 @@ class ApiContext:
     token_ttl_s: float = 3600.0
     name: str = "llmgw"
     mode: str = "cluster"  # server.yaml's: cluster, or mirror (llmgwd.mirror_only)
+    as_peer: str = ""  # a mirror alone: what a control plane runs to copy from it
     version: str = field(default_factory=package_version)
     started_at: float = field(default_factory=time.time)
     usage: Usage = field(default_factory=lambda: Usage(None))  # the router's counts

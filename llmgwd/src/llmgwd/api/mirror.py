@@ -169,5 +169,7 @@ async def post_peer(request: web.Request) -> web.Response:
     except peers.PeerError as e:
         raise bad_field("url", str(e)) from None
     log.info("mirror peer %s added by %s", peer.url, caller(request))
-    view = PeerView(url=peer.url, last_sync=peer.last_sync, last_error=peer.last_error)
+    view = PeerView(
+        url=peer.url, last_sync=peer.last_sync, last_error=peer.last_error, as_peer=ctx.as_peer
+    )  # a mirror alone also says how others copy from it
     return json_response(view, 201)
