@@ -4,7 +4,7 @@ browser-like client (its own cookie jar) that signs in and sends the console's f
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from html.parser import HTMLParser
 from typing import Any
@@ -71,17 +71,18 @@ async def _fill(site: Site) -> None:
 
 @asynccontextmanager
 async def serving(
-    *, tls: bool = False, oidc: Oidc | None = None, **context: Any
+    *, tls: bool = False, oidc: Oidc | None = None, middlewares: Sequence[Any] = (), **context: Any
 ) -> AsyncIterator[Site]:
     """The client port's /api/v1 and /console, filled as _fill says; oidc: the sign-in
     settings of /api/v1/login (mounted as the daemon mounts it, the console's OIDC sign-in
-    its); context: more of the API's context (ApiContext's fields: slurm, slurm_status, ...)."""
+    its); middlewares: the client port's own (a trusted proxy's reading); context: more of
+    the API's context (ApiContext's fields: slurm, slurm_status, ...)."""
     store = await SqliteStore.open(":memory:")
     catalog = Catalog(store)
     await catalog.load()
     nodes = Nodes()
     ctx = ApiContext(catalog=catalog, nodes=nodes, mint_token=lambda: "t", join_url="", **context)
-    app = web.Application()
+    app = web.Application(middlewares=middlewares)
     signin = login.login_app(catalog, oidc or Oidc())
     app.add_subapp(login.PREFIX, signin)
     api = api_subapp(ctx, key_auth(catalog))

@@ -8,8 +8,11 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from llmgwd.api import providers
+from llmgwd.clientport import forwarded
 from llmgwd.console import pages
 from llmgwd.providers.credentials import Credentials
 from tests.llmgwd.console.console_site import Browser, Forms, Site, serving
@@ -114,3 +117,33 @@ async def test_an_operator_sees_providers_but_is_drawn_no_provider_form(
     await operator.close()
     assert "<td>https://api.example.com/v1</td>" in html and CREDENTIAL not in html
     assert not [f for f in Forms(html).forms if f.get("route") in (ADD, REMOVE)]
+
+
+@web.middleware
+async def _proxied(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What the client port takes of a request a trusted proxy brings from 203.0.113.9."""
+    request[forwarded.CLIENT], request[forwarded.PROXIED] = "203.0.113.9", True
+    return await handler(request)
+
+
+@pytest.mark.parametrize("proto", ["http", "https"])
+async def test_behind_a_trusted_proxy_the_browser_s_hop_decides_not_the_proxy_s(
+    proto: str,
+) -> None:
+    async with serving(credentials=Credentials(b"k" * 32), middlewares=[_proxied]) as site:
+        admin = Browser(site)
+        admin.session.headers["X-Forwarded-Proto"] = "https"
+        await admin.sign_in("admin")
+        _, html = await admin.get("/console/models")
+        form = _filled(html)
+        admin.session.headers["X-Forwarded-Proto"] = proto
+        _, html = await admin.get("/console/models")
+        r, page = await admin.post("/console/act", form)
+        await admin.close()
+        drawn = any(f.get("route") == ADD for f in Forms(html).forms)
+        if proto == "https":
+            assert drawn and r.status == 303 and site.catalog.get("gpt") is not None
+        else:  # the proxy's hop to llmgwd is loopback: the browser's plain http:// counts
+            assert not drawn and "open the console over https://" in html
+            assert r.status == 403 and "add it over https://" in page
+            assert CREDENTIAL not in page and site.catalog.get("gpt") is None

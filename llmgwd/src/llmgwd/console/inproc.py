@@ -22,6 +22,7 @@ from llmgw.api_types import ErrorAnswer
 from llmgwd import auth
 from llmgwd.api.base import API_PREFIX, MAX_BODY_BYTES, errors_middleware
 from llmgwd.api.route import Route, plain_path
+from llmgwd.clientport import forwarded
 
 _PARAM = "{%s}"
 
@@ -58,16 +59,30 @@ def route_path(route: Route, params: Mapping[str, str]) -> str:
     return API_PREFIX + _filled(path, {n: quote(v, safe="") for n, v in params.items()})
 
 
+def _carry_client(outer: web.BaseRequest, inner: web.BaseRequest) -> None:
+    """The client the client port took the outer request's to be (a trusted proxy's
+    X-Forwarded-For, and that it came by the proxy) is the inner one's: what a route asks of
+    the client's path (access.private_path) is asked of the browser's, not of the proxy's hop."""
+    if forwarded.CLIENT in outer:
+        inner[forwarded.CLIENT] = outer[forwarded.CLIENT]
+    if forwarded.PROXIED in outer:
+        inner[forwarded.PROXIED] = outer[forwarded.PROXIED]
+
+
 def _filled(path: str, params: Mapping[str, str]) -> str:
     for name, value in params.items():
         path = path.replace(_PARAM % name, value)
     return path
 
 
-def _message(method: str, url: URL, body: bytes | None) -> RawRequestMessage:
+def _message(
+    method: str, url: URL, body: bytes | None, outer: web.BaseRequest
+) -> RawRequestMessage:
     headers = CIMultiDict[str]({"Host": "console", "Content-Length": str(len(body or b""))})
     if body is not None:
         headers["Content-Type"] = "application/json"
+    for proto in outer.headers.getall("X-Forwarded-Proto", []):  # read only where PROXIED
+        headers.add("X-Forwarded-Proto", proto)
     raw = tuple((k.encode(), v.encode()) for k, v in headers.items())
     return RawRequestMessage(
         method, str(url), HttpVersion11, CIMultiDictProxy(headers), raw,
@@ -94,7 +109,7 @@ async def call(
     payload.feed_data(body or b"")
     payload.feed_eof()
     inner = web.Request(
-        _message(route.method, url, body), payload, outer.protocol, outer.writer, outer.task,
+        _message(route.method, url, body, outer), payload, outer.protocol, outer.writer, outer.task,
         loop, client_max_size=MAX_BODY_BYTES, remote=outer.remote,
     )  # fmt: skip
     match = await api.router.resolve(inner)
@@ -106,6 +121,7 @@ async def call(
     match.freeze()
     inner._match_info = match  # what Application._handle sets; key_auth's part is ours
     inner[auth.PRINCIPAL] = who
+    _carry_client(outer, inner)
     response = await errors_middleware(inner, match.handler)
     data = response.body if isinstance(response, web.Response) else b""
     return Answer(response.status, bytes(data) if isinstance(data, (bytes, bytearray)) else b"")
