@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -263,6 +264,9 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     # The agent takes Upgrade (llmgw upgrade); an older one leaves it out and is upgraded by
     # hand (it would refuse the message it does not know).
     upgrades: bool = False
+    # The agent takes Upgrade.from_repositories; an older one would ignore the field and
+    # fetch nothing, so the leader halts the roll at it with a why instead.
+    repository_upgrades: bool = False
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
@@ -386,6 +390,22 @@ class Upgrade(msgspec.Struct, tag="upgrade", frozen=True):
     attempt: int  # the host's tries in this roll (a resume tries it again)
     release: str  # the llmgw release they carry: the node is done when it reports it
     packages: list[UpgradePackage] = []
+    # No staged packages: the node's installed llmgw packages at exactly `release` from its
+    # own apt or dnf repositories (sent only to an agent whose Register says
+    # `repository_upgrades`; `release` matches REPOSITORY_VERSION_RE).
+    from_repositories: bool = False
+
+
+# A version a package manager is given (apt-get PKG=VERSION, dnf PKG-VERSION): digits first,
+# so never an option, and nothing a shell or apt's own syntax would read.
+REPOSITORY_VERSION_RE = re.compile(
+    r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~]{0,62}(?:-[A-Za-z0-9.+~]{1,32})?"
+)
+
+
+def repository_version_ok(version: str) -> bool:
+    """Whether version may be given to apt-get or dnf as a package's version."""
+    return REPOSITORY_VERSION_RE.fullmatch(version) is not None
 
 
 AgentMessage = Register | Heartbeat | Renew | Holdings | UpgradeReport

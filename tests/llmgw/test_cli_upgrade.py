@@ -72,6 +72,19 @@ def test_stage_start_status_abort(llmgw: Run, tmp_path: Path) -> None:
     assert r.exit_code == 0 and "Aborted: no other host starts" in r.stdout
 
 
+def test_start_from_the_repositories_names_the_version(llmgw: Run) -> None:
+    r = llmgw("upgrade", "start", "--from-repositories", "--release", "0.2.0; rm -rf /")
+    assert r.exit_code != 0 and "is not a package version" in r.output
+    r = llmgw("upgrade", "start", "--from-repositories", "--release", "--foo")
+    assert r.exit_code != 0 and "is not a package version" in r.output
+    r = llmgw("upgrade", "start", "--from-repositories", "--release", "0.2.0")
+    assert r.exit_code == 0, r.output
+    assert "to 0.2.0 started: 2 hosts." in r.stdout  # nothing was staged
+    r = llmgw("upgrade", "status")
+    assert r.exit_code == 0, r.output
+    assert "to 0.2.0 from the repositories: running" in r.stdout
+
+
 def test_stage_refuses_a_file_that_is_no_package(llmgw: Run, tmp_path: Path) -> None:
     (tmp_path / "x.deb").write_bytes(b"not a package")
     r = llmgw("upgrade", "stage", str(tmp_path / "x.deb"))

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llmgw import wire
-from llmgw_agentd import upgrade
+from llmgw_agentd import upgrade, upgrade_repo
 from llmgw_agentd.cache import Mirror
 from llmgw_agentd.systemd import Systemd
 from tests.llmgw_agentd.fake_systemd import FakeSystemd, fake_systemd
@@ -173,3 +175,89 @@ async def test_an_agent_started_by_the_install_waits_for_its_unit(
     await node.up.run(upgrade_msg())  # the new agent, on the release, told the same try
     assert node.last.step == "restarting" and name not in node.fake.units
     assert node.fake.started == [name]  # not started again
+
+
+PROXY = {"https_proxy": "http://u:secret@proxy:3128", "http_proxy": "http://u:secret@proxy:3128"}
+
+
+def repo_msg(release: str = "9.9.9") -> wire.Upgrade:
+    return wire.Upgrade(roll="r1", attempt=1, release=release, from_repositories=True)
+
+
+async def test_from_the_repositories_installs_the_nodes_packages_in_a_unit_of_its_own(
+    node: Node, tmp_path: Path, mirror: FakeMirror
+) -> None:
+    """No staged file fetched: the unit runs upgrade_repo on a 0600 order holding the node's
+    packages, the version and network.proxy (which the unit's properties never show)."""
+    seen = tmp_path / "seen"
+    script = f'stat -c %a "$1" > {seen}.mode; cp "$1" {seen}.order'
+    node.up._repo = lambda order: ["/bin/sh", "-c", script, "sh", str(order)]
+    node.up._proxy_env = dict(PROXY)
+    await node.up.run(repo_msg())
+    assert [r.step for r in node.reports] == ["installing", "restarting"], node.reports
+    assert node.reports[0].message == "llmgw=9.9.9 llmgw-agentd=9.9.9"
+    assert mirror.requests == []  # nothing fetched
+    assert (tmp_path / "seen.mode").read_text().strip() == "600"
+    order = msgspec.json.decode((tmp_path / "seen.order").read_bytes(), type=upgrade_repo.Order)
+    assert order == upgrade_repo.Order("deb", ["llmgw", "llmgw-agentd"], "9.9.9", PROXY)
+    where = node.up.root / "install-r1"
+    assert not (where / upgrade.ORDER).exists()  # the proxy's password not left behind
+    assert node.fake.started == [upgrade.unit_name("r1", 1)]
+    argv = upgrade.repo_command(where / upgrade.ORDER)
+    assert argv == [sys.executable, "-m", "llmgw_agentd.upgrade_repo", str(where / upgrade.ORDER)]
+
+
+async def test_from_the_repositories_a_failed_unit_is_said_and_kept(
+    node: Node, tmp_path: Path
+) -> None:
+    node.up._repo = lambda order: ["/bin/sh", "-c", "exit 100"]
+    node.up._proxy_env = dict(PROXY)
+    await node.up.run(repo_msg())
+    name = upgrade.unit_name("r1", 1)
+    assert node.last.step == "failed"
+    assert node.last.message.startswith(f"{name}: exited with status 100")
+    props = node.fake.units[name].properties
+    assert props["Type"] == "exec"
+    assert props["Description"] == "llmgw upgrade r1: install 9.9.9 from the repositories"
+    assert props["Environment"] == ["DEBIAN_FRONTEND=noninteractive"]  # no proxy here
+    assert "secret" not in repr(props)
+
+
+@pytest.mark.parametrize("version", ["1.0; rm -rf /", "--foo", "-1", "1.0 2", "1.0=2", ""])
+async def test_a_version_that_is_no_version_reaches_no_command(node: Node, version: str) -> None:
+    await node.up.run(repo_msg(version))
+    assert node.last.step == "failed" and "not a package version" in node.last.message
+    assert node.fake.started == []
+    with pytest.raises(ValueError, match="not a package version"):
+        upgrade_repo.commands("deb", ["llmgw"], version)
+
+
+def test_the_repository_commands_pin_the_version() -> None:
+    assert upgrade_repo.commands("deb", ["llmgw", "llmgw-agentd"], "0.2.0") == [
+        ["/usr/bin/apt-get", "update"],
+        ["/usr/bin/apt-get", "install", "-y", "--only-upgrade", "-o",
+         "Dpkg::Options::=--force-confold", "llmgw=0.2.0", "llmgw-agentd=0.2.0"],
+    ]  # fmt: skip
+    assert upgrade_repo.commands("rpm", ["llmgwd"], "1:0.2.0~rc1-1") == [
+        ["/usr/bin/dnf", "install", "-y", "--refresh", "llmgwd-1:0.2.0~rc1-1"]
+    ]
+    with pytest.raises(ValueError, match="not llmgw packages"):
+        upgrade_repo.commands("deb", ["--reinstall"], "0.2.0")
+
+
+def test_the_order_runs_each_command_through_the_proxy_until_one_fails(tmp_path: Path) -> None:
+    ran: list[tuple[list[str], dict[str, str]]] = []
+
+    def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
+        ran.append((list(argv), dict(env)))
+        return 100
+
+    order = upgrade_repo.Order("deb", ["llmgw"], "0.2.0", PROXY)
+    assert upgrade_repo.carry_out(order, run) == 100
+    assert [argv for argv, _ in ran] == [["/usr/bin/apt-get", "update"]]  # install not run
+    env = ran[0][1]
+    assert env["https_proxy"] == PROXY["https_proxy"] and env["DEBIAN_FRONTEND"] == "noninteractive"
+    path = tmp_path / "order.json"
+    path.write_bytes(msgspec.json.encode(upgrade_repo.Order("deb", ["llmgw"], "--foo")))
+    assert upgrade_repo.main(["x", str(path)]) == 1  # refused before any command
+    assert not path.exists()

@@ -268,3 +268,38 @@ async def test_a_mirror_sweep_keeps_the_staged_packages(cluster: Cluster) -> Non
     status, out = await call(cluster.client, "POST", "/mirror/sweep", {"dry_run": False})
     assert status == 200 and out["files"] == 1, out
     assert [h.sha256 for h in mirror.held()] == [staged["sha256"]]
+
+
+async def test_a_roll_from_the_repositories_stages_nothing_and_names_the_version(
+    cluster: Cluster,
+) -> None:
+    status, answer = await call(cluster.client, "POST", "/upgrade/start",
+                                {"from_repositories": True})  # fmt: skip
+    assert status == 400 and "name the version" in answer["error"]["message"]
+    for bad in ("1.0; rm -rf /", "--foo", "1.0 x", "-1", "1.0=2"):
+        status, answer = await call(cluster.client, "POST", "/upgrade/start",
+                                    {"from_repositories": True, "release": bad})  # fmt: skip
+        assert status == 400 and "not a package version" in answer["error"]["message"], bad
+    body = {"from_repositories": True, "release": NEW, "nodes": ["n1"]}
+    status, roll = await call(cluster.client, "POST", "/upgrade/start", body)
+    assert status == 200, roll
+    assert roll["from_repositories"] is True and roll["release"] == NEW
+    await cluster.tick()
+    [(name, msg)] = cluster.agents.sent
+    assert name == "p2" and msg.from_repositories and msg.packages == [] and msg.release == NEW
+    cluster.report("p2", "installing", "llmgw-agentd=0.2.0")
+    await cluster.planes("p1", {"p1": OLD, "p2": NEW})
+    cluster.report("p2", "restarting")
+    roll = await cluster.tick(p2=NEW)
+    assert steps(roll)["p2"] == "done"
+
+
+async def test_an_agent_that_cannot_install_from_the_repositories_halts_the_roll(
+    cluster: Cluster,
+) -> None:
+    await call(cluster.client, "POST", "/upgrade/start",
+               {"from_repositories": True, "release": NEW, "nodes": []})  # fmt: skip
+    cluster.agents.refuse["p2"] = "its llmgw-agentd 0.1.0 cannot install from the repositories"
+    roll = await cluster.tick()
+    assert roll["state"] == "halted"
+    assert roll["error"].startswith("p2: its llmgw-agentd 0.1.0 cannot install from the")

@@ -80,8 +80,9 @@ class Agent:
         # llmgw upgrade: the staged packages fetched into the state directory and installed
         # by a transient unit (llmgw_agentd/upgrade.py), on a systemd connection of its own.
         self.upgrader = upgrade.Upgrader(
-            Path(config.state_dir) / "upgrade", Systemd(), self._mirror, self._upgrade_report
-        )
+            Path(config.state_dir) / "upgrade", Systemd(), self._mirror, self._upgrade_report,
+            proxy_env=self._proxy.env(),  # apt-get's or dnf's, from the repositories
+        )  # fmt: skip
 
     def _plane_urls(self) -> list[str]:
         """The control planes the engines' ports are open to (none before joining)."""

@@ -313,6 +313,7 @@ class Link:
             inventory=self._inventory(),
             replicas=self._statuses(),
             upgrades=self._on_upgrade is not None,
+            repository_upgrades=self._on_upgrade is not None,
         )
 
     def _statuses(self) -> list[wire.ReplicaStatus]:

@@ -8,17 +8,20 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import msgspec
 from dbus_fast import Variant
 
 from llmgw import download, package_version, wire
 from llmgw.blobstore import BlobStore, BlobStoreError
 from llmgw_agentd.cache import FILES_PATH, Mirror
 from llmgw_agentd.systemd import Systemd, SystemdError, UnitState
+from llmgw_agentd.upgrade_repo import Order
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,9 @@ DNF = ("/usr/bin/dnf", "install", "-y")
 Report = Callable[[wire.UpgradeReport], None]
 Installed = Callable[[str, str], Awaitable[bool]]  # (kind, package name) -> installed here
 Command = Callable[[str, Sequence[Path]], list[str]]  # (kind, files) -> the unit's argv
+RepoCommand = Callable[[Path], list[str]]  # (order file) -> the unit's argv
+NAMES = ("llmgw", "llmgwd", "llmgw-agentd")  # the packages `llmgw upgrade` installs
+ORDER = "repository-order.json"
 
 
 def host_kind() -> str:
@@ -68,12 +74,20 @@ def install_command(kind: str, files: Sequence[Path]) -> list[str]:
     return [*(APT if kind == "deb" else DNF), *(str(f) for f in files)]
 
 
-def unit_properties(roll: str, kind: str, where: Path) -> list[tuple[str, Variant]]:
+def repo_command(order: Path) -> list[str]:
+    """The install from the repositories: this agent's Python running upgrade_repo on the
+    order (apt-get or dnf run from there, through the order's proxy)."""
+    return [sys.executable, "-m", "llmgw_agentd.upgrade_repo", str(order)]
+
+
+def unit_properties(
+    roll: str, kind: str, where: Path, what: str = "the staged packages"
+) -> list[tuple[str, Variant]]:
     """The install unit: a unit of its own (not in the agent's cgroup), so that the package's
     restart of llmgw-agentd does not stop it; kept when it fails, for its result."""
     env = ["DEBIAN_FRONTEND=noninteractive"] if kind == "deb" else []
     return [
-        ("Description", Variant("s", f"llmgw upgrade {roll}: install the staged packages")),
+        ("Description", Variant("s", f"llmgw upgrade {roll}: install {what}")),
         ("Type", Variant("s", "exec")),
         ("WorkingDirectory", Variant("s", str(where))),
         ("Environment", Variant("as", env)),
@@ -105,6 +119,8 @@ class Upgrader:
         kind: str | None = None,
         is_installed: Installed = installed,
         command: Command | None = None,
+        repo: RepoCommand = repo_command,
+        proxy_env: dict[str, str] | None = None,
         tick_s: float = 1.0,
     ) -> None:
         self._store: BlobStore | None = None  # made at the first Upgrade
@@ -115,6 +131,8 @@ class Upgrader:
         self._kind = host_kind() if kind is None else kind
         self._installed = is_installed
         self._command = command or install_command
+        self._repo = repo
+        self._proxy_env = dict(proxy_env or {})  # network.proxy's, for apt-get or dnf
         self._tick_s = tick_s
         self._task: asyncio.Task[None] | None = None
         self._key: tuple[str, int] | None = None
@@ -151,14 +169,50 @@ class Upgrader:
         if package_version() == t.msg.release:
             # This agent was started by the install (or the host is on it already): the
             # install unit of this try, if it still runs, is waited for and its end said.
-            result = await self._install(t.msg, [], start=False)
+            result = await self._install(t.msg, start=False)
             self._tell(t, "failed" if result else "restarting", result or f"on {t.msg.release}")
+            return
+        if t.msg.from_repositories:
+            await self._from_repositories(t)
             return
         packages = await self._chosen(t.msg.packages)
         t.total = sum(p.size for p in packages)
         files = await self._fetch_all(t, packages)
         self._tell(t, "installing", " ".join(p.filename for p in packages))
-        result = await self._install(t.msg, files)
+        argv = self._command(self._kind, files)
+        props = unit_properties(t.msg.roll, self._kind, files[0].parent)
+        self._finish(t, await self._install(t.msg, argv, props))
+
+    async def _from_repositories(self, t: _Try) -> None:
+        """The node's llmgw packages at the roll's release from its own repositories, in
+        the same kind of unit; the proxy goes in a 0600 order the unit reads (and removes)."""
+        version = t.msg.release
+        if not wire.repository_version_ok(version):
+            raise UpgradeError(f"not a package version: {version[:80]!r}")
+        if not self._kind:
+            raise UpgradeError("this host has neither apt-get nor dnf")
+        names = [n for n in NAMES if await self._installed(self._kind, n)]
+        if not names:
+            raise UpgradeError(f"none of {', '.join(NAMES)} is installed here")
+        where = self.store.root / f"install-{t.msg.roll}"
+        where.mkdir(mode=0o755, exist_ok=True)
+        order = Order(kind=self._kind, names=names, version=version, proxy_env=self._proxy_env)
+        path = where / ORDER
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.json.encode(order))
+        sep = "=" if self._kind == "deb" else "-"
+        self._tell(t, "installing", " ".join(f"{n}{sep}{version}" for n in names))
+        what = f"{version} from the repositories"
+        props = unit_properties(t.msg.roll, self._kind, where, what)
+        try:
+            result = await self._install(t.msg, self._repo(path), props)
+        finally:
+            path.unlink(missing_ok=True)  # the unit removes it once read; else here
+        self._finish(t, result)
+
+    def _finish(self, t: _Try, result: str) -> None:
         if result:
             self._tell(t, "failed", result)
             return
@@ -231,9 +285,15 @@ class Upgrader:
             self._tell(t, "fetching")
             await asyncio.sleep(self._tick_s)
 
-    async def _install(self, msg: wire.Upgrade, files: Sequence[Path], start: bool = True) -> str:
-        """Run the install unit (or wait for one of this try already running; start False:
-        only that); "" when it ended well (or none is loaded), else why."""
+    async def _install(
+        self,
+        msg: wire.Upgrade,
+        argv: Sequence[str] = (),
+        props: Sequence[tuple[str, Variant]] = (),
+        start: bool = True,
+    ) -> str:
+        """Run the install unit, argv (or wait for one of this try already running; start
+        False: only that); "" when it ended well (or none is loaded), else why."""
         name = unit_name(msg.roll, msg.attempt)
         changed = asyncio.Event()
         if not self._connected:
@@ -242,8 +302,6 @@ class Upgrader:
         unwatch = self._systemd.watch(name, lambda _: changed.set())
         try:
             if start and (await self._state(name)).removed:  # else: this try's, left running
-                argv = self._command(self._kind, files)
-                props = unit_properties(msg.roll, self._kind, files[0].parent)
                 await self._systemd.start_transient(name, argv, props)
             while True:
                 changed.clear()

@@ -56,6 +56,9 @@ class UpgradeRoll(msgspec.Struct, frozen=True, kw_only=True):
     parallel: int = 4
     started_at: float = 0.0
     error: str = ""  # why it halted: the first host that failed and its why
+    # No staged packages: each host installs its llmgw packages at `release` from its own
+    # apt or dnf repositories.
+    from_repositories: bool = False
 
 
 class UpgradeStartIn(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +67,8 @@ class UpgradeStartIn(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[str] | None = None  # None: every node; []: the control planes only
     release: str = ""  # "": the one staged release (several staged: name one)
     parallel: int = 4  # nodes at once
+    # Nothing staged: each host installs `release` (required) from its own repositories.
+    from_repositories: bool = False
 
 
 class UpgradeView(msgspec.Struct, frozen=True, kw_only=True):

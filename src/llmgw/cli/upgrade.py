@@ -62,7 +62,17 @@ def stage(settings: Settings, files: tuple[Path, ...], as_json: bool) -> None:
     metavar="NAME,...",
     help="Only these nodes (the control planes' hosts always); '' for none.",
 )
-@click.option("--release", default="", help="The staged release to roll (several staged).")
+@click.option(
+    "--release",
+    default="",
+    help="The staged release to roll (several staged); with --from-repositories, the version.",
+)
+@click.option(
+    "--from-repositories",
+    is_flag=True,
+    help="Nothing staged: each host installs its llmgw packages at --release from its own "
+    "apt or dnf repositories (through network.proxy).",
+)
 @click.option("--parallel", default=4, show_default=True, help="Nodes upgraded at once.")
 @click.option(
     "--wait", is_flag=True, help="Follow the roll until it ends, as `status --watch` does."
@@ -70,13 +80,20 @@ def stage(settings: Settings, files: tuple[Path, ...], as_json: bool) -> None:
 @json_option
 @pass_settings
 def start(
-    settings: Settings, nodes: str | None, release: str, parallel: int, wait: bool, as_json: bool
+    settings: Settings,
+    nodes: str | None,
+    release: str,
+    from_repositories: bool,
+    parallel: int,
+    wait: bool,
+    as_json: bool,
 ) -> None:
     """Start a roll: the control planes' hosts one at a time (the leader last), then the
     nodes, PARALLEL at once. `llmgw upgrade status --watch` follows it; with --wait this
     command does, and exits 1 when the roll halts."""
     chosen = None if nodes is None else [n for n in nodes.split(",") if n]
-    body = UpgradeStartIn(nodes=chosen, release=release, parallel=parallel)
+    body = UpgradeStartIn(nodes=chosen, release=release, parallel=parallel,
+                          from_repositories=from_repositories)  # fmt: skip
     answer = call(settings, "POST", f"{API}/upgrade/start", body)
     if as_json:
         echo_json(answer)
@@ -153,8 +170,8 @@ def render(view: UpgradeView, now: float | None = None) -> str:
         lines.append("No roll started." if view.staged else "Nothing staged, no roll started.")
         return "\n".join(lines)
     lines.append(
-        f"Roll {r.id} to {r.release}: {r.state}, started {ago(r.started_at, now)}, "
-        f"{r.parallel} nodes at once"
+        f"Roll {r.id} to {r.release}{' from the repositories' if r.from_repositories else ''}: "
+        f"{r.state}, started {ago(r.started_at, now)}, {r.parallel} nodes at once"
     )
     rows = [(h.name, h.role, h.step, _progress(h), h.version or "-", h.message) for h in r.hosts]
     lines.append(table(["HOST", "ROLE", "STEP", "PROGRESS", "RELEASE", "NOTE"], rows))

@@ -10,7 +10,7 @@ import time
 
 from aiohttp import web
 
-from llmgw import packages, sources
+from llmgw import packages, sources, wire
 from llmgw.api_types import StagedPackage, UpgradeRoll, UpgradeStartIn, UpgradeView
 from llmgw.blobstore import BlobStoreError, ChecksumMismatch, DiskFull
 from llmgw.errors import ApiError
@@ -94,7 +94,11 @@ async def start(request: web.Request) -> web.Response:
     ctx = api_context(request)
     body = await read_body(request, UpgradeStartIn)
     store = ctx.catalog.store
-    release = _release(await records.staged(store), body.release)
+    release = (
+        _repository_release(body.release)
+        if body.from_repositories
+        else _release(await records.staged(store), body.release)
+    )
     planes, _ = await registry.read(store)
     # The members the store knows (a standby's cluster state holds no agents), and any
     # connected here that joined before membership records were kept.
@@ -106,8 +110,8 @@ async def start(request: web.Request) -> web.Response:
             raise bad_field("nodes", f"no node {', '.join(unknown)}")
         nodes = [n for n in nodes if n in body.nodes]
     plane_names = sorted(p.name for p in planes)
-    new = roll.plan(secrets.token_hex(4), release, plane_names, nodes,
-                    parallel=body.parallel, now=time.time())  # fmt: skip
+    new = roll.plan(secrets.token_hex(4), release, plane_names, nodes, parallel=body.parallel,
+                    now=time.time(), from_repositories=body.from_repositories)  # fmt: skip
 
     def replace(current: UpgradeRoll | None) -> UpgradeRoll:
         if current is not None and current.state in ("running", "halted"):
@@ -116,9 +120,20 @@ async def start(request: web.Request) -> web.Response:
         return new
 
     started = await records.change(store, replace)
-    log.info("upgrade %s to %s started by %s: %d hosts", new.id, release, caller(request),
-             len(new.hosts))  # fmt: skip
+    log.info("upgrade %s to %s started by %s: %d hosts%s", new.id, release, caller(request),
+             len(new.hosts), " from the repositories" if new.from_repositories else "")  # fmt: skip
     return json_response(started)
+
+
+def _repository_release(wanted: str) -> str:
+    """The version every host installs from its repositories: named, and only a version
+    (it is given to apt-get and dnf)."""
+    if not wanted:
+        raise bad_field("release", "name the version to install from the repositories")
+    if not wire.repository_version_ok(wanted):
+        raise bad_field("release", "is not a package version (digits first; letters, digits "
+                        "and . + ~ -)")  # fmt: skip
+    return wanted
 
 
 def _release(staged: list[StagedPackage], wanted: str) -> str:

@@ -220,6 +220,12 @@ class ClusterState:
                 f"its llmgw-agentd {entry.register.version or '(unknown)'} predates `llmgw "
                 "upgrade`: upgrade it by hand (apt-get or dnf install ./FILE), then resume"
             )
+        if msg.from_repositories and not entry.register.repository_upgrades:
+            return (
+                f"its llmgw-agentd {entry.register.version or '(unknown)'} cannot install from "
+                "the repositories (it would install nothing): upgrade it by hand (apt-get or "
+                "dnf install), then resume"
+            )
         self._spawn(send(entry.conn, msg))
         return ""
 

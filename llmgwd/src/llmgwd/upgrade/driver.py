@@ -92,7 +92,8 @@ class Driver:
     async def _start_due(
         self, r: UpgradeRoll, leader: str, versions: dict[str, str], now: float
     ) -> UpgradeRoll:
-        staged = [p for p in await records.staged(self._store) if p.release == r.release]
+        staged = [] if r.from_repositories else await records.staged(self._store)
+        staged = [p for p in staged if p.release == r.release]
         for name in roll.due(r, leader):
             if versions.get(name) == r.release:
                 r = roll.already(r, name, now)
@@ -111,7 +112,7 @@ class Driver:
         it is told at the next pass it is back (the step's time limit still holds)."""
         h = roll.host(r, name)
         if h is not None:
-            msg = wire.Upgrade(r.id, h.attempt, r.release, [_wire(p) for p in staged])
+            msg = _message(r, h.attempt, staged)
             if self._cluster.send_upgrade(h.agent or name, msg) == "":
                 self._heard[name] = now
 
@@ -132,7 +133,7 @@ class Driver:
     ) -> UpgradeRoll:
         h = roll.host(r, name)
         attempt = h.attempt if h is not None else 0
-        msg = wire.Upgrade(r.id, attempt, r.release, [_wire(p) for p in staged])
+        msg = _message(r, attempt, staged)
         agent = (h.agent if h is not None else "") or name
         why = self._cluster.send_upgrade(agent, msg)
         self._heard[name] = now
@@ -153,6 +154,12 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _message(r: UpgradeRoll, attempt: int, staged: Sequence[StagedPackage]) -> wire.Upgrade:
+    """The Upgrade a host is told: the staged packages, or none and from_repositories."""
+    packages = [] if r.from_repositories else [_wire(p) for p in staged]
+    return wire.Upgrade(r.id, attempt, r.release, packages, r.from_repositories)
 
 
 def _wire(p: StagedPackage) -> wire.UpgradePackage:

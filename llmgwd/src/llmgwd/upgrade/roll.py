@@ -23,13 +23,15 @@ def plan(
     *,
     parallel: int = 4,
     now: float = 0.0,
+    from_repositories: bool = False,
 ) -> UpgradeRoll:
     """A new roll: every control plane's host, then every node that is not one."""
     hosts = [UpgradeHost(name=p, role="plane", since=now) for p in planes]
     hosts += [UpgradeHost(name=n, role="node", since=now) for n in nodes if n not in planes]
     return UpgradeRoll(
-        id=roll_id, release=release, hosts=hosts, parallel=max(1, parallel), started_at=now
-    )
+        id=roll_id, release=release, hosts=hosts, parallel=max(1, parallel), started_at=now,
+        from_repositories=from_repositories,
+    )  # fmt: skip
 
 
 def due(roll: UpgradeRoll, leader: str) -> list[str]:
