@@ -394,6 +394,9 @@ class Upgrade(msgspec.Struct, tag="upgrade", frozen=True):
     # own apt or dnf repositories (sent only to an agent whose Register says
     # `repository_upgrades`; `release` matches REPOSITORY_VERSION_RE).
     from_repositories: bool = False
+    # With from_repositories: the version apt-get or dnf is given ("1:0.2.0-1"), where it
+    # is more than `release` (what the host says once on it); "": `release` itself.
+    version: str = ""
 
 
 # A version a package manager is given (apt-get PKG=VERSION, dnf PKG-VERSION): digits first,
@@ -406,6 +409,12 @@ REPOSITORY_VERSION_RE = re.compile(
 def repository_version_ok(version: str) -> bool:
     """Whether version may be given to apt-get or dnf as a package's version."""
     return REPOSITORY_VERSION_RE.fullmatch(version) is not None
+
+
+def release_of(version: str) -> str:
+    """The llmgw release a package version carries, as package_version() says it (epoch,
+    revision and "~" dropped: 1:0.2.0~rc1-1 -> 0.2.0rc1)."""
+    return version.split(":", 1)[-1].split("-", 1)[0].replace("~", "")
 
 
 AgentMessage = Register | Heartbeat | Renew | Holdings | UpgradeReport

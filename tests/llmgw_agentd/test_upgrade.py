@@ -223,6 +223,17 @@ async def test_from_the_repositories_a_failed_unit_is_said_and_kept(
     assert "secret" not in repr(props)
 
 
+async def test_from_the_repositories_the_package_managers_version_is_given(
+    node: Node, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen.order"
+    node.up._repo = lambda order: ["/bin/sh", "-c", f'cp "$1" {seen}', "sh", str(order)]
+    msg = wire.Upgrade("r1", 1, "9.9.9", from_repositories=True, version="1:9.9.9-2")
+    await node.up.run(msg)
+    assert node.reports[0].message == "llmgw=1:9.9.9-2 llmgw-agentd=1:9.9.9-2"
+    assert msgspec.json.decode(seen.read_bytes(), type=upgrade_repo.Order).version == "1:9.9.9-2"
+
+
 @pytest.mark.parametrize("version", ["1.0; rm -rf /", "--foo", "-1", "1.0 2", "1.0=2", ""])
 async def test_a_version_that_is_no_version_reaches_no_command(node: Node, version: str) -> None:
     await node.up.run(repo_msg(version))

@@ -294,6 +294,22 @@ async def test_a_roll_from_the_repositories_stages_nothing_and_names_the_version
     assert steps(roll)["p2"] == "done"
 
 
+async def test_a_repository_version_with_an_epoch_and_revision_is_done_on_its_release(
+    cluster: Cluster,
+) -> None:
+    body = {"from_repositories": True, "release": "1:0.2.0~rc1-1", "nodes": []}
+    status, roll = await call(cluster.client, "POST", "/upgrade/start", body)
+    assert status == 200, roll
+    assert (roll["release"], roll["version"]) == ("0.2.0rc1", "1:0.2.0~rc1-1")
+    await cluster.tick()
+    [(_, msg)] = cluster.agents.sent
+    assert (msg.release, msg.version) == ("0.2.0rc1", "1:0.2.0~rc1-1")
+    await cluster.planes("p1", {"p1": OLD, "p2": "0.2.0rc1"})
+    cluster.report("p2", "restarting")
+    roll = await cluster.tick(p2="0.2.0rc1")  # what its agent says once on it
+    assert steps(roll)["p2"] == "done"
+
+
 async def test_an_agent_that_cannot_install_from_the_repositories_halts_the_roll(
     cluster: Cluster,
 ) -> None:

@@ -186,7 +186,7 @@ class Upgrader:
     async def _from_repositories(self, t: _Try) -> None:
         """The node's llmgw packages at the roll's release from its own repositories, in
         the same kind of unit; the proxy goes in a 0600 order the unit reads (and removes)."""
-        version = t.msg.release
+        version = t.msg.version or t.msg.release
         if not wire.repository_version_ok(version):
             raise UpgradeError(f"not a package version: {version[:80]!r}")
         if not self._kind:

@@ -59,6 +59,7 @@ class UpgradeRoll(msgspec.Struct, frozen=True, kw_only=True):
     # No staged packages: each host installs its llmgw packages at `release` from its own
     # apt or dnf repositories.
     from_repositories: bool = False
+    version: str = ""  # from the repositories: the package manager's, where not `release`
 
 
 class UpgradeStartIn(msgspec.Struct, frozen=True, kw_only=True):

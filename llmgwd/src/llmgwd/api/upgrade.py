@@ -94,11 +94,11 @@ async def start(request: web.Request) -> web.Response:
     ctx = api_context(request)
     body = await read_body(request, UpgradeStartIn)
     store = ctx.catalog.store
-    release = (
-        _repository_release(body.release)
-        if body.from_repositories
-        else _release(await records.staged(store), body.release)
-    )
+    if body.from_repositories:  # the host reports the release; apt-get or dnf is given all
+        version = _repository_version(body.release)
+        release = wire.release_of(version)
+    else:
+        version, release = "", _release(await records.staged(store), body.release)
     planes, _ = await registry.read(store)
     # The members the store knows (a standby's cluster state holds no agents), and any
     # connected here that joined before membership records were kept.
@@ -111,7 +111,8 @@ async def start(request: web.Request) -> web.Response:
         nodes = [n for n in nodes if n in body.nodes]
     plane_names = sorted(p.name for p in planes)
     new = roll.plan(secrets.token_hex(4), release, plane_names, nodes, parallel=body.parallel,
-                    now=time.time(), from_repositories=body.from_repositories)  # fmt: skip
+                    now=time.time(), from_repositories=body.from_repositories,
+                    version=version if version != release else "")  # fmt: skip
 
     def replace(current: UpgradeRoll | None) -> UpgradeRoll:
         if current is not None and current.state in ("running", "halted"):
@@ -125,7 +126,7 @@ async def start(request: web.Request) -> web.Response:
     return json_response(started)
 
 
-def _repository_release(wanted: str) -> str:
+def _repository_version(wanted: str) -> str:
     """The version every host installs from its repositories: named, and only a version
     (it is given to apt-get and dnf)."""
     if not wanted:

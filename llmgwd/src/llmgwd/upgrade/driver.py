@@ -159,7 +159,7 @@ def _is_ip(text: str) -> bool:
 def _message(r: UpgradeRoll, attempt: int, staged: Sequence[StagedPackage]) -> wire.Upgrade:
     """The Upgrade a host is told: the staged packages, or none and from_repositories."""
     packages = [] if r.from_repositories else [_wire(p) for p in staged]
-    return wire.Upgrade(r.id, attempt, r.release, packages, r.from_repositories)
+    return wire.Upgrade(r.id, attempt, r.release, packages, r.from_repositories, r.version)
 
 
 def _wire(p: StagedPackage) -> wire.UpgradePackage:

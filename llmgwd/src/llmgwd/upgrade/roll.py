@@ -24,13 +24,14 @@ def plan(
     parallel: int = 4,
     now: float = 0.0,
     from_repositories: bool = False,
+    version: str = "",
 ) -> UpgradeRoll:
     """A new roll: every control plane's host, then every node that is not one."""
     hosts = [UpgradeHost(name=p, role="plane", since=now) for p in planes]
     hosts += [UpgradeHost(name=n, role="node", since=now) for n in nodes if n not in planes]
     return UpgradeRoll(
         id=roll_id, release=release, hosts=hosts, parallel=max(1, parallel), started_at=now,
-        from_repositories=from_repositories,
+        from_repositories=from_repositories, version=version,
     )  # fmt: skip
 
 
