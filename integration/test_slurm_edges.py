@@ -1,10 +1,13 @@
 """Slurm's edges (issue 31) on Debian's real Slurm 22.05 in private systemds: with
 slurm.all_nodes (`llmgw slurm setup --all-nodes`) a node that joins after the setup gets a
-running slurmd, shows in sinfo drained by llmgw, and runs a job once lent."""
+running slurmd, shows in sinfo drained by llmgw, and runs a job once lent; with no
+controller's address known (the controller moved to a node not heard yet) the nodes are
+told nothing, and the slurmd each runs is left running."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +19,8 @@ from integration.test_slurm import NOT_LENT, SlurmCluster, _drained_by_llmgw, py
 
 __all__ = ["pytestmark"]  # skipped where Debian's slurmctld and slurmd are not installed
 
+# A window long enough for an agent told "no part" to stop its slurmd (it does in seconds).
+UNTOLD_WINDOW_S = 20
 ADDRESSES = {"cp": "10.234.0.10", "n1": "10.234.0.11", "n2": "10.234.0.12"}
 # LLMGW_EDGES_SETUP overrides the setup's node argument, to see the test fail without
 # all_nodes (e.g. "--nodes=cp,n1").
@@ -66,3 +71,32 @@ def test_a_node_joining_after_all_nodes_setup_runs_slurmd(
     slurm.wait(lambda: slurm.state("n2") == "idle", "n2 lent, idle in Slurm", 120)
     r = slurm.cp.ps.run(["srun", "-N1", "-w", "n2", "hostname"], timeout=60)
     assert r.stdout.strip() == "n2"
+
+
+def test_no_controller_known_leaves_slurmd_running(
+    edges: tuple[SlurmCluster, Booted, str],
+) -> None:
+    slurm, _, _ = edges
+    slurm.wait(lambda: _drained_by_llmgw(slurm, "n1"), "n1 in Slurm, drained by llmgw", 240)
+    hosts = {"cp": slurm.cp, **slurm.nodes}
+
+    def slurmd(node: str) -> str:
+        return hosts[node].ps.systemctl("is-active", "slurmd", check=False).stdout.strip()
+
+    def settled(node: str) -> bool:  # registered with slurmctld: drained by llmgw, or lent
+        return _drained_by_llmgw(slurm, node) or slurm.state(node) == "idle"
+
+    slurm.wait(lambda: all(settled(n) and slurmd(n) == "active" for n in hosts),
+               "every node in Slurm, its slurmd running", 180)  # fmt: skip
+
+    # The controller moved to a node that has not joined: no controller's address is known.
+    slurm.cp.llmgw("slurm", "setup", "--controller", "n9", SETUP)
+    try:
+        end = time.monotonic() + UNTOLD_WINDOW_S
+        while time.monotonic() < end:
+            for name in hosts:
+                active = slurmd(name)
+                assert active == "active", f"{name}'s slurmd {active!r}, no controller known"
+            time.sleep(1)
+    finally:
+        slurm.cp.llmgw("slurm", "setup", "--controller", "cp", SETUP)
