@@ -10,13 +10,11 @@ from collections.abc import Iterator
 import pytest
 from click.testing import Result
 
+from bench.api.fuzz_app import NoScheduling
 from llmgw import wire
 from llmgw.cli import wait
 from llmgwd.api.base import ApiContext, NodeInfo
-from llmgwd.catalog import Model
-from llmgwd.placement.profiles import Profile
-from llmgwd.placement.reconciler import Failure, NodeFlags
-from llmgwd.placement.scheduler import Placement, Verdict
+from llmgwd.placement.reconciler import NodeFlags
 from tests.llmgw import test_cli
 from tests.llmgw.test_cli import Daemon, daemon  # noqa: F401 (daemon: a fixture)
 
@@ -40,32 +38,8 @@ class Steps:
         return self.states.pop(0) if len(self.states) > 1 else self.states[0]
 
 
-class Scheduling:
-    """The reconciler's flags, as the drain route sets them; nothing placed."""
-
-    def __init__(self) -> None:
-        self.set: dict[str, NodeFlags] = {}
-
-    def awake(self, model: Model) -> bool:
-        return True
-
-    def flags(self, node: str) -> NodeFlags:
-        return self.set.get(node, NodeFlags())
-
-    async def set_flags(self, node: str, flags: NodeFlags) -> None:
-        self.set[node] = flags
-
-    def placements(self) -> list[Placement]:
-        return []
-
-    def failures(self) -> list[Failure]:
-        return []
-
-    def explain(self, model: Model) -> list[tuple[Profile, list[Verdict]]]:
-        return []
-
-    def rollout(self, model: Model) -> str:
-        return ""
+# The reconciler of bench/api/fuzz_app.py: the drain route's flags kept, nothing placed.
+Scheduling = NoScheduling
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +146,7 @@ def test_drain_waits_until_the_node_holds_no_replica(
     )
     r = daemon.cli("node", "drain", "n1", "--wait")
     assert r.exit_code == 0, r.output
-    assert scheduling.set["n1"] == NodeFlags(cordoned=True, draining=True)
+    assert scheduling.flags("n1") == NodeFlags(cordoned=True, draining=True)
     assert lines(r) == ["node n1: 1 replica(s) left (r1 on n1 ready)",
                         "node n1: 1 replica(s) left (r1 on n1 stopping)",
                         "node n1: no replica left"]  # fmt: skip
