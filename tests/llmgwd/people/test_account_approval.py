@@ -11,14 +11,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from llmgw.config import Oidc
-from llmgwd.api import login
-from llmgwd.api.access import key_auth
-from llmgwd.api.base import ApiContext
-from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.people.test_oidc_login import (  # noqa: F401 (issuer: the fixture)
@@ -28,6 +22,7 @@ from tests.llmgwd.people.test_oidc_login import (  # noqa: F401 (issuer: the fix
     _llmgw_login,
     _put_user,
     issuer,
+    serving_login,
 )
 
 
@@ -41,16 +36,8 @@ async def gw(issuer: str, tmp_path: Path) -> AsyncIterator[Gateway]:  # noqa: F8
     settings = Oidc(issuer=issuer, client_id="llmgw", client_secret_file=str(secret_file),
                     scopes=("openid", "email", "profile"), rules=RULES,
                     approval_required=True)  # fmt: skip
-    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="x")
-    app = web.Application()
-    app.add_subapp(login.PREFIX, login.login_app(catalog, settings))
-    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    gw = Gateway(str(server.make_url("")).rstrip("/"), catalog)
-    await gw.people.create_org("physics")
-    yield gw
-    await server.close()
+    async with serving_login(catalog, settings) as gw:
+        yield gw
     await store.close()
 
 

@@ -8,14 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from llmgw.config import Oidc
-from llmgwd.api import login
-from llmgwd.api.access import key_auth
-from llmgwd.api.base import ApiContext
-from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.people.ldap import LdapGroups
 from llmgwd.store.sqlite import SqliteStore
@@ -28,6 +22,7 @@ from tests.llmgwd.people.test_oidc_login import (  # noqa: F401 (issuer: the fix
     _llmgw_login,
     _put_user,
     issuer,
+    serving_login,
 )
 
 pytestmark = pytest.mark.skipif(not slapd.SLAPD, reason="slapd is not installed (Debian's slapd)")
@@ -55,16 +50,8 @@ async def gw(
     oidc = Oidc(issuer=issuer, client_id="llmgw", client_secret_file=str(secret_file),
                 scopes=("openid", "email", "profile"), rules=RULES)  # fmt: skip
     groups = LdapGroups(store, settings(directory, tmp_path), oidc)
-    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="x")
-    app = web.Application()
-    app.add_subapp(login.PREFIX, login.login_app(catalog, oidc, after=groups.signed_in))
-    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    gw = Gateway(str(server.make_url("")).rstrip("/"), catalog)
-    await gw.people.create_org("physics")
-    yield gw
-    await server.close()
+    async with serving_login(catalog, oidc, groups.signed_in) as gw:
+        yield gw
     await store.close()
 
 

@@ -14,7 +14,8 @@ import stat
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from llmgwd.api.base import ApiContext, NodeInfo
 from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog, KeyOwner
 from llmgwd.people.directory import Directory
-from llmgwd.people.records import Scope
+from llmgwd.people.records import Scope, User
 from llmgwd.store.sqlite import SqliteStore
 
 RULES = (
@@ -96,17 +97,29 @@ async def _gateway(issuer: str, tmp: Path) -> AsyncIterator[Gateway]:
         allowed_groups=("physics-all", "physics-staff"),
         rules=RULES,
     )
+    async with serving_login(catalog, settings) as gw:
+        yield gw
+    await store.close()
+
+
+@asynccontextmanager
+async def serving_login(
+    catalog: Catalog, settings: Oidc, after: Callable[[User], Awaitable[None]] | None = None
+) -> AsyncIterator[Gateway]:
+    """/api/v1/login (settings; after: what runs at each sign-in) and /api/v1 over catalog,
+    with organization physics made."""
     ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="x")
     app = web.Application()
-    app.add_subapp(login.PREFIX, login.login_app(catalog, settings))
+    app.add_subapp(login.PREFIX, login.login_app(catalog, settings, after=after))
     app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     gw = Gateway(str(server.make_url("")).rstrip("/"), catalog)
     await gw.people.create_org("physics")
-    yield gw
-    await server.close()
-    await store.close()
+    try:
+        yield gw
+    finally:
+        await server.close()
 
 
 @pytest.fixture

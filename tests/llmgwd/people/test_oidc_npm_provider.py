@@ -18,8 +18,6 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from click.testing import CliRunner, Result
 
 from llmgw.api_types import DeviceAuthorization, OidcInfo
@@ -28,15 +26,11 @@ from llmgw.cli import login_device as cli_device
 from llmgw.cli.login_flow import Catcher, Request
 from llmgw.cli.main import main as cli
 from llmgw.config import Oidc
-from llmgwd.api import login
-from llmgwd.api.access import key_auth
-from llmgwd.api.base import ApiContext
-from llmgwd.api.routes import api_subapp
 from llmgwd.catalog import Catalog
 from llmgwd.people.oidc import Provider, SignInError
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.people import npm_oidc
-from tests.llmgwd.people.test_oidc_login import RULES, Gateway, NoNodes
+from tests.llmgwd.people.test_oidc_login import RULES, Gateway, serving_login
 from tests.llmgwd.people.test_oidc_login import _provider as mock_provider
 from tests.llmgwd.people.test_oidc_login import _provider_token as mock_token
 from tests.llmgwd.people.test_oidc_login import _put_user as mock_put_user
@@ -74,16 +68,8 @@ async def _gateway(issuer: str, secret_file: Path) -> AsyncIterator[Gateway]:
         allowed_groups=("physics-all", "physics-staff"),
         rules=RULES,
     )
-    ctx = ApiContext(catalog=catalog, nodes=NoNodes(), mint_token=lambda: "t", join_url="x")
-    app = web.Application()
-    app.add_subapp(login.PREFIX, login.login_app(catalog, settings))
-    app.add_subapp("/api/v1", api_subapp(ctx, key_auth(catalog)))
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    gw = Gateway(str(server.make_url("")).rstrip("/"), catalog)
-    await gw.people.create_org("physics")
-    yield gw
-    await server.close()
+    async with serving_login(catalog, settings) as gw:
+        yield gw
     await store.close()
 
 
