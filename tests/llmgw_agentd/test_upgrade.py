@@ -159,19 +159,22 @@ async def test_a_second_try_of_the_same_roll_is_a_new_unit(node: Node) -> None:
 
 
 async def test_an_agent_started_by_the_install_waits_for_its_unit(
-    node: Node, monkeypatch: pytest.MonkeyPatch
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The package's scripts restart the agent while dpkg runs: the new agent, told the same
     try again, says "restarting" only once that install unit has ended well."""
-    node.status = 0
-    node._command = lambda kind, files: ["/bin/sh", "-c", "sleep 0.5"]  # type: ignore[method-assign]
+    gate = tmp_path / "gate"  # the install runs until the test opens it, not for a set time
+    wait = f"while [ ! -e {gate} ]; do sleep 0.02; done"
+    node._command = lambda kind, files: ["/bin/sh", "-c", wait]  # type: ignore[method-assign]
     node.up._command = node._command
     node.up.start(upgrade_msg())
-    await eventually(lambda: node.reports and node.last.step == "installing")
-    await node.up.close()  # the old agent stops; its unit runs on
     name = upgrade.unit_name("r1", 1)
+    await eventually(lambda: node.reports and node.last.step == "installing")
+    await eventually(lambda: name in node.fake.units and node.fake.units[name].pid)
+    await node.up.close()  # the old agent stops; its unit runs on
     assert node.fake.units[name].active_state == "active"
     monkeypatch.setattr(upgrade, "package_version", lambda: "9.9.9")
+    gate.touch()
     await node.up.run(upgrade_msg())  # the new agent, on the release, told the same try
     assert node.last.step == "restarting" and name not in node.fake.units
     assert node.fake.started == [name]  # not started again
