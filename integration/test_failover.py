@@ -7,8 +7,6 @@ through all three meanwhile is all there afterwards, nothing twice."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,8 +16,8 @@ from typing import Any
 import pytest
 
 from integration.cp_cluster import CLIENT_PORT, CPS, CpCluster, api, cp_cluster, leader, planes
-from integration.harness import REPO
-from integration.llmgw_node import MODEL, VENV, Node, llama_server
+from integration.llmgw_node import Node, llama_server
+from integration.steady import Stream
 from integration.write_history import History, problems, store_view
 
 pytestmark = pytest.mark.skipif(
@@ -84,35 +82,11 @@ def new_leader(survivor: Node, old: str, since: float, timeout: float = 60.0) ->
     raise AssertionError(f"no new leader after {timeout}s:\n{survivor.ps.journal('llmgwd', 40)}")
 
 
-class Stream:
-    """chat_stream.py on the first agent host, to the given control planes, while in the
-    with-block; rows: one per request."""
-
-    def __init__(self, cluster: CpCluster, names: list[str]) -> None:
-        self.host = next(iter(cluster.agents.values()))
-        self.urls = [f"http://{CPS[n]}:{CLIENT_PORT}/v1" for n in names]
-        self.argv = [*self.host.ps.nsenter(), str(VENV / "bin/python"),
-                     str(REPO / "integration/chat_stream.py"), cluster.key, MODEL, "2",
-                     *self.urls]  # fmt: skip
-        self.rows: list[dict[str, Any]] = []
-
-    def __enter__(self) -> Stream:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)  # fmt: skip
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        out, _ = self.proc.communicate("", timeout=120)
-        self.rows = [json.loads(line) for line in out.splitlines() if line.strip()]
-
-    def failures(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if not r["ok"]]
-
-    def report(self, what: str, t_fault: float) -> None:
-        during = [r for r in self.rows if r["t1"] >= t_fault]
-        print(f"{what}: /v1 through {len(self.urls)} control planes: {len(self.rows)} requests "
-              f"({len(during)} from the fault on), {len(self.failures())} failed "
-              f"{self.failures()[:3]}")  # fmt: skip
+def stream(cluster: CpCluster, names: list[str]) -> Stream:
+    """chat_stream.py on the first agent host, two clients to the given control planes."""
+    host = next(iter(cluster.agents.values()))
+    urls = [f"http://{CPS[n]}:{CLIENT_PORT}/v1" for n in names]
+    return Stream(cluster.key, urls, inside=host.ps.nsenter())
 
 
 def survivors(cluster: CpCluster, old: str) -> list[str]:
@@ -132,7 +106,7 @@ def test_leader_killed(cluster: CpCluster, history: History) -> None:
     pids = cluster.engine_pids()
     victim.ps.write_file(NO_RESTART, "[Service]\nRestart=no\n")  # dead until started again
     victim.ps.systemctl("daemon-reload")
-    with Stream(cluster, others) as s:
+    with stream(cluster, others) as s:
         time.sleep(3)
         t_kill = time.time()
         victim.ps.systemctl("kill", "--signal=KILL", "llmgwd.service")
@@ -164,7 +138,7 @@ def test_leader_paused_past_its_lease(cluster: CpCluster, history: History) -> N
     pid = str(victim.main_pid("llmgwd.service"))
     agent = next(iter(cluster.agents))
     asked: list[Any] = []
-    with Stream(cluster, others) as s:
+    with stream(cluster, others) as s:
         time.sleep(3)
         t_stop = time.time()
         victim.ps.run(["kill", "-STOP", pid])
@@ -194,7 +168,7 @@ def test_leader_cut_off(cluster: CpCluster, history: History) -> None:
     name, victim = by_address(cluster, old)
     others = survivors(cluster, old)
     pids = cluster.engine_pids()
-    with Stream(cluster, others) as s:
+    with stream(cluster, others) as s:
         time.sleep(3)
         t_cut = time.time()
         victim.ps.run(["ip", "link", "set", "eth0", "down"])

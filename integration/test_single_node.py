@@ -20,6 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from integration.harness import REPO, PrivateSystemd
 from integration.llmgw_node import MODEL, Node, gguf, llama_server, serving
+from integration.steady import Stream
 from llmgw import pki
 
 CLIENT_PORT = 17700  # not 7700: a quickstart cluster may run on this machine too
@@ -182,6 +183,22 @@ def test_llmgwd_restart_keeps_catalog_keys_and_replicas(node: Node, client: open
     assert client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
     ).choices
+
+
+def test_a_restart_of_llmgwd_fails_no_request(node: Node) -> None:
+    """`systemctl restart llmgwd` (what an upgrade does) under steady /v1 load, the official
+    client's retries off: every request is answered, those sent in the gap by the new llmgwd
+    (systemd held the client port's socket meanwhile)."""
+    with Stream(node.key, [node.base_url]) as load:
+        time.sleep(2)  # the load under way
+        t_restart = time.time()
+        node.ps.systemctl("restart", "llmgwd.service")
+        node.ps.wait_active("llmgwd.service")
+        time.sleep(3)  # and after
+    load.report("llmgwd restarted", t_restart)
+    during = [r for r in load.rows if r["t0"] <= t_restart + 1 and r["t1"] >= t_restart]
+    assert load.rows and not load.failures(), load.failures()[:3]
+    assert during, "no request was in flight across the restart"
 
 
 def test_bad_input_never_kills_a_daemon(node: Node, tmp_path: Path) -> None:

@@ -4,13 +4,10 @@ stopped by a restart, no /v1 request lost while a node is lent."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
-from typing import Any
 
-from integration.harness import REPO
-from integration.llmgw_node import MODEL, VENV
+from integration.llmgw_node import MODEL
+from integration.steady import Stream
 from integration.test_slurm import ADDRESSES, SlurmCluster, _drained_by_llmgw, slurm
 
 __all__ = ["slurm"]  # the module's fixture, shared with test_slurm.py
@@ -29,28 +26,10 @@ PROBE = ("date +%s.%N > /tmp/{tag}.job; pgrep -c -f llmgw/llama-server >> /tmp/{
          "systemctl list-units --plain --no-legend 'llmgw-engine-*' >> /tmp/{tag}.job")  # fmt: skip
 
 
-class Stream:
-    """integration/chat_stream.py on n2's host, two clients through cp's /v1, while in the
-    with-block; rows: one per request."""
-
-    def __init__(self, cluster: SlurmCluster) -> None:
-        url = f"http://{ADDRESSES['cp']}:7700/v1"
-        script = str(REPO / "integration/chat_stream.py")
-        self.argv = [*cluster.nodes["n2"].ps.nsenter(), str(VENV / "bin/python"), script,
-                     cluster.key, MODEL, "2", url]  # fmt: skip
-        self.rows: list[dict[str, Any]] = []
-
-    def __enter__(self) -> Stream:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)  # fmt: skip
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        out, _ = self.proc.communicate("", timeout=120)
-        self.rows = [json.loads(line) for line in out.splitlines() if line.strip()]
-
-    def failures(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if not r["ok"]]
+def n2_stream(cluster: SlurmCluster) -> Stream:
+    """chat_stream.py on n2's host, two clients through cp's /v1."""
+    url = f"http://{ADDRESSES['cp']}:7700/v1"
+    return Stream(cluster.key, [url], inside=cluster.nodes["n2"].ps.nsenter())
 
 
 def _deafen(cluster: SlurmCluster, node: str) -> str:
@@ -91,7 +70,7 @@ def test_a_lend_waits_for_an_engine_deaf_to_sigterm(slurm: SlurmCluster) -> None
     host, tag, lend_at = slurm.nodes[lent], "deaf", 0.0
     try:
         unit = _deafen(slurm, lent)
-        with Stream(slurm) as stream:
+        with n2_stream(slurm) as stream:
             time.sleep(3)  # the stream under way
             lend_at = time.time()
             slurm.cp.llmgw("slurm", "lend", lent)

@@ -11,13 +11,17 @@ import os
 import socket
 
 
+def notify_path() -> str:
+    """$NOTIFY_SOCKET as an address to send to ("" when not run by systemd)."""
+    path = os.environ.get("NOTIFY_SOCKET", "")
+    return "\0" + path[1:] if path.startswith("@") else path  # "@": the abstract namespace
+
+
 def notify(*fields: str) -> bool:
     """Send KEY=VALUE fields to systemd; False when not run by systemd with NotifyAccess."""
-    path = os.environ.get("NOTIFY_SOCKET", "")
+    path = notify_path()
     if not path:
         return False
-    if path.startswith("@"):  # abstract namespace
-        path = "\0" + path[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
         try:
             s.sendto("\n".join(fields).encode(), path)

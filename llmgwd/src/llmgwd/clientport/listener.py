@@ -18,6 +18,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
+from llmgw import fdstore
 from llmgw.config import ClientPort
 from llmgw.errors import ANTHROPIC, API_V1, HF, SCIM
 from llmgwd.api.base import API_PREFIX
@@ -46,6 +47,9 @@ log = logging.getLogger("llmgwd.clientport.listener")
 # aiohttp's default backlog (128) overflowed with a few hundred clients connecting at once
 # (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.
 BACKLOG = 4096
+# Stopping: how long idle keep-alive connections may still bring a request (then cut).
+DRAIN_IDLE_S = 2.0
+FDNAME = "client-port"  # its sockets' name in systemd's store
 
 
 class BodyTimeout(HttpProcessingError):
@@ -315,6 +319,24 @@ class ClientServer(web.Server):
         # byte tells) unless client.plain_http is false; a site's own certificate is TLS only.
         self.plain_too = own_tls is not None and not settings.tls_cert and settings.plain_http
         self.gate = gate or connection_gate(settings)
+        self.draining = False
+
+    def pre_shutdown(self) -> None:
+        """The port has stopped accepting: from now on every answer says Connection: close,
+        and no idle connection is cut yet (aiohttp would cut them here, racing a request a
+        client is sending on one; see shutdown)."""
+        self.draining = True
+
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (aiohttp's)
+        """Give idle keep-alive connections DRAIN_IDLE_S to bring their next request (whose
+        answer ends them) or to close; then cut the rest and finish what is in flight."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + DRAIN_IDLE_S
+        # aiohttp forgets a connection in a task's done callback: no event says none is left.
+        while self.connections and loop.time() < until:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        super().pre_shutdown()
+        await super().shutdown(timeout)
 
     # asyncio's server calls this at each TCP accept; with TLS, what it makes is the TLS layer,
     # which counts the connection from then on and hands the HTTP protocol its decrypted side.
@@ -449,6 +471,19 @@ async def errors_outside(request: web.Request, handler: Handler) -> web.StreamRe
         return answer(request.path, errors.from_http_exception(request, e))
 
 
+def closing_when_draining(runner: ClientRunner) -> Prepare:
+    """An answer sent while llmgwd stops ends its connection (Connection: close): the client's
+    next request opens a new one, which systemd's kept socket queues for the next llmgwd."""
+
+    async def closing(request: web.Request, response: web.StreamResponse) -> None:
+        server = runner.server
+        if isinstance(server, ClientServer) and server.draining:
+            response.force_close()  # the connection ends after this answer
+            response.headers["Connection"] = "close"  # aiohttp wrote its headers already
+
+    return closing
+
+
 async def serve(
     app: web.Application,
     settings: ClientPort,
@@ -467,8 +502,10 @@ async def serve(
     if settings.trusted_proxies:  # else no middleware: a request's client is its peer
         app.middlewares.insert(0, behind_proxies(TrustedProxies(settings.trusted_proxies),
                                                  runner.gate))  # fmt: skip
+    app.on_response_prepare.append(closing_when_draining(runner))
     await runner.setup()
-    # TLS, when configured, is the ClientServer's own (CountedTLS), not the site's.
-    site = web.TCPSite(runner, host, port, backlog=BACKLOG)
-    await site.start()
+    # TLS, when configured, is the ClientServer's own (CountedTLS), not the site's. The
+    # sockets outlive a restart in systemd's store: a request sent meanwhile waits, not refused.
+    for sock in fdstore.listeners(FDNAME, host, port, BACKLOG):
+        await web.SockSite(runner, sock).start()
     return runner
