@@ -4,9 +4,12 @@ one at a time, and the log names who asked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import logging
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -15,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from llmgw.api_types import BackupBundle
 from llmgw.errors import ApiError
 from llmgwd import auth
 from llmgwd.api import backup as backup_route
@@ -22,6 +26,10 @@ from llmgwd.api.access import private_path
 from llmgwd.api.base import CTX
 from llmgwd.auth import Principal
 from llmgwd.planes import backup
+
+BUNDLE = BackupBundle(made_at=0.0, cluster="site", plane="cp1", version="0", schema=1,
+                      backend="sqlite", keys=1, store=b"", ca_cert_pem="", ca_key_pem="",
+                      secret=b"s", settings="")  # fmt: skip
 
 
 def _request(peer: tuple[str, int] | str, family: int, tls: bool, ctx: Any = None) -> web.Request:
@@ -73,8 +81,8 @@ def _ctx() -> Any:
 async def test_plain_http_from_the_network_is_refused_before_anything_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    made = mock.AsyncMock()
-    monkeypatch.setattr(backup, "make", made)
+    made = mock.MagicMock()
+    monkeypatch.setattr(backup, "dump", made)
     req = _request(("10.1.2.3", 5000), socket.AF_INET, False, _ctx())
     with pytest.raises(ApiError) as e:
         await backup_route.make_backup(req)
@@ -88,11 +96,12 @@ async def test_a_second_backup_meanwhile_is_told_to_wait_and_the_log_names_the_c
     ctx = _ctx()
     gate = asyncio.Event()
 
-    async def slow(_src: object) -> dict[str, str]:
+    @contextlib.asynccontextmanager
+    async def slow(_src: object) -> AsyncIterator[backup.Dump]:
         await gate.wait()
-        return {"made": "yes"}
+        yield backup.Dump(BUNDLE, io.BytesIO(b"state"), 5)
 
-    monkeypatch.setattr(backup, "make", slow)
+    monkeypatch.setattr(backup, "dump", slow)
     caplog.set_level(logging.INFO, "llmgwd.api.backup")
     first = asyncio.create_task(
         backup_route.make_backup(_request(("10.1.2.3", 1), socket.AF_INET, True, ctx))

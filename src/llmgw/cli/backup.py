@@ -3,15 +3,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import http.client
+import io
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 import msgspec
 
-from llmgw import atomic, config, sealed
-from llmgw.api_types import BUNDLE_FORMAT, BackupBundle
-from llmgw.cli.common import API, Refused, Settings, call, decoded, pass_settings
+from llmgw import atomic, config, ipc, sealed
+from llmgw import backup_archive as archive
+from llmgw.api_types import BackupBundle
+from llmgw.cli import https
+from llmgw.cli.common import (
+    API,
+    NotFound,
+    PinRefused,
+    Refused,
+    Settings,
+    Unreachable,
+    error_message,
+    pass_settings,
+)
 from llmgw.cli.units import run_llmgwd
 
 passphrase_option = click.option(
@@ -23,21 +40,44 @@ passphrase_option = click.option(
 
 
 def seal_bundle(bundle: BackupBundle, passphrase: str) -> bytes:
-    """The bundle as a backup file's bytes."""
-    return sealed.seal(msgspec.msgpack.encode(bundle), passphrase)
+    """The bundle as a backup file's bytes, in memory (for a small one: `llmgw backup`
+    streams)."""
+    return sealed.seal(archive.head(bundle, len(bundle.store)) + bundle.store, passphrase)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A backup file opened: its bundle, whose store copy_store() writes out."""
+
+    bundle: BackupBundle  # its store empty: read by copy_store
+    plain: sealed.Readable
+    store_bytes: int
+
+    def copy_store(self, sink: sealed.Writable) -> None:
+        """The store into sink, a piece at a time, then the rest of the file verified:
+        SealError (sink holds part of it then) if the file is damaged anywhere."""
+        archive.copy_store(self.plain, self.store_bytes, sink)
+
+
+def open_backup(source: sealed.Readable, passphrase: str) -> Opened:
+    """A backup file (llmgw-sealed-2, or -1 of llmgw 0.2, opened whole) read up to its store;
+    sealed.SealError when it cannot be opened or read."""
+    plain = sealed.PlainReader(source, passphrase)
+    if plain.peek(len(archive.MAGIC)) != archive.MAGIC:  # llmgw-sealed-1: the bundle whole
+        bundle = archive.decode_bundle(plain.read())
+        store = io.BytesIO(bundle.store)
+        return Opened(msgspec.structs.replace(bundle, store=b""), store, len(bundle.store))
+    bundle, store_bytes = archive.read_head(plain)
+    return Opened(bundle, plain, store_bytes)
 
 
 def open_bundle(data: bytes, passphrase: str) -> BackupBundle:
-    """A backup file's bundle; sealed.SealError when it cannot be opened or read."""
-    plain = sealed.unseal(data, passphrase)
-    try:
-        bundle = msgspec.msgpack.decode(plain, type=BackupBundle)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise sealed.SealError(f"the backup opened, but this llmgw cannot read it: {e}") from None
-    if bundle.format != BUNDLE_FORMAT:
-        raise sealed.SealError(f"the backup's format is {bundle.format}; this llmgw reads "
-                               f"{BUNDLE_FORMAT}")  # fmt: skip
-    return bundle
+    """A backup file's bundle, its store in it, in memory (for a small one: `llmgwd
+    restore` streams); sealed.SealError when it cannot be opened or read."""
+    opened = open_backup(io.BytesIO(data), passphrase)
+    store = io.BytesIO()
+    opened.copy_store(store)
+    return msgspec.structs.replace(opened.bundle, store=store.getvalue())
 
 
 def _passphrase(path: str) -> str:
@@ -76,10 +116,88 @@ def backup(settings: Settings, file: Path, passphrase_file: str, force: bool) ->
     if file.exists() and not force:
         raise Refused(f"{file} exists: use --force to overwrite it")
     passphrase = _passphrase(passphrase_file)
-    bundle = decoded(call(settings, "POST", f"{API}/backup"), BackupBundle)
-    data = seal_bundle(bundle, passphrase)
-    atomic.write(file, data)  # 0600, `sudo llmgw backup /tmp/x` follows no planted link
-    click.echo(f"Backed up {describe(bundle)} to {file} ({len(data)} bytes).")
+    with _answer(settings) as body:
+        try:
+            # 0600 through a new file of a random name beside FILE, renamed once whole:
+            # `sudo llmgw backup /tmp/x` follows no planted link, a cut leaves FILE as it was
+            with atomic.writer(file) as out:
+                bundle = _seal(body, sealed.Sealer(out, passphrase))
+        except sealed.SealError as e:
+            raise Refused(
+                f"llmgwd's backup is not whole ({e}); nothing was written at {file}"
+            ) from None
+    click.echo(f"Backed up {describe(bundle)} to {file} ({file.stat().st_size} bytes).")
+
+
+class _BrokenOff(Exception):
+    """The answer's stream broke off."""
+
+
+class _Sealing:
+    """The answer's body, read: each piece sealed as it is read."""
+
+    def __init__(self, body: http.client.HTTPResponse, sealer: sealed.Sealer) -> None:
+        self._body, self._sealer = body, sealer
+
+    def read(self, n: int = -1, /) -> bytes:
+        try:
+            data = self._body.read(n)
+        except (OSError, http.client.HTTPException) as e:
+            raise _BrokenOff(str(e) or type(e).__name__) from None
+        self._sealer.write(data)
+        return data
+
+
+def _seal(body: http.client.HTTPResponse, sealer: sealed.Sealer) -> BackupBundle:
+    """The answer's stream sealed, as it comes, and checked whole (its bundle, its store to
+    the announced length and its end) before the last chunk is sealed; its bundle."""
+    reading = _Sealing(body, sealer)
+    try:
+        bundle, store_bytes = archive.read_head(reading)
+        archive.copy_store(reading, store_bytes, archive.Discard())
+    except _BrokenOff as e:
+        raise Unreachable(f"llmgwd broke off the backup ({e}); nothing was written") from None
+    sealer.close()
+    return bundle
+
+
+@contextlib.contextmanager
+def _answer(settings: Settings) -> Iterator[http.client.HTTPResponse]:
+    """POST /backup's answer, a stream (backup_archive) to read; an error answer refused."""
+    remote, timeout = settings.remote(), max(settings.timeout, 600.0)
+    headers = {"Accept": f"{archive.MEDIA_TYPE}, application/json"}
+    headers |= https.auth_headers(remote) if remote else {}
+    where = remote.url if remote else settings.socket
+    try:
+        conn: http.client.HTTPConnection = (
+            https.connection(remote, timeout) if remote
+            else ipc.UnixHTTPConnection(settings.socket, timeout)
+        )  # fmt: skip
+        conn.request("POST", f"{API}/backup", headers=headers)
+        resp = conn.getresponse()
+    except ssl.SSLCertVerificationError as e:
+        raise PinRefused(
+            f"the server at {where} is not the pinned one: {e.verify_message}"
+        ) from None
+    except (OSError, http.client.HTTPException) as e:
+        why = getattr(e, "strerror", None) or e or type(e).__name__
+        raise Unreachable(f"cannot reach llmgwd at {where}: {why}") from None
+    try:
+        if resp.status >= 400:
+            raise _refusal(resp)
+        yield resp
+    finally:
+        conn.close()
+
+
+def _refusal(resp: http.client.HTTPResponse) -> click.ClickException:
+    """An error answer as the CLI's refusal."""
+    try:
+        answer = msgspec.json.decode(resp.read())
+    except (OSError, http.client.HTTPException, msgspec.DecodeError):
+        answer = None
+    message = error_message(answer, resp.status)
+    return NotFound(message) if resp.status == 404 else Refused(message)
 
 
 @click.command("restore")

@@ -8,9 +8,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
 
 from llmgw import config, package_version, pki
 from llmgw.api_types import BackupBundle
@@ -44,40 +49,79 @@ class Source:
     plane: str  # this control plane's name
 
 
-async def _store_file(store: Store) -> tuple[bytes, int]:
-    """The store as a state.db file's bytes, and its keys: SQLite's online backup, or (etcd)
-    every unleased key at one revision copied into a fresh SQLite store, read back."""
+@dataclass(slots=True)
+class Dump:
+    """A backup made: its bundle (its store left empty) and the store file to stream, open,
+    its name already gone from the disk (a crash leaves nothing to clean)."""
+
+    bundle: BackupBundle
+    store: BinaryIO
+    store_bytes: int
+
+
+def _spool_dir(cfg: ServerConfig) -> Path:
+    """Where the store's copy is made: the state dir (on disk, llmgwd's own), or the
+    temporary dir where there is none (a test's settings)."""
+    state = Path(cfg.state_dir)
+    return state if state.is_dir() and os.access(state, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _remove(path: Path) -> None:
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
+        p.unlink(missing_ok=True)
+
+
+async def _store_copy(store: Store, path: Path) -> int:
+    """The store copied into a new state.db file at path, page by page (no copy held in
+    memory): SQLite's online backup, or (etcd) every unleased key at one revision, read in
+    pages, written into a SQLite store there; its keys."""
     if isinstance(store, SqliteStore):
-        data = await store.snapshot()
-        kvs, _ = await store.range("", migrate.ALL)
-        return data, len(kvs)
-    copy = await SqliteStore.open(":memory:")
+        return await store.snapshot_to(path)
+    copy = await SqliteStore.open(path)
     try:
         done = await migrate.copy(store, copy)
-        return await copy.snapshot(), done.keys
+        return done.keys
     finally:
         await copy.close()
 
 
-async def make(src: Source) -> BackupBundle:
-    """The bundle of everything `llmgw restore` brings the cluster back from."""
+@contextlib.asynccontextmanager
+async def dump(src: Source) -> AsyncIterator[Dump]:
+    """The backup `llmgw restore` brings the cluster back from, its store in a file made
+    beside the store (one at a time: api/backup.py), removed when the block ends."""
     started = time.monotonic()
     try:
         files = await asyncio.to_thread(site_files.read, src.cfg)  # NSS may block
     except site_files.SiteFileError as e:
         raise BackupFailed(str(e)) from None
-    data, keys = await _store_file(src.store)
-    found = await schema.stored(src.store)
-    bundle = BackupBundle(
-        made_at=time.time(), cluster=src.cfg.name, plane=src.plane, version=package_version(),
-        schema=found[0].schema if found else schema.SCHEMA, backend=src.cfg.store.backend,
-        keys=keys, store=data, ca_cert_pem=src.ca.cert_pem.decode(),
-        ca_key_pem=src.ca.key_pem.decode(), secret=src.secret, settings=config.dump(src.cfg),
-        files=files,
-    )  # fmt: skip
-    log.info("backup made: %d keys, %d bytes of store, %d named files, in %.2f s", keys,
-             len(data), len(files), time.monotonic() - started)  # fmt: skip
-    return bundle
+    path = _spool_dir(src.cfg) / f".{SQLITE_FILE}.backup"
+    await asyncio.to_thread(_remove, path)  # left by a crash
+    try:
+        keys = await _store_copy(src.store, path)
+        f = await asyncio.to_thread(open, path, "rb")
+    finally:
+        await asyncio.to_thread(_remove, path)
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        found = await schema.stored(src.store)
+        bundle = BackupBundle(
+            made_at=time.time(), cluster=src.cfg.name, plane=src.plane,
+            version=package_version(), schema=found[0].schema if found else schema.SCHEMA,
+            backend=src.cfg.store.backend, keys=keys, store=b"",
+            ca_cert_pem=src.ca.cert_pem.decode(), ca_key_pem=src.ca.key_pem.decode(),
+            secret=src.secret, settings=config.dump(src.cfg), files=files,
+        )  # fmt: skip
+        log.info("backup made: %d keys, %d bytes of store, %d named files, in %.2f s", keys,
+                 size, len(files), time.monotonic() - started)  # fmt: skip
+        yield Dump(bundle, f, size)
+
+
+async def make(src: Source) -> BackupBundle:
+    """dump()'s bundle with its store in it, in memory (for a small store: POST /backup
+    streams)."""
+    async with dump(src) as made:
+        data = await asyncio.to_thread(made.store.read)
+    return msgspec.structs.replace(made.bundle, store=data)
 
 
 def restored_config(bundle: BackupBundle, state_dir: Path | None) -> ServerConfig:
@@ -133,12 +177,15 @@ def restore(
     state_dir: Path | None,
     config_path: Path,
     owner: tuple[int, int] | None,
+    store: Callable[[BinaryIO], None] | None = None,
 ) -> ServerConfig:
     """Write the bundle's store, CA, secret and settings for a control plane on this fresh
     host (in state_dir, None: the settings'; owned by owner, uid and gid, where given), and
-    the files the settings name with their modes and owners; its settings. RestoreRefused,
-    with nothing written, when the host is not fresh or this llmgwd cannot run the store;
-    any other failure midway removes what was written, so the restore can be tried again."""
+    the files the settings name with their modes and owners; its settings. The store is
+    staged first, by store (a backup file's, read to its end: `Opened.copy_store`) or from
+    the bundle's bytes; nothing else is written unless it was whole. RestoreRefused, with
+    nothing written, when the host is not fresh or this llmgwd cannot run the store; any
+    other failure midway removes what was written, so the restore can be tried again."""
     cfg = restored_config(bundle, state_dir)
     state_dir = Path(cfg.state_dir)
     _check_fresh(state_dir, config_path)
@@ -152,7 +199,10 @@ def restore(
     try:
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(bundle.store)
+            if store is None:
+                f.write(bundle.store)
+            else:
+                store(f)  # a damaged file raises here: only the staged store is undone
             f.flush()
             os.fsync(f.fileno())
         asyncio.run(_check_store(staged))

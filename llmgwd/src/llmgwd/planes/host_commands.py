@@ -4,8 +4,10 @@ migrate`, which run them (so that the shared package imports no daemon)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pwd
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -178,20 +180,20 @@ def _copy(cfg: config.ServerConfig, state_dir: Path, name: str, ip: str, systemd
 def restore(file: Path, passphrase_file: str, config_path: Path, socket_path: str,
             no_start: bool) -> None:  # fmt: skip
     """Bring a cluster back on this fresh host from `llmgw backup`'s FILE (`llmgw restore`)."""
-    try:
-        phrase = sealed.read_passphrase(passphrase_file)
-        bundle = cli_backup.open_bundle(file.read_bytes(), phrase)
-    except (OSError, UnicodeDecodeError, sealed.SealError) as e:
-        raise Refused(f"{file}: {e}; nothing was written") from None
-    try:
-        user = pwd.getpwnam(USER)
-    except KeyError:
-        raise Refused(f"there is no user {USER}: install the llmgwd package first") from None
-    progress(f"Restoring {cli_backup.describe(bundle)} ...")
-    try:
-        cfg = backup.restore(bundle, None, config_path, (user.pw_uid, user.pw_gid))
-    except backup.RestoreRefused as e:
-        raise Refused(str(e)) from None
+    with _opened(file, passphrase_file) as opened:
+        bundle = opened.bundle
+        try:
+            user = pwd.getpwnam(USER)
+        except KeyError:
+            raise Refused(f"there is no user {USER}: install the llmgwd package first") from None
+        progress(f"Restoring {cli_backup.describe(bundle)} ...")
+        owner = (user.pw_uid, user.pw_gid)
+        try:  # the store staged as the file is read and verified to its end, then the rest
+            cfg = backup.restore(bundle, None, config_path, owner, opened.copy_store)
+        except backup.RestoreRefused as e:
+            raise Refused(str(e)) from None
+        except (OSError, sealed.SealError) as e:
+            raise Refused(f"{file}: {e}; nothing was written") from None
     progress(f"Wrote {config_path}, the store, the cluster CA and secret under {cfg.state_dir}")
     if bundle.files:
         progress("Wrote the files the settings name: " + ", ".join(f.path for f in bundle.files))
@@ -204,6 +206,22 @@ def restore(file: Path, passphrase_file: str, config_path: Path, socket_path: st
         progress("systemd is not this system's init: start llmgwd yourself.")
     click.echo(f"Cluster {cfg.name} restored on this host. Its nodes reconnect once it answers "
                f"at {where}, the address they know; `llmgw nodes` shows them.")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _opened(file: Path, passphrase_file: str) -> Iterator[cli_backup.Opened]:
+    """The backup file opened (a chunk at a time: its store read by copy_store)."""
+    try:
+        phrase = sealed.read_passphrase(passphrase_file)
+        f = file.open("rb")
+    except (OSError, UnicodeDecodeError, sealed.SealError) as e:
+        raise Refused(f"{file}: {e}; nothing was written") from None
+    with f:
+        try:
+            opened = cli_backup.open_backup(f, phrase)
+        except (OSError, sealed.SealError) as e:
+            raise Refused(f"{file}: {e}; nothing was written") from None
+        yield opened
 
 
 def _said(e: Exception) -> str:

@@ -193,12 +193,13 @@ class _Db:
         """The current revision."""
         return self.revision
 
-    def snapshot(self) -> bytes:
-        """The whole store as of now, a file's bytes: SQLite's online backup, into memory."""
-        copy = sqlite3.connect(":memory:")
+    def snapshot_to(self, path: str) -> int:
+        """The whole store as of now copied into the new file at path (SQLite's online
+        backup, page by page: no copy held in memory); its keys."""
+        copy = sqlite3.connect(path)
         try:
             self.conn.backup(copy)
-            return copy.serialize()
+            return int(copy.execute("SELECT count(*) FROM kv").fetchone()[0])
         finally:
             copy.close()
 
@@ -462,9 +463,10 @@ class SqliteStore:
         """The store's current revision."""
         return await self._call(self._db.current)
 
-    async def snapshot(self) -> bytes:
-        """The whole store, consistent as of now, as a state.db file's bytes (a backup)."""
-        return await self._call(self._db.snapshot)
+    async def snapshot_to(self, path: str | Path) -> int:
+        """The whole store, consistent as of now, copied into a new state.db file at path
+        (a backup, made page by page); the keys it holds."""
+        return await self._call(self._db.snapshot_to, str(path))
 
     async def lease_grant(self, ttl_s: float) -> int:
         """A new lease; keys put with it are deleted when it expires or is revoked."""
