@@ -142,6 +142,8 @@ class _Sealing:
     def read(self, n: int = -1, /) -> bytes:
         try:
             data = self._body.read(n)
+        except http.client.IncompleteRead:
+            raise _BrokenOff("its answer ended before its last chunk") from None
         except (OSError, http.client.HTTPException) as e:
             raise _BrokenOff(str(e) or type(e).__name__) from None
         self._sealer.write(data)
