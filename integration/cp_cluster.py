@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ AGENTS = {"n1": f"{PREFIX}.21"}
 MORE_AGENTS = {"n2": f"{PREFIX}.22"}  # the second agent host, for cp_cluster(agents=2)
 CLIENT_PORT, CLUSTER_PORT = 7700, 7710
 ETCD_UNIT = "llmgw-etcd.service"
+Prepare = Callable[[str, Node], None]  # a host's name and its node, installed, not started
 
 # Run inside a host of the lan: one chat request with the official client to each base URL
 # given, its retries off; prints one JSON line, {url: {"ok", "error"?}}.
@@ -68,11 +69,15 @@ class CpCluster:
     def client_urls(self) -> list[str]:
         return [f"http://{CPS[name]}:{CLIENT_PORT}/v1" for name in self.cps]
 
-    def chat_each(self, host: Node | None = None) -> dict[str, dict[str, Any]]:
-        """One chat request through each control plane, from host (the agent host)."""
+    def chat_each(
+        self, host: Node | None = None, names: list[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """One chat request through each control plane (or those named), from host (the
+        agent host)."""
         host = host or next(iter(self.agents.values()))
+        urls = [f"http://{CPS[n]}:{CLIENT_PORT}/v1" for n in names] if names else self.client_urls()
         argv = [*host.ps.nsenter(), str(VENV / "bin/python"), "-c", CLIENT, self.key, MODEL,
-                *self.client_urls()]  # fmt: skip
+                *urls]  # fmt: skip
         r = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
         out: dict[str, dict[str, Any]] = json.loads(r.stdout)
         return out
@@ -92,7 +97,7 @@ def install_etcd_unit(ps: PrivateSystemd) -> None:
 
 def llmgw(node: Node, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The CLI inside node, allowed longer than Node.llmgw (a join waits for its member)."""
-    return node.ps.run([str(VENV / "bin/llmgw"), *args], timeout=timeout)
+    return node.ps.run([str(node.venv / "bin/llmgw"), *args], timeout=timeout)
 
 
 def planes(node: Node) -> list[dict[str, Any]]:
@@ -118,12 +123,14 @@ def leader(node: Node, timeout: float = 5.0) -> str:
 
 
 class Booted:
-    """Boots the hosts and the lan, and shuts them all down at the end."""
+    """Boots the hosts and the lan, and shuts them all down at the end; prepare(name, node),
+    where given, is called on each host once installed, before anything in it starts."""
 
-    def __init__(self, label: str, prefix: str = PREFIX) -> None:
+    def __init__(self, label: str, prefix: str = PREFIX, prepare: Prepare | None = None) -> None:
         self.label = re.sub(r"[^A-Za-z0-9_.-]", "-", label)[:30]
         self.lan = Lan(f"{self.label}-{os.getpid()}", prefix)
         self.made: list[PrivateSystemd] = []
+        self.prepare = prepare
 
     def host(self, name: str, ip: str, binary: str) -> Node:
         """A private systemd on the lan at ip, with llmgw's units from the checkout."""
@@ -134,6 +141,8 @@ class Booted:
         self.lan.attach(ps, int(ip.rsplit(".", 1)[1]))
         node = Node(ps, CLIENT_PORT, CLUSTER_PORT)
         node.install(binary, address=ip)
+        if self.prepare is not None:
+            self.prepare(name, node)
         return node
 
     def close(self) -> None:
@@ -197,10 +206,12 @@ def _join(cluster: CpCluster, booted: Booted, name: str, binary: str) -> None:
 
 
 @contextlib.contextmanager
-def cp_cluster(label: str, binary: str, agents: int = 1) -> Iterator[CpCluster]:
-    """The whole cluster, built as an operator would, with agents agent hosts (1 or 2);
-    every host shut down after."""
-    booted = Booted(label)
+def cp_cluster(
+    label: str, binary: str, agents: int = 1, prepare: Prepare | None = None
+) -> Iterator[CpCluster]:
+    """The whole cluster, built as an operator would, with agents agent hosts (1 or 2), each
+    host given to prepare (Booted's) before it starts; every host shut down after."""
+    booted = Booted(label, prepare=prepare)
     booted.lan.create()
     cluster = CpCluster(cps={}, agents={})
     try:

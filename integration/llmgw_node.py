@@ -48,6 +48,7 @@ class Node:
     client_port: int
     cluster_port: int
     key: str = ""
+    venv: Path = VENV  # whose CLI Node.llmgw runs (another release's, on a host running it)
 
     @property
     def base_url(self) -> str:
@@ -55,7 +56,7 @@ class Node:
 
     def llmgw(self, *args: str, check: bool = True) -> Any:
         """Run the CLI inside; with --json among args, its parsed output."""
-        r = self.ps.run([str(VENV / "bin/llmgw"), *args], check=check, timeout=120)
+        r = self.ps.run([str(self.venv / "bin/llmgw"), *args], check=check, timeout=120)
         if "--json" in args and r.returncode == 0:
             return json.loads(r.stdout)
         return r
