@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 # is), the header as associated data, nonce = 11-byte big-endian counter || 1 if the last
 # chunk else 0. The key is the file's own (a random salt each file), so counters start at 0.
 MAGIC = b"llmgw-sealed-2\n"
-# llmgw-sealed-1 (llmgw 0.2): MAGIC_1, cost, salt, nonce, one AES-256-GCM of the whole.
+# llmgw-sealed-1 (llmgw 0.1): MAGIC_1, cost, salt, nonce, one AES-256-GCM of the whole.
 MAGIC_1 = b"llmgw-sealed-1\n"
 # scrypt's cost: N = 2**17, r = 8, p = 1 (128 MiB, about half a second): OWASP's advice for
 # scrypt. Kept in the header, so a later release may raise it and still open older files.

@@ -163,7 +163,7 @@ def test_bytes_after_the_last_chunk_are_refused(text: bytes, extra: bytes) -> No
 
 
 def test_an_old_llmgw_sealed_1_file_still_opens() -> None:
-    """A file as llmgw 0.2 sealed it: one AES-256-GCM over the whole, the header its
+    """A file as llmgw 0.1 sealed it: one AES-256-GCM over the whole, the header its
     associated data, the nonce in the header (made here as that release made it)."""
     salt, nonce = os.urandom(16), os.urandom(12)
     header = b"llmgw-sealed-1\n" + struct.pack(">BII", 10, 8, 1) + salt + nonce

@@ -1,6 +1,6 @@
 """Backup and restore a piece at a time: a store of several chunks through `llmgw backup`
 and `llmgwd restore` comes back whole; a file damaged past its first chunk writes nothing;
-a stream cut off leaves no file at FILE; a file of llmgw 0.2 (llmgw-sealed-1) still
+a stream cut off leaves no file at FILE; a file of llmgw 0.1 (llmgw-sealed-1) still
 restores."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests.llmgwd.test_backup import PHRASE, fill, restored_state
 
 T = TypeVar("T")
 BLOBS = 5  # keys of 1 MiB each: a store of five chunks and more
-OLD_FILE = Path(__file__).with_name("sealed-1.backup")  # made by llmgw 0.2's `llmgw backup`
+OLD_FILE = Path(__file__).with_name("sealed-1.backup")  # made as llmgw 0.1 made them
 OLD_KEY = "sk-llmgw-RJ4CAyF-1Kek29OlqFFVj5JsZAUjjQql4GseDuQyhvI"  # a key in it, its usage
 
 
@@ -190,7 +190,7 @@ def test_a_stream_cut_off_leaves_no_file(loop: Loop, tmp_path: Path, how: str) -
     assert os.listdir(out) == []
 
 
-def test_a_file_of_llmgw_0_2_still_restores(
+def test_a_file_of_llmgw_0_1_still_restores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert OLD_FILE.read_bytes().startswith(b"llmgw-sealed-1\n")

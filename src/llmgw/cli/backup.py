@@ -60,7 +60,7 @@ class Opened:
 
 
 def open_backup(source: sealed.Readable, passphrase: str) -> Opened:
-    """A backup file (llmgw-sealed-2, or -1 of llmgw 0.2, opened whole) read up to its store;
+    """A backup file (llmgw-sealed-2, or -1 of llmgw 0.1, opened whole) read up to its store;
     sealed.SealError when it cannot be opened or read."""
     plain = sealed.PlainReader(source, passphrase)
     if plain.peek(len(archive.MAGIC)) != archive.MAGIC:  # llmgw-sealed-1: the bundle whole
