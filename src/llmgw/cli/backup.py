@@ -109,7 +109,8 @@ def backup(settings: Settings, file: Path, passphrase_file: str, force: bool) ->
     one revision), the cluster CA and its key, the cluster secret, the answering control
     plane's settings and the files they name (the OIDC client secret, the client port's
     certificate and key, LDAP's bind password: restored with their modes and owners),
-    encrypted and authenticated (scrypt, AES-256-GCM): keep the passphrase apart from it.
+    encrypted and authenticated a MiB at a time as it comes (scrypt, AES-256-GCM), FILE
+    appearing only once whole: keep the passphrase apart from it.
     `llmgw restore FILE` brings the cluster back on a fresh host. Back up after every change
     of models, keys, people or settings, and daily for usage.
     """
