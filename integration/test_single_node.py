@@ -201,6 +201,23 @@ def test_a_restart_of_llmgwd_fails_no_request(node: Node) -> None:
     assert during, "no request was in flight across the restart"
 
 
+def test_a_restart_of_the_agent_fails_no_request(node: Node) -> None:
+    """`systemctl restart llmgw-agentd` (an upgrade does one) under steady /v1 load: the new
+    agent says its engine ready in its first Register, so the router never lacks it."""
+    [unit] = node.engine_units()
+    pid = node.main_pid(unit)
+    with Stream(node.key, [node.base_url]) as load:
+        time.sleep(2)
+        t_restart = time.time()
+        node.ps.systemctl("restart", "llmgw-agentd.service")
+        node.ps.wait_active("llmgw-agentd.service")
+        node.wait(lambda: all(n["connected"] for n in node.llmgw("nodes", "--json")), "agent back")
+        time.sleep(2)
+    load.report("llmgw-agentd restarted", t_restart)
+    assert load.rows and not load.failures(), load.failures()[:3]
+    assert node.main_pid(unit) == pid
+
+
 def test_bad_input_never_kills_a_daemon(node: Node, tmp_path: Path) -> None:
     pids = {u: node.main_pid(u) for u in ("llmgwd.service", "llmgw-agentd.service")}
     models_before = node.llmgw("models", "--json")

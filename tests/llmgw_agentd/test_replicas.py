@@ -253,6 +253,29 @@ async def test_a_restarted_agent_adopts_the_running_engine(node: Node) -> None:
     await until(second, lambda s: ready()(s) and s["r1"].restarts == 1)
 
 
+async def test_an_adopted_engine_that_answers_is_ready_in_the_first_report(node: Node) -> None:
+    """The agent restarted (an upgrade restarts it): an engine that answers is ready as soon
+    as start() returns, before any supervisor probe, so the first Register keeps it routed."""
+    first = await node.new_replicas()
+    await first.apply([spec()])
+    before = (await until(first, ready()))["r1"]
+    await first.close()
+    second = Replicas(
+        node.config, bus_address=node.address, runtime_dir=node.tmp / "run",
+        on_change=node.on_change, command=engine_command, probe_interval=3600,
+        inventory=lambda: node.inventory, online_cpus=lambda: node.cpus,
+    )  # fmt: skip
+    node.made.append(second)
+    await second.start()  # its supervisor would first probe an hour from now
+    (got,) = second.statuses()
+    assert (got.state, got.port, got.slots, got.context) == (
+        "ready",
+        before.port,
+        before.slots,
+        before.context,
+    )
+
+
 async def test_adoption_stops_nothing_until_the_first_apply(node: Node) -> None:
     first = await node.new_replicas()
     await first.apply([spec()])

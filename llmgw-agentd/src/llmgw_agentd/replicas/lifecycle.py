@@ -196,6 +196,7 @@ class Replicas:
 
     async def _adopt(self) -> None:
         units = {u.name: u for u in await self._systemd.list_units(f"{UNIT_PREFIX}*.service")}
+        adopted: list[_Replica] = []
         for record in self._records.read_all():
             r = _Replica(record.spec, record.fingerprint, record.port, record.host or ANY)
             r.cpus = list(record.cpus)
@@ -204,14 +205,29 @@ class Replicas:
             r.kernel_ooms = self._kernel_ooms()
             if unit is not None and unit.active_state in RUNNING_STATES:
                 log.info("adopting %s (port %d)", r.unit, r.port, extra=_fields(r))
-                self._supervise(r, launch=False)
+                adopted.append(r)
             elif unit is not None and unit.active_state == "failed":
                 self._note_end(r, await self._systemd.state(r.unit))
                 r.state, r.message = "failed", "the engine failed while the agent was away"
             else:
                 r.state, r.message = "stopped", "not running; waiting for the control plane"
         self._orphans = set(units)
+        await asyncio.gather(*(self._ready_at_once(r) for r in adopted))
+        for r in adopted:
+            self._supervise(r, launch=False)
         self._changed()
+
+    async def _ready_at_once(self, r: _Replica) -> None:
+        """An adopted engine that answers is ready from the first Register on, so the router
+        keeps sending it requests through the agent's restart (an upgrade's); else it is
+        starting until the supervisor's first probe."""
+        engine = self._probe(r)  # its calls answer 0, False or empty props: they never raise
+        if await engine.health() != 200 or not await engine.lists_model():
+            return
+        props = await engine.props()
+        r.slots = engines.slots(r.spec, props.total_slots)
+        r.context = props.default_generation_settings.n_ctx
+        r.state, r.message = "ready", ""
 
     async def _apply_one(self, spec: ReplicaSpec) -> None:
         fingerprint = spec.fingerprint()
