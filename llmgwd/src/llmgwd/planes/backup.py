@@ -71,6 +71,12 @@ def _remove(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
+def _fresh_private(path: Path) -> None:
+    """path empty and 0600 (SQLite gives its journals the same mode), none left before."""
+    _remove(path)  # left by a crash
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+
+
 async def _store_copy(store: Store, path: Path) -> int:
     """The store copied into a new state.db file at path, page by page (no copy held in
     memory): SQLite's online backup, or (etcd) every unleased key at one revision, read in
@@ -95,8 +101,8 @@ async def dump(src: Source) -> AsyncIterator[Dump]:
     except site_files.SiteFileError as e:
         raise BackupFailed(str(e)) from None
     path = _spool_dir(src.cfg) / f".{SQLITE_FILE}.backup"
-    await asyncio.to_thread(_remove, path)  # left by a crash
     try:
+        await asyncio.to_thread(_fresh_private, path)
         keys = await _store_copy(src.store, path)
         f = await asyncio.to_thread(open, path, "rb")
     finally:
