@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 from integration.harness import REPO, TEST_BASE, MakeSystemd, PrivateSystemd
 from integration.llmgw_node import MODEL, Node
+from integration.steady import Stream
 
 CLIENT_PORT = 17720  # apart from test_single_node's ports and a quickstart's 7700
 CLUSTER_PORT = 17730
@@ -285,14 +287,14 @@ def newer(debs: dict[str, list[Path]]) -> Iterator[list[Path]]:
 def test_llmgw_upgrade_rolls_the_host(node: PackagedNode, newer: list[Path]) -> None:
     """`llmgw upgrade stage` and `start`: the host's agent fetches the packages from the mirror
     and installs them through a transient unit; both daemons come back on the new release,
-    the engine runs on (its PID the same) and the model answers with the same key."""
+    the engine runs on (its PID the same) and the model answers with the same key: under
+    steady /v1 load (the official client, retries off) no request failed meanwhile."""
     ps = node.ps
     [engine] = node.engine_units()
     pids = {u: node.main_pid(u) for u in ("llmgwd.service", "llmgw-agentd.service", engine)}
     release = deb_version(newer[0])
     staged = ps.run(["/usr/bin/llmgw", "upgrade", "stage", *map(str, newer)], timeout=300)
     assert staged.stdout.count("Staged ") == 3, staged.stdout + staged.stderr
-    node.llmgw("upgrade", "start")
     seen: set[str] = set()
 
     def settled() -> bool:
@@ -303,7 +305,13 @@ def test_llmgw_upgrade_rolls_the_host(node: PackagedNode, newer: list[Path]) -> 
         seen.update(h["step"] for h in roll["hosts"])
         return bool(roll["state"] in ("done", "halted"))
 
-    node.wait(settled, "the roll's end", timeout=600)
+    with Stream(node.key, [node.base_url]) as load:
+        t_start = time.time()
+        node.llmgw("upgrade", "start")
+        node.wait(settled, "the roll's end", timeout=600)
+        time.sleep(2)  # and a moment after
+    load.report("llmgw upgrade", t_start)
+    assert load.rows and not load.failures(), load.failures()[:3]
     roll = node.llmgw("upgrade", "status", "--json")["roll"]
     assert roll["state"] == "done", roll["error"] + ps.journal("llmgw-agentd.service", 40)
     # the control plane's host (named by its address) through its agent, then the node (that
