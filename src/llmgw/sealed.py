@@ -64,11 +64,13 @@ def check_passphrase(passphrase: str) -> None:
 
 
 def _key(passphrase: str, salt: bytes, log2_n: int, r: int, p: int) -> bytes:
+    """The file's AES-256 key: scrypt of the passphrase with the header's salt and cost."""
     kdf = Scrypt(salt=salt, length=32, n=1 << log2_n, r=r, p=p)
     return kdf.derive(passphrase.encode())
 
 
 def _nonce(counter: int, last: bool) -> bytes:
+    """Chunk counter's nonce: its 11-byte big-endian count, then 1 if it is the last."""
     if counter > LAST_COUNTER:
         raise SealError("the backup has more chunks than a nonce can count")
     return counter.to_bytes(11, "big") + (b"\x01" if last else b"\x00")
@@ -89,12 +91,15 @@ class Sealer:
         self._aead = AESGCM(_key(passphrase, salt, log2_n, R, P))
         self._sink, self._chunk, self._counter = sink, chunk, 0
         self._held = bytearray()
+        self._closed = False
         self.plain_bytes = 0  # written to it so far
         sink.write(self._header)
 
     def write(self, data: bytes) -> None:
         """Seal data after what came before; a chunk is written once the next one begins
-        (only close() knows which is the last)."""
+        (only close() knows which is the last); ValueError once closed."""
+        if self._closed:
+            raise ValueError("write to a closed Sealer: its last chunk is sealed")
         self._held += data
         self.plain_bytes += len(data)
         if len(self._held) <= self._chunk:
@@ -107,11 +112,16 @@ class Sealer:
         del self._held[:at]
 
     def close(self) -> None:
-        """Seal the last chunk: the file is whole."""
+        """Seal the last chunk: the file is whole. Once only: a second call is refused
+        (ValueError), for a second last chunk would make the file one no llmgw opens."""
+        if self._closed:
+            raise ValueError("the Sealer is closed already: its last chunk is sealed")
+        self._closed = True
         self._emit(memoryview(self._held), last=True)
         self._held = bytearray()
 
     def _emit(self, plain: memoryview, *, last: bool) -> None:
+        """One chunk sealed under the next counter's nonce and written to the sink."""
         nonce = _nonce(self._counter, last)
         self._sink.write(self._aead.encrypt(nonce, bytes(plain), self._header))
         self._counter += 1
@@ -222,16 +232,22 @@ class PlainReader:
 
 
 def _open_chunk(aead: AESGCM, header: bytes, counter: int, block: bytes, last: bool) -> bytes:
-    """One chunk's plaintext, or SealError saying what its failure means."""
+    """One chunk's plaintext, or SealError saying what its failure means: one that opens
+    under the other flag is the file cut after it (it is not the last) or bytes after its
+    end (it is); one that opens under neither is a wrong passphrase (the first) or a change.
+    Bytes appended after a short last chunk join it and show as a change: where it ended is
+    not in the file, and finding it would take a decryption for each byte of it."""
     try:
         return aead.decrypt(_nonce(counter, last), block, header)
     except InvalidTag:
         pass
-    if counter == 0:
-        raise SealError("wrong passphrase, or the backup was changed since it was made")
     try:
         aead.decrypt(_nonce(counter, not last), block, header)
     except InvalidTag:
+        if counter == 0:
+            raise SealError(
+                "wrong passphrase, or the backup was changed since it was made"
+            ) from None
         raise SealError(
             f"the backup was changed since it was made (its chunk {counter} does not "
             "authenticate: changed, dropped or moved)"

@@ -148,17 +148,31 @@ def test_chunks_dropped_moved_or_repeated_are_refused(chunked: bytes, how: str) 
 @pytest.mark.parametrize("kept", range(1, 9))
 def test_a_file_cut_at_a_chunk_boundary_is_refused(chunked: bytes, kept: int) -> None:
     header, chunks = _chunks(chunked)
-    with pytest.raises(sealed.SealError, match=r"cut short|wrong passphrase"):
+    with pytest.raises(sealed.SealError, match=rf"cut short: it ends after chunk {kept - 1},"):
         sealed.unseal(header + b"".join(chunks[:kept]), PHRASE)
     with pytest.raises(sealed.SealError, match="not an llmgw backup"):
         sealed.unseal(header[:-1], PHRASE)
 
 
-@pytest.mark.parametrize("text", [TEXT, TEXT[: 4 * SMALL]], ids=["short-last", "full-last"])
-@pytest.mark.parametrize("extra", [b"\0", bytes(SMALL + sealed.TAG_BYTES)], ids=["1", "chunk"])
-def test_bytes_after_the_last_chunk_are_refused(text: bytes, extra: bytes) -> None:
+EXTRA = [b"\0", bytes(SMALL + sealed.TAG_BYTES)]
+
+
+@pytest.mark.parametrize("text", [TEXT[: 4 * SMALL], TEXT[:SMALL]], ids=["4-chunks", "1-chunk"])
+@pytest.mark.parametrize("extra", EXTRA, ids=["1", "chunk"])
+def test_bytes_after_a_full_last_chunk_are_refused_as_such(text: bytes, extra: bytes) -> None:
     box = sealed.seal(text, PHRASE, log2_n=10, chunk=SMALL)
-    with pytest.raises(sealed.SealError, match=r"after its end|changed since it was made"):
+    with pytest.raises(sealed.SealError, match=r"has bytes after its end \(appended"):
+        sealed.unseal(box + extra, PHRASE)
+
+
+@pytest.mark.parametrize("text", [TEXT, TEXT[:7]], ids=["9-chunks", "1-chunk"])
+@pytest.mark.parametrize("extra", EXTRA, ids=["1", "chunk"])
+def test_bytes_after_a_short_last_chunk_are_refused_as_a_change(text: bytes, extra: bytes) -> None:
+    """They join the last chunk, whose end is not in the file (sealed._open_chunk)."""
+    box = sealed.seal(text, PHRASE, log2_n=10, chunk=SMALL)
+    last = (len(text) - 1) // SMALL
+    why = rf"its chunk {last} does not" if last else "wrong passphrase, or .* changed since"
+    with pytest.raises(sealed.SealError, match=why):
         sealed.unseal(box + extra, PHRASE)
 
 
@@ -185,3 +199,16 @@ def test_sealing_holds_a_chunk_not_the_whole() -> None:
         assert len(sealer._held) <= SMALL  # what it holds is the point
     sealer.close()
     assert len(sealed.unseal(out.getvalue(), PHRASE)) == 5000
+
+
+def test_a_sealer_closed_seals_no_second_last_chunk() -> None:
+    out = io.BytesIO()
+    sealer = sealed.Sealer(out, PHRASE, log2_n=10, chunk=SMALL)
+    sealer.write(TEXT)
+    sealer.close()
+    whole = out.getvalue()
+    with pytest.raises(ValueError, match="closed already"):
+        sealer.close()
+    with pytest.raises(ValueError, match="closed Sealer"):
+        sealer.write(b"more")
+    assert out.getvalue() == whole and sealed.unseal(whole, PHRASE) == TEXT
