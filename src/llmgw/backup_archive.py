@@ -30,6 +30,7 @@ def head(bundle: BackupBundle, store_bytes: int) -> bytes:
 
 
 def _exactly(source: Readable, n: int, what: str) -> bytes:
+    """n bytes of source; ArchiveError, naming what they were to be, if it ends first."""
     got = source.read(n)
     while len(got) < n:
         more = source.read(n - len(got))
@@ -45,6 +46,11 @@ def decode_bundle(data: bytes) -> BackupBundle:
         bundle = msgspec.msgpack.decode(data, type=BackupBundle)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ArchiveError(f"the backup opened, but this llmgw cannot read it: {e}") from None
+    return readable(bundle)
+
+
+def readable(bundle: BackupBundle) -> BackupBundle:
+    """The bundle, if of the format this llmgw reads; else ArchiveError."""
     if bundle.format != BUNDLE_FORMAT:
         raise ArchiveError(f"the backup's format is {bundle.format}; this llmgw reads "
                            f"{BUNDLE_FORMAT}")  # fmt: skip

@@ -1,7 +1,7 @@
 """Backup and restore a piece at a time: a store of several chunks through `llmgw backup`
 and `llmgwd restore` comes back whole; a file damaged past its first chunk writes nothing;
 a stream cut off leaves no file at FILE; a file of llmgw 0.1 (llmgw-sealed-1) still
-restores."""
+restores, and a backup of an llmgwd 0.1 (its JSON bundle) is sealed as ours and restores."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import msgspec
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
@@ -188,6 +189,55 @@ def test_a_stream_cut_off_leaves_no_file(loop: Loop, tmp_path: Path, how: str) -
         loop.run(runner.cleanup())
     assert r.exit_code != 0 and "nothing was written" in r.output, r.output
     assert os.listdir(out) == []
+
+
+def _llmgwd_0_1(bundle: BackupBundle) -> web.Application:
+    """POST /api/v1/backup as llmgwd 0.1 answers it, whatever the Accept: the bundle, its
+    store in it, as JSON (its api/backup.py: json_response(bundle))."""
+
+    async def answer(request: web.Request) -> web.Response:
+        body = msgspec.json.encode(bundle)
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/api/v1/backup", answer)
+    return app
+
+
+async def _bundle_0_1(old: Path) -> tuple[BackupBundle, str, list[Any]]:
+    """A control plane's bundle with its store in it, as llmgwd 0.1 made it; a key, usage."""
+    store, _, key, usage = await fill(old)
+    try:
+        src = backup.Source(store, ServerConfig(name="site", state_dir=str(old)),
+                            pki.make_ca("site"), os.urandom(32), "cp1")  # fmt: skip
+        async with backup.dump(src) as made:
+            data = made.store.read()
+        return msgspec.structs.replace(made.bundle, store=data), key, usage
+    finally:
+        await store.close()
+
+
+def test_a_backup_of_an_llmgwd_0_1_is_sealed_as_ours_and_restores(
+    loop: Loop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mixed releases (a roll, a remote context): llmgw 0.2 backs up an llmgwd 0.1."""
+    (tmp_path / "old").mkdir()
+    bundle, key, usage = loop.run(_bundle_0_1(tmp_path / "old"))
+    sock = str(tmp_path / "d.sock")
+    runner = loop.run(_start_site(_llmgwd_0_1(bundle), sock))
+    file = tmp_path / "cluster.backup"
+    try:
+        r = _cli(sock, tmp_path, "backup", str(file))
+    finally:
+        loop.run(runner.cleanup())
+    assert r.exit_code == 0, r.output
+    assert "Backed up cluster site, made " in r.output and "control plane cp1" in r.output
+    assert file.read_bytes().startswith(b"llmgw-sealed-2\n")
+    fresh = tmp_path / "fresh"
+    r = _llmgwd_restore(file, fresh, tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert (fresh / "secret").read_bytes() == bundle.secret
+    assert asyncio.run(restored_state(fresh, key)) == (True, usage)
 
 
 def test_a_file_of_llmgw_0_1_still_restores(

@@ -31,6 +31,10 @@ from llmgw.cli.common import (
 )
 from llmgw.cli.units import run_llmgwd
 
+# An llmgwd 0.1 answers the BackupBundle's JSON whole (it holds its store in memory, so some
+# 300 MB at most under its MemoryMax, 400 MB of base64): read whole, up to this.
+MAX_JSON_ANSWER = 1 << 30
+
 passphrase_option = click.option(
     "--passphrase-file",
     type=click.Path(exists=True, dir_okay=False),
@@ -134,6 +138,16 @@ class _BrokenOff(Exception):
     """The answer's stream broke off."""
 
 
+def _read(body: http.client.HTTPResponse, n: int) -> bytes:
+    """Up to n bytes of the answer's body (b"" at its end); _BrokenOff if it broke off."""
+    try:
+        return body.read(n)
+    except http.client.IncompleteRead:
+        raise _BrokenOff("its answer ended before its last chunk") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise _BrokenOff(str(e) or type(e).__name__) from None
+
+
 class _Sealing:
     """The answer's body, read: each piece sealed as it is read."""
 
@@ -141,27 +155,50 @@ class _Sealing:
         self._body, self._sealer = body, sealer
 
     def read(self, n: int = -1, /) -> bytes:
-        try:
-            data = self._body.read(n)
-        except http.client.IncompleteRead:
-            raise _BrokenOff("its answer ended before its last chunk") from None
-        except (OSError, http.client.HTTPException) as e:
-            raise _BrokenOff(str(e) or type(e).__name__) from None
+        """Up to n bytes of the answer, sealed."""
+        data = _read(self._body, n)
         self._sealer.write(data)
         return data
 
 
 def _seal(body: http.client.HTTPResponse, sealer: sealed.Sealer) -> BackupBundle:
-    """The answer's stream sealed, as it comes, and checked whole (its bundle, its store to
-    the announced length and its end) before the last chunk is sealed; its bundle."""
-    reading = _Sealing(body, sealer)
+    """The answer sealed and checked whole (its bundle, its store to the announced length
+    and its end) before the last chunk is sealed; its bundle (its store empty). A stream
+    (`backup_archive`) is sealed as it comes; an llmgwd 0.1's JSON bundle, read whole, is
+    sealed as the same stream, so that a file is of one format whichever llmgwd made it."""
+    kind = body.headers.get_content_type()
     try:
-        bundle, store_bytes = archive.read_head(reading)
-        archive.copy_store(reading, store_bytes, archive.Discard())
+        if kind == "application/json":
+            bundle = _seal_json(body, sealer)
+        elif kind == archive.MEDIA_TYPE:
+            reading = _Sealing(body, sealer)
+            bundle, store_bytes = archive.read_head(reading)
+            archive.copy_store(reading, store_bytes, archive.Discard())
+        else:
+            raise archive.ArchiveError(f"llmgwd answered {kind}, not a backup")
     except _BrokenOff as e:
         raise Unreachable(f"llmgwd broke off the backup ({e}); nothing was written") from None
     sealer.close()
     return bundle
+
+
+def _seal_json(body: http.client.HTTPResponse, sealer: sealed.Sealer) -> BackupBundle:
+    """An llmgwd 0.1's answer, a BackupBundle's JSON (MAX_JSON_ANSWER at most), sealed as
+    `backup_archive`'s stream; its bundle, its store empty."""
+    data = bytearray()
+    while piece := _read(body, archive.PIECE):
+        data += piece
+        if len(data) > MAX_JSON_ANSWER:
+            raise archive.ArchiveError(f"its JSON answer is over {MAX_JSON_ANSWER >> 20} MiB")
+    try:
+        bundle = archive.readable(msgspec.json.decode(data, type=BackupBundle))
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise archive.ArchiveError(f"its JSON answer is not a backup: {e}") from None
+    del data
+    sealer.write(archive.head(bundle, len(bundle.store)))
+    for at in range(0, len(bundle.store), archive.PIECE):  # not a copy of it all at once
+        sealer.write(bundle.store[at : at + archive.PIECE])
+    return msgspec.structs.replace(bundle, store=b"")
 
 
 @contextlib.contextmanager
