@@ -13,14 +13,17 @@ SCM_RIGHTS on the notify socket (python-systemd is a C extension Debian's Python
 from __future__ import annotations
 
 import array
+import errno
 import os
 import socket
+import time
 from collections.abc import Mapping, MutableMapping, Sequence
 
 from llmgw import sdnotify
 
 LISTEN_FDS_START = 3  # SD_LISTEN_FDS_START
-_taken: dict[str, list[int]] | None = None
+BIND_TRIES = 30
+_taken = False  # take() reads what systemd passed once
 
 
 def passed(env: Mapping[str, str], pid: int) -> dict[str, list[int]]:
@@ -40,17 +43,22 @@ def passed(env: Mapping[str, str], pid: int) -> dict[str, list[int]]:
 
 
 def take(name: str, env: MutableMapping[str, str] = os.environ) -> list[int]:
-    """The descriptors systemd passed under name, once (the variables are then unset, so no
-    child sees them); close-on-exec set."""
+    """The descriptors systemd passed under name (one name per process: those of any other
+    name are closed), once; the variables are unset, so no child sees them."""
     global _taken
-    if _taken is None:
-        _taken = passed(env, os.getpid())
-        for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-            env.pop(var, None)
-        for fds in _taken.values():
-            for fd in fds:
+    if _taken:
+        return []
+    _taken = True
+    fds = passed(env, os.getpid())
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        env.pop(var, None)
+    for other, numbers in fds.items():
+        for fd in numbers:
+            if other == name:
                 os.set_inheritable(fd, False)
-    return _taken.pop(name, [])
+            else:
+                os.close(fd)
+    return fds.get(name, [])
 
 
 def keep(name: str, socks: Sequence[socket.socket]) -> bool:
@@ -86,7 +94,7 @@ def _wanted(host: str, port: int) -> list[tuple[int, tuple[str, int]]]:
     return seen
 
 
-def _bind(family: int, addr: tuple[str, int], backlog: int) -> socket.socket:
+def _bind_once(family: int, addr: tuple[str, int], backlog: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -97,35 +105,72 @@ def _bind(family: int, addr: tuple[str, int], backlog: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.setblocking(False)
     return sock
 
 
+def _bind(name: str, family: int, addr: tuple[str, int], backlog: int) -> socket.socket:
+    """A listening socket on addr. Address in use while systemd may still hold a socket of
+    ours there (it carries out FDSTOREREMOVE after this process asks): asked to drop those
+    and tried again, BIND_TRIES times 0.1 s apart."""
+    tries = 0
+    while True:
+        try:
+            return _bind_once(family, addr, backlog)
+        except OSError as e:
+            tries += 1
+            if e.errno != errno.EADDRINUSE or not sdnotify.notify_path() or tries >= BIND_TRIES:
+                raise
+            if tries == 1:
+                forget(name)
+            time.sleep(0.1)
+
+
 def _address(sock: socket.socket) -> tuple[int, tuple[str, int]]:
+    """A listening socket's (family, (address, port)), as _wanted says them."""
     addr = sock.getsockname()
     return int(sock.family), (str(addr[0]), int(addr[1]))
 
 
-def listeners(name: str, host: str, port: int, backlog: int) -> list[socket.socket]:
-    """The listening sockets for host:port: those systemd kept under name when they are
-    still what host:port binds, else new ones, given to systemd to keep."""
-    kept = [socket.socket(fileno=fd) for fd in take(name)]
-    wanted = _wanted(host, port)
-    if kept and sorted(map(_address, kept)) == sorted(wanted):
-        for sock in kept:
-            sock.setblocking(False)
-        return kept
-    for sock in kept:
-        sock.close()
-    if kept:
-        forget(name)
+def _adopt(fds: list[int]) -> list[socket.socket]:
     socks: list[socket.socket] = []
     try:
+        for fd in fds:
+            socks.append(socket.socket(fileno=fd))
+    except OSError:
+        for sock in socks:
+            sock.close()
+        for fd in fds[len(socks) :]:
+            os.close(fd)
+        raise
+    return socks
+
+
+def listeners(name: str, host: str, port: int, backlog: int) -> list[socket.socket]:
+    """The listening sockets for host:port: those systemd kept under name that host:port
+    still binds, and new ones for the rest (systemd then keeps the new set)."""
+    wanted = _wanted(host, port)
+    kept = _adopt(take(name))
+    reused = [s for s in kept if _address(s) in wanted]
+    for sock in kept:
+        if sock not in reused:
+            sock.close()
+    have = {_address(s) for s in reused}
+    if len(reused) == len(kept) and have == set(wanted):
+        for sock in reused:
+            sock.setblocking(False)
+        return reused
+    if kept:
+        forget(name)  # every socket of name; those reused are given again below
+    socks = list(reused)
+    try:
         for family, addr in wanted:
-            socks.append(_bind(family, addr, backlog))
+            if (family, addr) not in have:
+                socks.append(_bind(name, family, addr, backlog))
     except OSError:
         for sock in socks:
             sock.close()
         raise
+    for sock in socks:
+        sock.setblocking(False)
     keep(name, socks)
     return socks

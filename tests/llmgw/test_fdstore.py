@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +110,34 @@ def test_without_systemd_the_port_is_bound_and_nothing_sent(
     assert [s.getsockname()[0] for s in socks] == ["127.0.0.1"]
     for s in socks:
         s.close()
+
+
+def test_a_new_host_on_the_same_port_waits_for_systemd_to_drop_the_old_socket(
+    systemd: Systemd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client.listen moved from 0.0.0.0:P to 127.0.0.1:P: systemd still holds the old
+    socket until it has read FDSTOREREMOVE (here: 0.3 s later), and the bind waits for it."""
+    held = socket.create_server(("0.0.0.0", 0))  # systemd's copy
+    port = held.getsockname()[1]
+    monkeypatch.setattr(fdstore, "take", lambda name: [os.dup(held.fileno())])
+
+    def carry_out() -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if any("FDSTOREREMOVE=1" in text for text, _ in systemd.messages()):
+                time.sleep(0.3)
+                held.close()
+                return
+            time.sleep(0.01)
+
+    worker = threading.Thread(target=carry_out)
+    worker.start()
+    try:
+        [sock] = fdstore.listeners("client-port", "127.0.0.1", port, 16)
+    finally:
+        worker.join()
+        held.close()
+    try:
+        assert sock.getsockname() == ("127.0.0.1", port)
+    finally:
+        sock.close()

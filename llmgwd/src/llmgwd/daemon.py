@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from llmgw import entry, localsock, pki, sdnotify
+from llmgw import entry, fdstore, localsock, pki, sdnotify
 from llmgw.config import ServerConfig
 from llmgwd import memory_bound
 from llmgwd.accounting.allotments import Allotments
@@ -62,6 +62,8 @@ from llmgwd.slurm.settings import SettingsStore
 from llmgwd.store.open import open_store
 
 log = logging.getLogger("llmgwd")
+# How long start-up waits for the published replicas before serving /v1 without them.
+PUBLISHED_WAIT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,7 @@ class Daemon:
         ctx = self._api_context(keys, url)
         ctx.credentials = Credentials(secret)  # external providers' credentials, sealed
         await self._serve_cluster(keys)
+        await self._published_loaded()
         await self._serve_client(ctx, secret, keys)
         await self._serve_local(ctx)
         sdnotify.ready(f"serving /v1 on {cfg.client.listen}, agents on {cfg.cluster.listen}")
@@ -191,6 +194,14 @@ class Daemon:
             url,
             cfg.socket,
         )
+
+    async def _published_loaded(self) -> None:
+        """Wait (bounded) for the replicas the leader published: a request that waited in the
+        client port's queue through a restart is routed by them, not refused with none."""
+        try:
+            await asyncio.wait_for(self.published.loaded.wait(), PUBLISHED_WAIT_S)
+        except TimeoutError:
+            log.warning("the published replicas are not read yet: serving /v1 without them")
 
     def _api_context(self, keys: Pki, url: str) -> ApiContext:
         """What /api/v1's handlers reach: the catalog, the nodes, the usage, the roles."""
@@ -427,9 +438,15 @@ async def run(config: ServerConfig, make: Callable[[ServerConfig], Daemon] = Dae
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await daemon.start()
-    loop.add_signal_handler(signal.SIGHUP, daemon.reload)  # `systemctl reload llmgwd`
-    entry.settle_heap()  # what start-up built leaves the collector's generations
-    await stop.wait()
-    await daemon.stop()
+    try:
+        await daemon.start()
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload)  # `systemctl reload llmgwd`
+        entry.settle_heap()  # what start-up built leaves the collector's generations
+        await stop.wait()
+        await daemon.stop()
+    except BaseException:
+        # Failing: systemd is to close the client port rather than hold it through restarts
+        # that may fail the same way (clients are refused, not left waiting).
+        fdstore.forget(listener.FDNAME)
+        raise
     os.environ.pop("NOTIFY_SOCKET", None)

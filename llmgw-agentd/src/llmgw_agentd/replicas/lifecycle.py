@@ -30,6 +30,8 @@ from llmgw_agentd.replicas.unit_properties import KEY_ARG, UNIT_PREFIX, unit_nam
 from llmgw_agentd.systemd import RUNNING_STATES, UNIT_EXISTS, Systemd, SystemdError, UnitState
 
 log = logging.getLogger(__name__)
+# How long an adopted engine is asked whether it answers before the agent registers.
+ADOPT_PROBE_S = 2.0
 
 RUNTIME_DIR = Path("/run/llmgw-agent")
 LOOPBACK = "127.0.0.1"  # where engines listen before the link has said anything better
@@ -222,12 +224,16 @@ class Replicas:
         keeps sending it requests through the agent's restart (an upgrade's); else it is
         starting until the supervisor's first probe."""
         engine = self._probe(r)  # its calls answer 0, False or empty props: they never raise
-        if await engine.health() != 200 or not await engine.lists_model():
+        try:
+            async with asyncio.timeout(ADOPT_PROBE_S):  # a hung engine holds no Register up
+                if await engine.health() != 200 or not await engine.lists_model():
+                    return
+                props = await engine.props()
+        except TimeoutError:
             return
-        props = await engine.props()
         r.slots = engines.slots(r.spec, props.total_slots)
         r.context = props.default_generation_settings.n_ctx
-        r.state, r.message = "ready", ""
+        self._set(r, "ready", "")
 
     async def _apply_one(self, spec: ReplicaSpec) -> None:
         fingerprint = spec.fingerprint()

@@ -47,8 +47,10 @@ log = logging.getLogger("llmgwd.clientport.listener")
 # aiohttp's default backlog (128) overflowed with a few hundred clients connecting at once
 # (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.
 BACKLOG = 4096
-# Stopping: how long idle keep-alive connections may still bring a request (then cut).
+# Stopping: how long idle keep-alive connections may still bring a request (then cut), and
+# how long then an answer in flight (a stream) may take: within the unit's TimeoutStopSec=30s.
 DRAIN_IDLE_S = 2.0
+SHUTDOWN_S = 25.0
 FDNAME = "client-port"  # its sockets' name in systemd's store
 
 
@@ -498,7 +500,8 @@ async def serve(
     # With no origin listed there is no preflight to answer: one middleware less a request.
     app.middlewares[:0] = [errors_outside, preflight] if settings.cors_origins else [errors_outside]
     app.on_response_prepare.append(on_prepare)
-    runner = ClientRunner(app, settings, own_tls, access_log=None, shutdown_timeout=10.0)
+    runner = ClientRunner(app, settings, own_tls, access_log=None,
+                          shutdown_timeout=SHUTDOWN_S)  # fmt: skip
     if settings.trusted_proxies:  # else no middleware: a request's client is its peer
         app.middlewares.insert(0, behind_proxies(TrustedProxies(settings.trusted_proxies),
                                                  runner.gate))  # fmt: skip

@@ -139,6 +139,7 @@ class Published:
         self._by_key: dict[str, LiveReplica] = {}
         self._keys: dict[str, str] = {}  # replica id -> its engine key
         self._ready: dict[str, list[tuple[str, LiveReplica]]] = {}  # model -> (node, replica)
+        self.loaded = asyncio.Event()  # set once the first load is in
 
     async def follow(self) -> None:
         """Load, then follow the prefix for ever (reloading after a compaction or a failure)."""
@@ -147,6 +148,7 @@ class Published:
                 kvs, revision = await self._store.range(LIVE, prefix_end(LIVE))
                 self._by_key = {kv.key: _dec.decode(kv.value) for kv in kvs}
                 self._ready.clear()
+                self.loaded.set()
                 async for ev in self._store.watch(
                     LIVE, prefix_end(LIVE), start_revision=revision + 1
                 ):
