@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from llmgw import config, ipc, pki, sealed
+from llmgw import backup_archive, config, ipc, pki, sealed
 from llmgw.api_types import BackupBundle
 from llmgw.cli import backup as cli_backup
 from llmgw.cli.main import main
@@ -95,21 +95,42 @@ def old(tmp_path: Path) -> Old:
     return Old(d, pki.make_ca("site"), os.urandom(32), "", [])
 
 
+async def sealed_backup(src: backup.Source, path: Path) -> BackupBundle:
+    """src backed up into a file at path as `llmgw backup` writes it (POST /backup's stream,
+    sealed as it comes, a piece at a time); its bundle (its store empty)."""
+    async with backup.dump(src) as made:
+        with path.open("wb") as out:
+            sealer = sealed.Sealer(out, PHRASE)
+            sealer.write(backup_archive.head(made.bundle, made.store_bytes))
+            while piece := made.store.read(backup_archive.PIECE):
+                sealer.write(piece)
+            sealer.close()
+    return made.bundle
+
+
+def read_back(file: Path, phrase: str = PHRASE) -> BackupBundle:
+    """A backup file opened and read to its verified end, as `llmgwd restore` reads it; its
+    bundle (its store empty)."""
+    with file.open("rb") as f:
+        opened = cli_backup.open_backup(f, phrase)
+        opened.copy_store(backup_archive.Discard())
+    return opened.bundle
+
+
 def make_file(old: Old, tmp_path: Path, *, wrap: bool = False) -> Path:
     """Fill the old control plane, back it up (through a store that is not SQLite's when
     wrap: etcd's way) into a sealed file, and wipe the old state dir."""
+    path = tmp_path / "cluster.backup"
 
-    async def made() -> msgspec.Raw:
+    async def made() -> None:
         store, _, old.key, old.usage = await fill(old.state_dir)
         try:
             used: Store = cast(Store, NotSqlite(store)) if wrap else store
-            return msgspec.Raw(msgspec.msgpack.encode(await backup.make(source(old, used))))
+            await sealed_backup(source(old, used), path)
         finally:
             await store.close()
 
-    bundle = msgspec.msgpack.decode(bytes(asyncio.run(made())), type=BackupBundle)
-    path = tmp_path / "cluster.backup"
-    path.write_bytes(cli_backup.seal_bundle(bundle, PHRASE))
+    asyncio.run(made())
     shutil.rmtree(old.state_dir)
     return path
 
@@ -124,9 +145,20 @@ class NotSqlite:
         return getattr(self._inner, name)
 
 
-def restore(file: Path, fresh: Path, phrase: str = PHRASE) -> ServerConfig:
-    bundle = cli_backup.open_bundle(file.read_bytes(), phrase)
-    return backup.restore(bundle, fresh, fresh / "server.yaml", None)
+def restore(
+    file: Path,
+    fresh: Path,
+    phrase: str = PHRASE,
+    *,
+    config_path: Path | None = None,
+    owner: tuple[int, int] | None = None,
+) -> ServerConfig:
+    """The file restored into fresh as `llmgwd restore` does it: its store staged as the file
+    is read, the rest written once it was whole (server.yaml in fresh unless config_path)."""
+    with file.open("rb") as f:
+        opened = cli_backup.open_backup(f, phrase)
+        settings = config_path or fresh / "server.yaml"
+        return backup.restore(opened.bundle, fresh, settings, owner, opened.copy_store)
 
 
 @pytest.mark.parametrize("wrap", [False, True], ids=["sqlite-backup", "keys-copied"])
@@ -178,11 +210,11 @@ def test_the_restored_settings_are_0640_of_llmgws_group_in_a_0750_directory(
     old: Old, tmp_path: Path
 ) -> None:
     """server.yaml may hold a proxy's password: restored as the package has it, not 0644."""
-    bundle = cli_backup.open_bundle(make_file(old, tmp_path).read_bytes(), PHRASE)
+    file = make_file(old, tmp_path)
     etc = tmp_path / "etc" / "llmgw"  # missing: restore makes it
     others = [g for g in os.getgroups() if g != os.getgid()]
     gid = 1 if os.geteuid() == 0 else next(iter(others), os.getgid())  # llmgw's, here
-    backup.restore(bundle, tmp_path / "fresh", etc / "server.yaml", (os.getuid(), gid))
+    restore(file, tmp_path / "fresh", config_path=etc / "server.yaml", owner=(os.getuid(), gid))
     settings = (etc / "server.yaml").stat()
     assert (settings.st_mode & 0o777, settings.st_gid) == (0o640, gid)
     assert (etc.stat().st_mode & 0o777, etc.stat().st_gid) == (0o750, gid)
@@ -192,11 +224,10 @@ def test_a_restore_failing_on_the_settings_leaves_nothing_behind_and_is_tried_ag
     old: Old, tmp_path: Path
 ) -> None:
     file = make_file(old, tmp_path)
-    bundle = cli_backup.open_bundle(file.read_bytes(), PHRASE)
     fresh, blocked = tmp_path / "fresh", tmp_path / "etc"
     blocked.write_text("a file where server.yaml's directory should be")
     with pytest.raises(OSError):
-        backup.restore(bundle, fresh, blocked / "llmgw" / "server.yaml", None)
+        restore(file, fresh, config_path=blocked / "llmgw" / "server.yaml")
     assert [p for p in fresh.rglob("*") if not p.is_dir()] == []  # no CA, secret, store
     restore(file, fresh)  # the same file again, the settings where they can be written
     assert pki.read_pair(fresh / "pki/ca.pem", fresh / "pki/ca.key") == old.ca
@@ -313,7 +344,7 @@ def test_llmgw_backup_follows_no_link_planted_where_it_writes(
     assert sorted(p.name for p in out.iterdir()) == [".cluster.backup.tmp", "cluster.backup"]
     written = out / "cluster.backup"
     assert not written.is_symlink() and written.stat().st_mode & 0o777 == 0o600
-    assert cli_backup.open_bundle(written.read_bytes(), PHRASE).cluster == "site"
+    assert read_back(written).cluster == "site"
 
 
 def _into(fresh: Path) -> Any:

@@ -13,14 +13,13 @@ import pytest
 
 from llmgw import pki
 from llmgw.api_types import BackupBundle
-from llmgw.cli import backup as cli_backup
 from llmgw.config import ServerConfig, StoreConfig
 from llmgwd.planes import backup
 from llmgwd.store import prefix_end
 from llmgwd.store.etcd import EtcdStore
 from llmgwd.store.sqlite import SqliteStore
 from tests.llmgwd.store import local_etcd
-from tests.llmgwd.test_backup import PHRASE, fill_store, restored_state
+from tests.llmgwd.test_backup import fill_store, restore, restored_state, sealed_backup
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +31,7 @@ def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_etcd.Memb
 
 
 async def backed_up(
-    member: local_etcd.Member, ca: pki.CertKey, secret: bytes
+    member: local_etcd.Member, ca: pki.CertKey, secret: bytes, file: Path
 ) -> tuple[BackupBundle, str, list[object]]:
     store = await EtcdStore.open(member.endpoint, ca_file=member.ca_file,
                                  cert_file=member.cert_file, key_file=member.key_file)  # fmt: skip
@@ -42,7 +41,7 @@ async def backed_up(
         lease = await store.lease_grant(30)
         await store.put("/servers/cp1", b"{}", lease=lease)
         cfg = ServerConfig(name="site", store=StoreConfig(backend="etcd"))
-        bundle = await backup.make(backup.Source(store, cfg, ca, secret, "cp1"))
+        bundle = await sealed_backup(backup.Source(store, cfg, ca, secret, "cp1"), file)
         return bundle, key, list(usage)
     finally:
         await store.close()
@@ -52,13 +51,11 @@ def test_an_etcd_clusters_backup_restores_as_one_plane(
     member: local_etcd.Member, tmp_path: Path
 ) -> None:
     ca, secret = pki.make_ca("site"), os.urandom(32)
-    bundle, key, usage = asyncio.run(backed_up(member, ca, secret))
-    assert (bundle.backend, bundle.cluster) == ("etcd", "site")
     file = tmp_path / "cluster.backup"
-    file.write_bytes(cli_backup.seal_bundle(bundle, PHRASE))
+    bundle, key, usage = asyncio.run(backed_up(member, ca, secret, file))
+    assert (bundle.backend, bundle.cluster) == ("etcd", "site")
     fresh = tmp_path / "fresh"
-    opened = cli_backup.open_bundle(file.read_bytes(), PHRASE)
-    cfg = backup.restore(opened, fresh, fresh / "server.yaml", None)
+    cfg = restore(file, fresh)
     assert cfg.store.backend == "sqlite"
     assert pki.read_pair(fresh / "pki/ca.pem", fresh / "pki/ca.key") == ca
     assert asyncio.run(restored_state(fresh, key)) == (True, usage)

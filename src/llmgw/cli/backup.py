@@ -43,12 +43,6 @@ passphrase_option = click.option(
 )
 
 
-def seal_bundle(bundle: BackupBundle, passphrase: str) -> bytes:
-    """The bundle as a backup file's bytes, in memory (for a small one: `llmgw backup`
-    streams)."""
-    return sealed.seal(archive.head(bundle, len(bundle.store)) + bundle.store, passphrase)
-
-
 @dataclass(frozen=True, slots=True)
 class Opened:
     """A backup file opened: its bundle, whose store copy_store() writes out."""
@@ -75,16 +69,8 @@ def open_backup(source: sealed.Readable, passphrase: str) -> Opened:
     return Opened(bundle, plain, store_bytes)
 
 
-def open_bundle(data: bytes, passphrase: str) -> BackupBundle:
-    """A backup file's bundle, its store in it, in memory (for a small one: `llmgwd
-    restore` streams); sealed.SealError when it cannot be opened or read."""
-    opened = open_backup(io.BytesIO(data), passphrase)
-    store = io.BytesIO()
-    opened.copy_store(store)
-    return msgspec.structs.replace(opened.bundle, store=store.getvalue())
-
-
 def _passphrase(path: str) -> str:
+    """The passphrase file's passphrase; Refused, naming the file, if it is not one."""
     try:
         return sealed.read_passphrase(path)
     except (OSError, UnicodeDecodeError, sealed.SealError) as e:

@@ -82,6 +82,7 @@ async def _store(made: backup.Dump) -> AsyncIterator[bytes]:
 
 
 async def _archive(made: backup.Dump) -> AsyncIterator[bytes]:
+    """The backup as `backup_archive`'s stream: its head, then the store."""
     yield archive.head(made.bundle, made.store_bytes)
     async for piece in _store(made):
         yield piece

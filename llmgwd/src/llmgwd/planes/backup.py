@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import msgspec
-
 from llmgw import config, package_version, pki
 from llmgw.api_types import BackupBundle
 from llmgw.config import ServerConfig
@@ -67,6 +65,7 @@ def _spool_dir(cfg: ServerConfig) -> Path:
 
 
 def _remove(path: Path) -> None:
+    """path and the journals SQLite may have left beside it, those there."""
     for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
         p.unlink(missing_ok=True)
 
@@ -120,14 +119,6 @@ async def dump(src: Source) -> AsyncIterator[Dump]:
         log.info("backup made: %d keys, %d bytes of store, %d named files, in %.2f s", keys,
                  size, len(files), time.monotonic() - started)  # fmt: skip
         yield Dump(bundle, f, size)
-
-
-async def make(src: Source) -> BackupBundle:
-    """dump()'s bundle with its store in it, in memory (for a small store: POST /backup
-    streams)."""
-    async with dump(src) as made:
-        data = await asyncio.to_thread(made.store.read)
-    return msgspec.structs.replace(made.bundle, store=data)
 
 
 def restored_config(bundle: BackupBundle, state_dir: Path | None) -> ServerConfig:
@@ -228,6 +219,7 @@ def restore(
 
 
 def _write_keys(bundle: BackupBundle, state_dir: Path) -> None:
+    """The cluster CA, its key and the secret written under state_dir, private."""
     d = state_dir / "pki"
     d.mkdir(mode=0o700, exist_ok=True)
     ca = pki.CertKey(bundle.ca_cert_pem.encode(), bundle.ca_key_pem.encode())
