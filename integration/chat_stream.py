@@ -23,10 +23,11 @@ def _one(client: openai.OpenAI, url: str, model: str) -> dict[str, Any]:
             model=model, max_tokens=4, temperature=0, seed=1,
             messages=[{"role": "user", "content": "Say hi."}],
         )  # fmt: skip
-        ok, error = bool(r.choices), ""
+        ok, error, cause = bool(r.choices), "", ""
     except Exception as e:
-        ok, error = False, repr(e)[:300]
-    return {"url": url, "t0": started, "t1": time.time(), "ok": ok, "error": error}
+        # the cause: httpx's ConnectError where the request never reached a server
+        ok, error, cause = False, repr(e)[:300], type(e.__cause__).__name__
+    return {"url": url, "t0": started, "t1": time.time(), "ok": ok, "error": error, "cause": cause}
 
 
 def _worker(n: int, key: str, model: str, urls: list[str], stop: threading.Event,

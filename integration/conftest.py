@@ -16,6 +16,7 @@ from playwright.sync_api import Browser, sync_playwright
 # The tests import integration.harness, whichever directory pytest was started from.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from integration import debs
 from integration.harness import (
     SYSTEMD,
     TEST_BASE,
@@ -25,6 +26,7 @@ from integration.harness import (
     PrivateSystemd,
     binds,
     reap_stale,
+    shutdown_all,
 )
 
 HERE = Path(__file__).parent.resolve()
@@ -109,6 +111,20 @@ def _needs_private_systemd() -> None:
         _skip_or_fail(why)
 
 
+@pytest.fixture(scope="session")
+def tree_debs() -> Iterator[list[Path]]:
+    """This checkout's three .debs at its own version, linted, built once for the session
+    (test_packages installs them, test_upgrade rolls onto them)."""
+    why = debs.build_tools()
+    if why:
+        pytest.skip(why)
+    out = TEST_BASE / f"packages-tree-{os.getpid()}"
+    try:
+        yield debs.build(out, lint=True)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def systemd(request: pytest.FixtureRequest) -> Iterator[PrivateSystemd]:
     """A private systemd for the module, sharing the host's network; removed after it."""
@@ -141,12 +157,7 @@ def make_systemd(request: pytest.FixtureRequest) -> Iterator[MakeSystemd]:
     try:
         yield make
     finally:
-        errors = []
-        for ps in reversed(made):
-            try:
-                ps.shutdown()
-            except Exception as e:
-                errors.append(str(e))
+        errors = shutdown_all(made)
         if errors:
             raise RuntimeError("; ".join(errors))
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from integration.harness import REPO, Lan, PrivateSystemd, binds
+from integration.harness import REPO, Lan, PrivateSystemd, binds, shutdown_all
 from integration.llmgw_node import MODEL, VENV, Node, gguf
 from llmgw import ipc
 
@@ -146,12 +146,7 @@ class Booted:
         return node
 
     def close(self) -> None:
-        errors = []
-        for ps in reversed(self.made):
-            try:
-                ps.shutdown()
-            except Exception as e:
-                errors.append(str(e))
+        errors = shutdown_all(self.made)
         self.lan.destroy()
         if errors:
             raise RuntimeError("; ".join(errors))

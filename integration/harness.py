@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -758,6 +759,21 @@ class PrivateSystemd:
             time.sleep(0.2)
         status = self.systemctl("status", unit, check=False).stdout
         raise HarnessError(f"{unit} is {state}\n{status}\n{self.journal(unit, 40)}")
+
+
+def shutdown_all(systemds: Sequence[PrivateSystemd]) -> list[str]:
+    """Power off every one at once (each waits on its own units' stops); what went wrong."""
+    errors: list[str] = []
+
+    def one(ps: PrivateSystemd) -> None:
+        try:
+            ps.shutdown()
+        except Exception as e:
+            errors.append(f"{ps.name}: {e}")
+
+    with ThreadPoolExecutor(max_workers=max(1, len(systemds))) as pool:
+        list(pool.map(one, systemds))
+    return errors
 
 
 def drop_in(exe: Path) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from integration.harness import Lan, PrivateSystemd, binds, install_units
+from integration.harness import Lan, PrivateSystemd, binds, install_units, shutdown_all
 from integration.llmgw_node import VENV, Node
 from llmgw import pki
 
@@ -93,9 +93,9 @@ def remote() -> Iterator[Remote]:
         found = re.search(r"CA sha256: ([0-9a-f]{64})", cp.llmgw("status").stdout)
         yield Remote(cp, laptop, found.group(1) if found else "")
     finally:
-        for ps in reversed(made):
-            ps.shutdown()
+        errors = shutdown_all(made)
         lan.destroy()
+        assert not errors, errors
 
 
 def test_status_prints_the_fingerprint_a_context_pins(remote: Remote) -> None:

@@ -23,15 +23,14 @@ from typing import Any
 import openai
 import pytest
 
+from integration.debs import APT, PACKAGES, build, deb_version
 from integration.harness import REPO, TEST_BASE, MakeSystemd, PrivateSystemd
 from integration.llmgw_node import MODEL, Node
 from integration.steady import Stream
 
 CLIENT_PORT = 17720  # apart from test_single_node's ports and a quickstart's 7700
 CLUSTER_PORT = 17730
-PACKAGES = ("llmgw", "llmgwd", "llmgw-agentd")
 BUMP = "+upgrade1"  # sorts after the version it is added to
-APT = {"DEBIAN_FRONTEND": "noninteractive"}
 # The llama-server copy agent.yaml names: a site's own file, which no package touches.
 LLAMA = "/usr/local/lib/llmgw/llama-server"
 # llmgwd's package installs the Grafana dashboard as the repository keeps it.
@@ -47,52 +46,15 @@ COMPILED = (
 )
 
 
-def _build_tools() -> str | None:
-    """Why the .debs cannot be built here (after trying to install what is missing)."""
-    if shutil.which("uv") is None:
-        return "uv is not on PATH (python3 -m pip install uv)"
-    missing = [t for t in ("dpkg-buildpackage", "dh") if shutil.which(t) is None]
-    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "debhelper", "dpkg-dev"],
-            capture_output=True, env={**os.environ, **APT}, timeout=600, check=False,
-        )  # fmt: skip
-        missing = [t for t in missing if shutil.which(t) is None]
-    if missing:
-        return f"needs {', '.join(missing)} (apt-get install debhelper dpkg-dev)"
-    return None
-
-
-def build(out: Path, version: str | None = None, lint: bool = False) -> list[Path]:
-    """scripts/build-packages --deb into out; the three .debs it made."""
-    cmd = [str(REPO / "scripts/build-packages"), "--deb", "--out", str(out)]
-    cmd += ["--version", version] if version else []
-    cmd += [] if lint and shutil.which("lintian") else ["--no-lint"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, f"build-packages failed:\n{r.stderr[-4000:]}"
-    debs = sorted(Path(p) for p in r.stdout.split() if p.endswith(".deb"))
-    assert {p.name.split("_")[0] for p in debs} == set(PACKAGES), r.stdout
-    return debs
-
-
-def deb_version(deb: Path) -> str:
-    return subprocess.run(
-        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
 @pytest.fixture(scope="module")
-def debs() -> Iterator[dict[str, list[Path]]]:
-    """Two builds: the checkout's version, and a newer one to upgrade to."""
-    why = _build_tools()
-    if why:
-        pytest.skip(why)
+def debs(tree_debs: list[Path]) -> Iterator[dict[str, list[Path]]]:
+    """Two builds: the checkout's version (the session's, linted), and a newer one to upgrade
+    to."""
     # Under TEST_BASE, on the host's root: the private systemd's overlay shows it as it is.
     out = TEST_BASE / f"packages-{os.getpid()}"
     try:
-        old = build(out / "old", lint=True)
-        new = build(out / "new", deb_version(old[0]) + BUMP)
-        yield {"old": old, "new": new}
+        new = build(out / "new", deb_version(tree_debs[0]) + BUMP)
+        yield {"old": tree_debs, "new": new}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -105,6 +105,7 @@ class _Job:
         self.progress = progress
         self.extra: dict[str, Any] = {} if ssl is None else {"ssl": ssl}
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_s, sock_read=stall_s)
+        self.received = 0  # bytes of the file that came over the wire, every try together
 
     def tell(self) -> None:
         if self.progress is not None:
@@ -190,6 +191,7 @@ class _Job:
                     break
                 if self.w.done + len(chunk) > self.want.size:
                     raise _Restart(f"{safe_url(resp.url)} sends more than {self.want.size} bytes")
+                self.received += len(chunk)
                 if OFFLOAD:
                     pending = loop.run_in_executor(None, self.w.write, chunk)
                 else:
@@ -370,13 +372,16 @@ async def fetch(
             await _attempts(job, attempts, backoff_s)
         sha = await _in_thread(_publish, store, w, want)
     took = time.monotonic() - started
+    # received: what came over the wire, every try of this fetch together; with a cut carried
+    # on by a Range it is the size less what was resumed (more: bytes fetched twice).
     log.info(
-        "fetched %s: %d bytes (%d resumed) in %.1f s, %.0f MB/s",
+        "fetched %s: %d bytes (%d resumed, %d received) in %.1f s, %.0f MB/s",
         want.path,
         want.size,
         resumed,
+        job.received,
         took,
-        (want.size - resumed) / max(took, 1e-6) / 1e6,
+        job.received / max(took, 1e-6) / 1e6,
     )
     return sha
 

@@ -163,18 +163,24 @@ async def test_a_file_is_fetched_checked_and_published_readable_by_all(
 
 
 async def test_a_cut_connection_resumes_without_fetching_the_bytes_before_the_cut(
-    upstream: Upstream, session: aiohttp.ClientSession, store: BlobStore
+    upstream: Upstream,
+    session: aiohttp.ClientSession,
+    store: BlobStore,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     data = os.urandom(3 << 20)
     upstream.files["m"] = data
     upstream.cut_at = [1_000_000, 2_000_000]
 
-    sha = await fetch(session, url(upstream, "m"), store, model_file(data), backoff_s=0.01)
+    with caplog.at_level(logging.INFO, logger="llmgw.download"):
+        sha = await fetch(session, url(upstream, "m"), store, model_file(data), backoff_s=0.01)
 
     assert store.path(sha).read_bytes() == data
     ranges = [h.get("Range") for _, _, h in upstream.requests]
     assert ranges == [None, "bytes=1000000-", "bytes=3000000-"]
     assert upstream.sent == len(data)
+    # what the journal says: every byte came over the wire once, across the cuts
+    assert f"{len(data)} bytes (0 resumed, {len(data)} received)" in caplog.text
 
 
 async def test_a_partial_left_by_a_stopped_fetch_is_carried_on(
