@@ -44,7 +44,8 @@ def passed(env: Mapping[str, str], pid: int) -> dict[str, list[int]]:
 
 def take(name: str, env: MutableMapping[str, str] = os.environ) -> list[int]:
     """The descriptors systemd passed under name (one name per process: those of any other
-    name are closed), once; the variables are unset, so no child sees them."""
+    name are closed and dropped from the store), once; the variables are unset, so no child
+    sees them."""
     global _taken
     if _taken:
         return []
@@ -58,6 +59,8 @@ def take(name: str, env: MutableMapping[str, str] = os.environ) -> list[int]:
                 os.set_inheritable(fd, False)
             else:
                 os.close(fd)
+        if other != name:
+            forget(other)  # else systemd passes them at every start, holding what they hold
     return fds.get(name, [])
 
 
@@ -132,6 +135,7 @@ def _address(sock: socket.socket) -> tuple[int, tuple[str, int]]:
 
 
 def _adopt(fds: list[int]) -> list[socket.socket]:
+    """The passed descriptors as sockets; on a failure, every one closed."""
     socks: list[socket.socket] = []
     try:
         for fd in fds:

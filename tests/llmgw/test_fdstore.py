@@ -141,3 +141,28 @@ def test_a_new_host_on_the_same_port_waits_for_systemd_to_drop_the_old_socket(
         assert sock.getsockname() == ("127.0.0.1", port)
     finally:
         sock.close()
+
+
+def test_what_systemd_passed_is_taken_once_and_other_names_are_closed_and_dropped(
+    systemd: Systemd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine, other = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setattr(fdstore, "LISTEN_FDS_START", 700)  # fds 3, 4 are this test run's
+    monkeypatch.setattr(fdstore, "_taken", False)
+    os.dup2(mine.fileno(), 700)
+    os.dup2(other.fileno(), 701)
+    env = {"LISTEN_PID": str(os.getpid()), "LISTEN_FDS": "2",
+           "LISTEN_FDNAMES": "client-port:old-name"}  # fmt: skip
+    try:
+        assert fdstore.take("client-port", env) == [700]
+        assert env == {}  # no child sees them
+        with pytest.raises(OSError):
+            os.fstat(701)  # the other name's closed here...
+        assert [text for text, _ in systemd.messages()] == [
+            "FDSTOREREMOVE=1\nFDNAME=old-name"  # ...and dropped from systemd's store
+        ]
+        assert fdstore.take("client-port", {}) == []  # once
+    finally:
+        os.close(700)
+        mine.close()
+        other.close()

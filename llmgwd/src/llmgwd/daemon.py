@@ -64,6 +64,7 @@ from llmgwd.store.open import open_store
 log = logging.getLogger("llmgwd")
 # How long start-up waits for the published replicas before serving /v1 without them.
 PUBLISHED_WAIT_S = 10.0
+LOCAL_SHUTDOWN_S = 4.0  # the local socket's answers in flight at a stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +390,9 @@ class Daemon:
         app = api_app(ctx, peercred_auth(self.config.socket_group))
         app.router.add_get(metrics.PATH, metrics.socket_handler(self.scraper.render))
         app.router.add_get(metrics.ENGINES_PATH, metrics.socket_handler(self.engine_metrics.render))
-        runner = web.AppRunner(app, access_log=None)
+        # Its answers in flight (a backup's stream) get LOCAL_SHUTDOWN_S at a stop: with the
+        # client port's, within the unit's TimeoutStopSec=30s.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=LOCAL_SHUTDOWN_S)
         await runner.setup()
         await web.UnixSite(runner, str(path)).start()
         localsock.secure_socket(str(path), self.config.socket_group)
@@ -445,8 +448,9 @@ async def run(config: ServerConfig, make: Callable[[ServerConfig], Daemon] = Dae
         await stop.wait()
         await daemon.stop()
     except BaseException:
-        # Failing: systemd is to close the client port rather than hold it through restarts
-        # that may fail the same way (clients are refused, not left waiting).
-        fdstore.forget(listener.FDNAME)
+        # Failing (not stopping when asked): systemd is to close the client port rather than
+        # hold it through restarts that may fail the same way (clients refused, not queued).
+        if not stop.is_set():
+            fdstore.forget(listener.FDNAME)
         raise
     os.environ.pop("NOTIFY_SOCKET", None)

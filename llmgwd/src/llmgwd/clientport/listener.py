@@ -48,9 +48,10 @@ log = logging.getLogger("llmgwd.clientport.listener")
 # (bench/router: 5,000 streams); the kernel caps this at net.core.somaxconn.
 BACKLOG = 4096
 # Stopping: how long idle keep-alive connections may still bring a request (then cut), and
-# how long then an answer in flight (a stream) may take: within the unit's TimeoutStopSec=30s.
+# how long then an answer in flight (a stream) may take. With the local socket's 4 s and the
+# store's close, within the unit's TimeoutStopSec=30s.
 DRAIN_IDLE_S = 2.0
-SHUTDOWN_S = 25.0
+SHUTDOWN_S = 20.0
 FDNAME = "client-port"  # its sockets' name in systemd's store
 
 
