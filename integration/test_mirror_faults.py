@@ -248,12 +248,13 @@ def agent_restarted_mid_fetch_carries_on(m: Mirrors) -> dict[str, int]:
     finally:
         _unslow(b)
     found = re.findall(
-        rf"fetched {re.escape(GGUF_NAME)}: {len(data)} bytes \((\d+) resumed\)",
+        rf"fetched {re.escape(GGUF_NAME)}: {len(data)} bytes \((\d+) resumed, (\d+) received\)",
         _journal(n1, "llmgw-agentd"),
     )
     assert found, _journal(n1, "llmgw-agentd")[-3000:]
-    resumed = int(found[-1])
+    resumed, received = map(int, found[-1])
     assert resumed >= CUT_AT
+    assert received == len(data) - resumed  # what the agent says it took over the wire
     assert _blobs_check(n1, f"{MODELS_DIR}/blobs") == [want]
     assert len(data) <= sent < len(data) + resumed // 2, (sent, len(data), resumed)
     assert _chat(m, "smol")
