@@ -96,6 +96,38 @@ def previous(say: Callable[[str], None] = _stderr) -> Release | str:
     return release
 
 
+def previous_debs(say: Callable[[str], None] = _stderr) -> list[Path] | str:
+    """The previous release's .debs, built by its own scripts/build-packages from a worktree
+    of its commit, once (under previous()'s lock): cached in ~/.cache/llmgw/releases/VERSION/
+    debs; a string saying why not where this clone lacks its commit."""
+    commit = commit_of(PREVIOUS, PREVIOUS_COMMIT)
+    if not commit:
+        return (f"the commit of v{PREVIOUS} ({PREVIOUS_COMMIT[:12]}) is not in this clone: "
+                f"git fetch --tags")  # fmt: skip
+    base = CACHE / "releases" / PREVIOUS
+    out, built = base / "debs", base / "debs" / "built"
+    base.mkdir(parents=True, exist_ok=True)
+    with (base / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if built.exists() and built.read_text().strip() == commit:
+            return sorted(out.glob("*.deb"))
+        shutil.rmtree(out, ignore_errors=True)
+        tree = base / "worktree"  # build-packages copies what git tracks: a worktree, not src
+        _git("worktree", "remove", "--force", str(tree))
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            say(f"llmgw {PREVIOUS}: building its .debs from {commit[:12]}")
+            argv = [str(tree / "scripts/build-packages"), "--deb", "--no-lint", "--out", str(out)]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise RuntimeError(f"build-packages of {commit[:12]} failed:\n{r.stderr[-3000:]}")
+        finally:
+            _git("worktree", "remove", "--force", str(tree))
+        built.write_text(commit + "\n")
+    return sorted(out.glob("*.deb"))
+
+
 def run_release(ps: PrivateSystemd, release: Release, daemons: tuple[str, ...] = DAEMONS) -> None:
     """Run daemons in ps from release, with that release's own units, as its package would
     (call before they start). Its venv may lie under /root: the daemons' users may pass

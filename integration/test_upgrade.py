@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ import pytest
 from integration import release
 from integration.cp_cluster import AGENTS, CLIENT_PORT, CLUSTER_PORT, CPS, MORE_AGENTS, llmgw
 from integration.debs import APT, PACKAGES, deb_version
-from integration.harness import CACHE, REPO, TEST_BASE, Lan, PrivateSystemd, binds, shutdown_all
+from integration.harness import Lan, PrivateSystemd, binds, shutdown_all
 from integration.llmgw_node import MODEL, Node, gguf, llama_server
 from integration.steady import Stream
 
@@ -36,36 +34,13 @@ HOSTS = {**CPS, **AGENTS, **MORE_AGENTS}  # cp1..cp3, n1, n2
 CUT = "n2"  # the node whose link is slowed and cut mid-download
 
 
-def _previous_debs() -> list[Path]:
-    """The previous release's .debs, built by its own scripts/build-packages from a worktree
-    of its tag, once: cached under ~/.cache/llmgw/releases/VERSION/debs."""
-    commit = release.commit_of(release.PREVIOUS, release.PREVIOUS_COMMIT)
-    if not commit:
-        pytest.skip(f"v{release.PREVIOUS}'s commit is not in this clone (git fetch --tags)")
-    out = CACHE / "releases" / release.PREVIOUS / "debs"
-    marker = out / "built"
-    if marker.exists() and marker.read_text().strip() == commit:
-        return sorted(out.glob("*.deb"))
-    shutil.rmtree(out, ignore_errors=True)
-    tree = TEST_BASE / f"release-{release.PREVIOUS}-{os.getpid()}"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
-                   check=True, capture_output=True)  # fmt: skip
-    try:
-        print(f"\nbuilding llmgw {release.PREVIOUS}'s .debs from {commit[:12]}", flush=True)
-        argv = [str(tree / "scripts/build-packages"), "--deb", "--no-lint", "--out", str(out)]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"build-packages of {commit[:12]} failed:\n{r.stderr[-3000:]}"
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                       check=False, capture_output=True)  # fmt: skip
-    marker.write_text(commit + "\n")
-    return sorted(out.glob("*.deb"))
-
-
 @pytest.fixture(scope="module")
 def debs(tree_debs: list[Path]) -> dict[str, list[Path]]:
     """From: the previous release's; to: this tree's (the session's build)."""
-    return {"from": _previous_debs(), "to": tree_debs}
+    previous = release.previous_debs()
+    if isinstance(previous, str):
+        pytest.skip(previous)
+    return {"from": previous, "to": tree_debs}
 
 
 def host(lan: Lan, made: list[PrivateSystemd], name: str, debs: list[Path], binary: str) -> Node:
